@@ -1,0 +1,356 @@
+"""A partitioned entity over its partition brokers: where sends go, and what receivers read from.
+
+``Target`` is anything that holds messages for receivers: a queue (slot 0 of its partitions) or a subscription
+(its own slot in each of its topic's partitions, so a subscription is partitioned exactly like its topic and a
+copy keeps its topic partition, hence its partition key). ``QueueEntity`` and ``TopicEntity`` take sends:
+
+- the partition-key rule (model.routing) picks one partition for a keyed message or batch; if that partition
+  is unavailable the send fails with ``PartitionUnavailable`` (retriable) and other keys keep working;
+- keyless sends go round-robin, and when the chosen partition is unavailable, or its store fails while
+  writing, the next healthy partition takes the message, so the send succeeds;
+- a topic copies each message to every subscription whose rules match, within the same partition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from ..model.entities import (
+    EntityStatus,
+    QueueDescription,
+    RuntimeProperties,
+    SubscriptionDescription,
+    TopicDescription,
+)
+from ..model.errors import EntityDisabled, InvalidOperation, PartitionUnavailable, ShardbusError
+from ..model.filters import Rule, route
+from ..model.message import Message, SubQueue
+from ..model.routing import (
+    batch_partition_key,
+    decode_sequence_number,
+    partition_for_key,
+)
+from ..partition.broker import PartitionBroker
+
+QUEUE_SLOT = 0
+
+
+class Target:
+    """Something receivers read from: a queue, or one subscription of a topic."""
+
+    def __init__(self, path: str, partitions: list[PartitionBroker], slot: int) -> None:
+        self.path = path
+        self.partitions = partitions
+        self.slot = slot
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def description(self) -> QueueDescription | SubscriptionDescription:
+        raise NotImplementedError
+
+    @property
+    def partitioned(self) -> bool:
+        return len(self.partitions) > 1
+
+    def check_receive(self, session: bool = False) -> None:
+        status = self.description.status
+        if not status.can_receive:
+            raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for receiving ({status}).")
+        if self.description.requires_session and not session:
+            raise InvalidOperation(
+                f"It is not possible for an entity that requires sessions to create a non-sessionful message "
+                f"receiver: '{self.path}' requires sessions."
+            )
+
+    # --- waking receivers -----------------------------------------------------------------------------------
+    def messages_available(self) -> None:
+        """Called by partitions when this target gained receivable messages."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+        for listener in list(self._listeners):
+            listener()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Front ends subscribe to be told (from any thread) that messages may be available."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def wait(self, generation: int, timeout: float) -> None:
+        with self._cond:
+            if self._generation == generation:
+                self._cond.wait(timeout)
+
+    def next_due_ms(self, sub_queue: SubQueue) -> int | None:
+        times = [t for p in self.partitions if (t := p.next_due_ms(self.slot, sub_queue)) is not None]
+        return min(times) if times else None
+
+    # --- browsing -----------------------------------------------------------------------------------------
+    def peek(self, from_sequence_number: int | None, max_count: int, sub_queue: SubQueue) -> list[Message]:
+        """The service's peek: the oldest messages of one partition, starting at the partition the sequence
+        number names (partition-relative order); an exhausted or unavailable partition passes to the next."""
+        pid, local = decode_sequence_number(from_sequence_number or 0)
+        local = max(local, 1)
+        for p in self.partitions[pid:]:
+            if p.healthy:
+                try:
+                    found = p.peek(self.slot, sub_queue, local, max_count)
+                except PartitionUnavailable:
+                    found = []
+                if found:
+                    return found
+            local = 1
+        return []
+
+    def browse(
+        self,
+        sub_queue: SubQueue = SubQueue.MAIN,
+        partitions: list[int] | None = None,
+        from_local: dict[int, int] | None = None,
+        to_local: dict[int, int] | None = None,
+        page: int = 256,
+    ) -> Iterator[Message]:
+        """Walk partitions to their end (ours, beyond the service): every message in (partition, sequence)
+        order, optionally limited to partition-relative ranges [from, to)."""
+        for pid in partitions if partitions is not None else range(len(self.partitions)):
+            p = self.partitions[pid]
+            start = (from_local or {}).get(pid, 1)
+            stop = (to_local or {}).get(pid)
+            while True:
+                found = p.peek(self.slot, sub_queue, start, page)
+                for m in found:
+                    local = decode_sequence_number(m.sequence_number)[1]
+                    if stop is not None and local >= stop:
+                        found = []
+                        break
+                    yield m
+                if len(found) < page:
+                    break
+                start = decode_sequence_number(found[-1].sequence_number)[1] + 1
+
+    def runtime(self) -> RuntimeProperties:
+        """Counts summed over partitions; 'Limited' when any partition does not answer."""
+        total = RuntimeProperties()
+        for p in self.partitions:
+            try:
+                part = p.runtime(self.slot)
+            except ShardbusError:
+                total.availability = "Limited"
+                total.partitions.append({"partition": p.id, "healthy": False, "failure": p.failure})
+                continue
+            total.add(part)
+            total.partitions.append({"partition": p.id, "healthy": True, **_counts(part)})
+        return total
+
+
+def _counts(props: RuntimeProperties) -> dict[str, int]:
+    return {
+        "active": props.active_message_count,
+        "dead_letter": props.dead_letter_message_count,
+        "scheduled": props.scheduled_message_count,
+        "size_in_bytes": props.size_in_bytes,
+    }
+
+
+class _Sender:
+    """Send routing shared by queues and topics."""
+
+    partitions: list[PartitionBroker]
+    path: str
+
+    def __init__(self) -> None:
+        self._round_robin = itertools.count()
+
+    @property
+    def description(self) -> QueueDescription | TopicDescription:
+        raise NotImplementedError
+
+    def _fan_out(self, message: Message) -> list[tuple[str | None, list[tuple[int, Message]]]]:
+        raise NotImplementedError
+
+    def _requires_session(self) -> bool:
+        return False
+
+    def submit_send(self, messages: list[Message]) -> Future:
+        """Route and store a batch (all-or-nothing, in one partition). Never blocks on I/O."""
+        desc = self.description
+        if not desc.status.can_send:
+            raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status}).")
+        if not messages:
+            done: Future = Future()
+            done.set_result([])
+            return done
+        if self._requires_session() and any(m.session_id is None for m in messages):
+            raise InvalidOperation(
+                "The SessionId was not set on a message, and it cannot be sent to the entity. Entities that have "
+                "session support enabled can only receive messages that have the SessionId set to a valid value."
+            )
+        dedup = desc.requires_duplicate_detection
+        key = batch_partition_key(messages, dedup, len(self.partitions) > 1)
+        items = []
+        for m in messages:
+            items.extend(self._fan_out(m.copy()))
+        if key is not None:
+            return self.partitions[partition_for_key(key, len(self.partitions))].enqueue(items)
+        return self._send_keyless(items)
+
+    def _send_keyless(self, items: list[Any]) -> Future:
+        """Round-robin; an unavailable partition (now, or failing while it writes) hands over to the next."""
+        n = len(self.partitions)
+        start = next(self._round_robin) % n
+        order = [self.partitions[(start + i) % n] for i in range(n)]
+        result: Future = Future()
+
+        def attempt(index: int) -> None:
+            while index < n:
+                p = order[index]
+                index += 1
+                if not p.healthy:
+                    continue
+                try:
+                    inner = p.enqueue(items)
+                except PartitionUnavailable:
+                    continue
+                except BaseException as exc:
+                    result.set_exception(exc)
+                    return
+
+                def done(f: Future, next_index: int = index) -> None:
+                    exc = f.exception()
+                    if isinstance(exc, PartitionUnavailable):
+                        attempt(next_index)
+                    elif exc is not None:
+                        result.set_exception(exc)
+                    else:
+                        result.set_result(f.result())
+
+                inner.add_done_callback(done)
+                return
+            result.set_exception(
+                PartitionUnavailable(f"No partition of '{self.path}' is available to take the message; retry later.")
+            )
+
+        attempt(0)
+        return result
+
+
+class QueueEntity(_Sender, Target):
+    def __init__(self, description: QueueDescription, partitions: list[PartitionBroker]) -> None:
+        _Sender.__init__(self)
+        Target.__init__(self, description.name, partitions, QUEUE_SLOT)
+        self._description = description
+        for p in partitions:
+            p.listeners.append(self._on_partition_messages)
+
+    @property
+    def description(self) -> QueueDescription:
+        return self._description
+
+    @description.setter
+    def description(self, value: QueueDescription) -> None:
+        self._description = value
+        self.path = value.name
+
+    def _requires_session(self) -> bool:
+        return self._description.requires_session
+
+    def _fan_out(self, message: Message) -> list[tuple[str | None, list[tuple[int, Message]]]]:
+        dedup_id = str(message.message_id) if message.message_id is not None else None
+        return [(dedup_id, [(QUEUE_SLOT, message)])]
+
+    def _on_partition_messages(self, slot: int) -> None:
+        self.messages_available()
+
+
+class SubscriptionEntity(Target):
+    def __init__(
+        self, description: SubscriptionDescription, topic: TopicEntity, slot: int, rules: list[Rule]
+    ) -> None:
+        super().__init__(description.path, topic.partitions, slot)
+        self._description = description
+        self.topic = topic
+        self.rules = rules
+
+    @property
+    def description(self) -> SubscriptionDescription:
+        return self._description
+
+    @description.setter
+    def description(self, value: SubscriptionDescription) -> None:
+        self._description = value
+
+
+class TopicEntity(_Sender):
+    def __init__(self, description: TopicDescription, partitions: list[PartitionBroker]) -> None:
+        super().__init__()
+        self.description_ = description
+        self.path = description.name
+        self.partitions = partitions
+        self.subscriptions: dict[str, SubscriptionEntity] = {}  # by lower-cased name
+        self._by_slot: dict[int, SubscriptionEntity] = {}
+        for p in partitions:
+            p.listeners.append(self._on_partition_messages)
+
+    @property
+    def description(self) -> TopicDescription:
+        return self.description_
+
+    @description.setter
+    def description(self, value: TopicDescription) -> None:
+        self.description_ = value
+
+    def add_subscription(self, sub: SubscriptionEntity) -> None:
+        self.subscriptions[sub.description.name.lower()] = sub
+        self._by_slot[sub.slot] = sub
+
+    def remove_subscription(self, name: str) -> SubscriptionEntity | None:
+        sub = self.subscriptions.pop(name.lower(), None)
+        if sub is not None:
+            self._by_slot.pop(sub.slot, None)
+        return sub
+
+    def _fan_out(self, message: Message) -> list[tuple[str | None, list[tuple[int, Message]]]]:
+        dedup_id = str(message.message_id) if message.message_id is not None else None
+        first: list[tuple[int, Message]] = []
+        extra: list[tuple[str | None, list[tuple[int, Message]]]] = []
+        for sub in self.subscriptions.values():
+            if sub.description.status is EntityStatus.DISABLED:  # a disabled subscription gets no copies
+                continue
+            for i, copy in enumerate(route(sub.rules, message)):
+                # A slot holds one copy per sequence number; further copies (several matching rules with
+                # actions) are stored as messages of their own.
+                if i == 0:
+                    first.append((sub.slot, copy))
+                else:
+                    extra.append((None, [(sub.slot, copy)]))
+        return [(dedup_id, first), *extra]
+
+    def _on_partition_messages(self, slot: int) -> None:
+        sub = self._by_slot.get(slot)
+        if sub is not None:
+            sub.messages_available()
+
+    def runtime(self) -> RuntimeProperties:
+        total = RuntimeProperties()
+        for p in self.partitions:
+            try:
+                total.scheduled_message_count += p.scheduled_count()
+                total.size_in_bytes += p.size_bytes()
+                total.partitions.append({"partition": p.id, "healthy": True})
+            except ShardbusError:
+                total.availability = "Limited"
+                total.partitions.append({"partition": p.id, "healthy": False, "failure": p.failure})
+        return total

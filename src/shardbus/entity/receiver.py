@@ -1,0 +1,225 @@
+"""A receiver on a queue or subscription: receive fan-out across partitions and the front end's cache.
+
+As the seeds describe it: a receive asks every partition for messages, returns what arrives first, and keeps
+the rest in this receiver's cache, their locks running, for the next receive; the receiver never sees
+partitions. A cached message whose lock ran out is dropped from the cache (its partition makes it available
+again). Settlement goes straight to the owning partition, which the lock token names.
+
+ReceiveAndDelete takes messages the same way but deletes each one as it is handed to the caller, so a
+cached message is never lost: closing the receiver releases what it cached.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+
+from ..model.errors import InvalidOperation, MessageLockLost, MessageNotFound, PartitionUnavailable
+from ..model.message import Message, ReceiveMode, SubQueue
+from ..model.routing import decode_sequence_number, partition_of_lock_token
+from .entity import Target
+
+LockRef = Message | uuid.UUID
+
+
+def _token(ref: LockRef) -> uuid.UUID:
+    token = ref.lock_token if isinstance(ref, Message) else ref
+    if token is None:
+        raise InvalidOperation(
+            "The operation is only supported for messages received in peek-lock mode (this message has no lock)."
+        )
+    return token
+
+
+class Receiver:
+    def __init__(
+        self,
+        target: Target,
+        mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
+        sub_queue: SubQueue = SubQueue.MAIN,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        # Dead-letter sub-queues of session entities are read without sessions, as in the service.
+        self._sessionless_ok = sub_queue is not SubQueue.MAIN
+        target.check_receive(session=self._sessionless_ok)
+        self.target = target
+        self.mode = mode
+        self.sub_queue = sub_queue
+        self._clock = clock
+        self._cache: deque[Message] = deque()
+        self._rotation = 0
+        self.closed = False
+
+    # --- receiving -----------------------------------------------------------------------------------------
+    def try_receive(self, max_count: int = 1) -> list[Message]:
+        """Whatever is available now, up to ``max_count``, without waiting (never blocks on I/O in
+        peek-lock mode; in receive-and-delete mode the deletes are waited for)."""
+        out = self._take(max_count)
+        if self.mode is ReceiveMode.RECEIVE_AND_DELETE and out:
+            return self._delete_taken(out)
+        return out
+
+    def receive(self, max_count: int = 1, max_wait: float | None = None) -> list[Message]:
+        """Up to ``max_count`` messages, waiting up to ``max_wait`` seconds for the first (None: no limit)."""
+        if max_count < 1:
+            raise InvalidOperation("max_count must be at least 1.")
+        deadline = None if max_wait is None else self._clock() + max_wait
+        while True:
+            generation = self.target.generation
+            out = self.try_receive(max_count)
+            if out:
+                return out
+            now = self._clock()
+            remaining = math.inf if deadline is None else deadline - now
+            if remaining <= 0:
+                return []
+            due = self.target.next_due_ms(self.sub_queue)
+            wait = min(remaining, 0.5 if due is None else max(0.0, due / 1000 - now))
+            self.target.wait(generation, wait)
+
+    def _take(self, max_count: int) -> list[Message]:
+        if self.closed:
+            raise InvalidOperation("The receiver is closed.")
+        self.target.check_receive(session=self._sessionless_ok)
+        now_ms = int(self._clock() * 1000)
+        out: list[Message] = []
+        cache = self._cache
+        while cache and len(out) < max_count:
+            m = cache.popleft()
+            if m.locked_until_ms is not None and m.locked_until_ms > now_ms:
+                out.append(m)
+        need = max_count - len(out)
+        if need <= 0:
+            return out
+        partitions = [p for p in self.target.partitions if p.healthy]
+        if not partitions:
+            if self.target.partitions:
+                return out
+        # Rotate the starting partition so no partition is always asked (and answers) first.
+        self._rotation = (self._rotation + 1) % max(1, len(partitions))
+        partitions = partitions[self._rotation :] + partitions[: self._rotation]
+        fetched: list[Message] = []
+        asking = partitions
+        while asking and len(fetched) < need:
+            share = max(1, math.ceil((need - len(fetched)) / len(asking)))
+            still_full = []
+            for p in asking:
+                try:
+                    got = p.lock_messages(self.target.slot, self.sub_queue, share)
+                except PartitionUnavailable:
+                    continue
+                fetched.extend(got)
+                if len(got) == share:
+                    still_full.append(p)
+            asking = still_full
+        out.extend(fetched[:need])
+        cache.extend(fetched[need:])
+        return out
+
+    def _delete_taken(self, messages: list[Message]) -> list[Message]:
+        delivered = []
+        futures = []
+        for m in messages:
+            try:
+                futures.append(self._partition(m.lock_token).complete(self.target.slot, [m.lock_token]))
+                delivered.append(m)
+            except (MessageLockLost, PartitionUnavailable):
+                continue  # it stays with its partition and will be delivered again
+        for f in futures:
+            f.result()
+        for m in delivered:
+            m.lock_token = None
+            m.locked_until_ms = None
+        return delivered
+
+    @property
+    def cached(self) -> int:
+        return len(self._cache)
+
+    def receive_deferred(self, sequence_numbers: Iterable[int]) -> list[Message]:
+        """Deferred messages by sequence number (locked in peek-lock mode, removed in receive-and-delete)."""
+        by_partition: dict[int, list[int]] = {}
+        order = list(sequence_numbers)
+        for seq in order:
+            pid, local = decode_sequence_number(seq)
+            by_partition.setdefault(pid, []).append(local)
+        found: dict[int, Message] = {}
+        for pid, locals_ in by_partition.items():
+            if pid >= len(self.target.partitions):
+                raise MessageNotFound(f"No partition {pid} exists in '{self.target.path}'.")
+            msgs, future = self.target.partitions[pid].receive_deferred(
+                self.target.slot, self.sub_queue, locals_, lock=self.mode is ReceiveMode.PEEK_LOCK
+            )
+            if future is not None:
+                future.result()
+            for m in msgs:
+                found[m.sequence_number] = m
+        return [found[s] for s in order if s in found]
+
+    def peek(self, max_count: int = 1, from_sequence_number: int | None = None) -> list[Message]:
+        return self.target.peek(from_sequence_number, max_count, self.sub_queue)
+
+    # --- settling ------------------------------------------------------------------------------------------
+    def _partition(self, token: uuid.UUID):  # -> PartitionBroker
+        pid = partition_of_lock_token(token)
+        if pid >= len(self.target.partitions):
+            raise MessageLockLost("The lock supplied is invalid for this entity.")
+        return self.target.partitions[pid]
+
+    def submit_complete(self, refs: Iterable[LockRef]) -> list[Future]:
+        """Complete many messages, one store operation per partition; returns the write futures."""
+        by_partition: dict[int, list[uuid.UUID]] = {}
+        for ref in refs:
+            token = _token(ref)
+            by_partition.setdefault(partition_of_lock_token(token), []).append(token)
+        return [self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()]
+
+    def complete(self, *refs: LockRef) -> None:
+        for f in self.submit_complete(refs):
+            f.result()
+
+    def abandon(self, ref: LockRef) -> None:
+        token = _token(ref)
+        self._partition(token).abandon(self.target.slot, token).result()
+
+    def release(self, ref: LockRef) -> None:
+        token = _token(ref)
+        self._partition(token).release(self.target.slot, token)
+
+    def defer(self, ref: LockRef) -> None:
+        token = _token(ref)
+        self._partition(token).defer(self.target.slot, token).result()
+
+    def dead_letter(self, ref: LockRef, reason: str | None = None, error_description: str | None = None) -> None:
+        token = _token(ref)
+        self._partition(token).dead_letter(self.target.slot, token, reason, error_description).result()
+
+    def renew_lock(self, ref: LockRef) -> int:
+        """Renew a message lock; returns the new locked-until time in ms (and updates the message)."""
+        token = _token(ref)
+        until = self._partition(token).renew_lock(self.target.slot, token)
+        if isinstance(ref, Message):
+            ref.locked_until_ms = until
+        return until
+
+    def close(self) -> None:
+        """Give back what the cache still holds (without counting a delivery)."""
+        if self.closed:
+            return
+        self.closed = True
+        while self._cache:
+            m = self._cache.popleft()
+            try:
+                self._partition(m.lock_token).release(self.target.slot, m.lock_token)
+            except (MessageLockLost, PartitionUnavailable):
+                pass
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,114 @@
+"""The domain error table.
+
+Every failure the core can report is one of these classes. Front ends map them once: the AMQP endpoint to an
+AMQP error condition (``shardbus.amqp.errors``), the HTTP endpoint to a status code. Messages follow the real
+service's wording where users are likely to search for it.
+"""
+
+from __future__ import annotations
+
+
+class ShardbusError(Exception):
+    """Base of every domain error. ``retriable`` tells clients whether trying again may succeed."""
+
+    retriable = False
+
+
+class EntityNotFound(ShardbusError):
+    """The queue, topic, subscription or rule does not exist."""
+
+
+class EntityAlreadyExists(ShardbusError):
+    """An entity of that name already exists (names compare case-insensitively)."""
+
+
+class EntityDisabled(ShardbusError):
+    """The entity's status forbids the operation (Disabled, SendDisabled, ReceiveDisabled)."""
+
+
+class InvalidOperation(ShardbusError):
+    """The operation is not allowed in the current state (the service's InvalidOperationException)."""
+
+
+class ArgumentError(ShardbusError):
+    """A property or argument has an invalid value or shape."""
+
+
+class ArgumentOutOfRange(ArgumentError):
+    """A numeric or duration property is outside its allowed range."""
+
+
+class MessageSizeExceeded(ShardbusError):
+    """A message is larger than the namespace tier allows."""
+
+
+class QuotaExceeded(ShardbusError):
+    """An entity count or size quota would be exceeded."""
+
+
+class ServerBusy(ShardbusError):
+    """The broker cannot take the operation now; try again later."""
+
+    retriable = True
+
+
+class PartitionUnavailable(ServerBusy):
+    """The partition that must serve this operation is unavailable (store error or broker stopped)."""
+
+
+class MessageLockLost(ShardbusError):
+    """The lock token is unknown or its lock expired."""
+
+
+class MessageNotFound(ShardbusError):
+    """No message with the given sequence number is in the state the operation needs."""
+
+
+class SessionLockLost(ShardbusError):
+    """The session lock expired or is held by someone else."""
+
+
+class SessionCannotBeLocked(ShardbusError):
+    """The requested session is locked by another receiver."""
+
+    retriable = True
+
+
+class OperationTimeout(ShardbusError):
+    """The operation did not finish within its time limit."""
+
+    retriable = True
+
+
+class Unauthorized(ShardbusError):
+    """Credentials are missing, invalid or expired, or lack the right claim."""
+
+
+class PreconditionFailed(ShardbusError):
+    """A precondition of the operation does not hold (e.g. optimistic concurrency)."""
+
+
+class InternalError(ShardbusError):
+    """An unexpected failure inside the broker."""
+
+
+ALL_ERRORS: tuple[type[ShardbusError], ...] = (
+    EntityNotFound,
+    EntityAlreadyExists,
+    EntityDisabled,
+    InvalidOperation,
+    ArgumentError,
+    ArgumentOutOfRange,
+    MessageSizeExceeded,
+    QuotaExceeded,
+    ServerBusy,
+    PartitionUnavailable,
+    MessageLockLost,
+    MessageNotFound,
+    SessionLockLost,
+    SessionCannotBeLocked,
+    OperationTimeout,
+    Unauthorized,
+    PreconditionFailed,
+    InternalError,
+)

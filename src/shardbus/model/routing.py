@@ -1,0 +1,81 @@
+"""Which partition a message belongs to, and the numbers that name partitions.
+
+The partition-key rule is the seeds' (Microsoft's "Partitioned queues and topics"): SessionId if set; else
+PartitionKey; else MessageId when the entity requires duplicate detection; else no key (round-robin). A key
+maps to a partition through a stable hash, so the same key lands in the same partition in every process and
+after every restart (Python's ``hash`` is salted per process and would not).
+
+Client-visible sequence numbers carry the partition id in their top 16 bits, as the service's do; lock tokens
+carry it in their low 16 bits. Either one therefore names the partition that owns the message.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import zlib
+from collections.abc import Iterable
+
+from .errors import InvalidOperation
+from .message import Message
+
+PARTITION_BITS = 16
+PARTITION_SHIFT = 64 - PARTITION_BITS
+LOCAL_SEQUENCE_MASK = (1 << PARTITION_SHIFT) - 1
+
+
+def partition_key_of(message: Message, requires_duplicate_detection: bool) -> str | None:
+    """The key that pins ``message`` to one partition, or None when it may go anywhere."""
+    session_id = message.session_id
+    partition_key = message.partition_key
+    if session_id is not None:
+        if partition_key is not None and partition_key != session_id:
+            raise InvalidOperation(
+                f"PartitionKey '{partition_key}' and SessionId '{session_id}' must be identical when both "
+                "are set: the session id is the partition key of a session message."
+            )
+        return session_id
+    if partition_key is not None:
+        return partition_key
+    if requires_duplicate_detection and message.message_id is not None:
+        return str(message.message_id)
+    return None
+
+
+def batch_partition_key(
+    messages: Iterable[Message], requires_duplicate_detection: bool, partitioned: bool
+) -> str | None:
+    """The one key a batch is routed by. A batch is stored atomically, so it must fit in one partition."""
+    keys = {partition_key_of(m, requires_duplicate_detection) for m in messages}
+    if len(keys) > 1 and partitioned:
+        raise InvalidOperation(
+            "Batching brokered messages with distinct SessionId, PartitionKey, or MessageId is not supported "
+            "for an entity with partitioning enabled: a batch is stored in one partition."
+        )
+    return next(iter(keys)) if len(keys) == 1 else None
+
+
+def partition_for_key(key: str, partition_count: int) -> int:
+    """Stable key → partition mapping (CRC-32 of the UTF-8 key)."""
+    if partition_count == 1:
+        return 0
+    return zlib.crc32(key.encode("utf-8")) % partition_count
+
+
+def encode_sequence_number(partition_id: int, local_sequence: int) -> int:
+    return (partition_id << PARTITION_SHIFT) | local_sequence
+
+
+def decode_sequence_number(sequence_number: int) -> tuple[int, int]:
+    """Split a client-visible sequence number into (partition id, partition-relative sequence)."""
+    return sequence_number >> PARTITION_SHIFT, sequence_number & LOCAL_SEQUENCE_MASK
+
+
+def new_lock_token(partition_id: int) -> uuid.UUID:
+    """A fresh lock token whose low 16 bits name the partition holding the lock."""
+    random_part = int.from_bytes(os.urandom(14), "big")
+    return uuid.UUID(int=(random_part << PARTITION_BITS) | partition_id)
+
+
+def partition_of_lock_token(token: uuid.UUID) -> int:
+    return token.int & 0xFFFF

@@ -1,0 +1,99 @@
+"""Namespace tiers and the quotas that come with them (Service Bus quotas page, as of 2026)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import ArgumentError, ArgumentOutOfRange
+
+KB = 1024
+MB = 1024 * 1024
+
+
+class Tier(enum.StrEnum):
+    BASIC = "basic"
+    STANDARD = "standard"
+    PREMIUM = "premium"
+
+    @classmethod
+    def parse(cls, value: str | Tier) -> Tier:
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ArgumentError(f"Unknown tier '{value}': use basic, standard or premium.") from None
+
+
+STANDARD_PARTITION_COUNT = 16
+PREMIUM_PARTITION_COUNTS = (1, 2, 4)
+STANDARD_MAX_SIZES_MB = (1024, 2048, 3072, 4096, 5120)
+PREMIUM_MAX_SIZE_MB = 81920
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """Limits a namespace enforces; each may be overridden per namespace (tests and on-premises use)."""
+
+    max_entities: int = 10_000
+    max_partitioned_entities: int | None = 100  # None: no separate limit (premium)
+    max_message_size_bytes: int = 256 * KB
+    max_subscriptions_per_topic: int = 2_000
+    max_rules_per_subscription: int = 2_000
+
+    @classmethod
+    def for_tier(cls, tier: Tier, **overrides: Any) -> Quotas:
+        base = cls(max_partitioned_entities=None, max_message_size_bytes=100 * MB) if tier is Tier.PREMIUM else cls()
+        unknown = set(overrides) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ArgumentError(f"Unknown quota(s): {', '.join(sorted(unknown))}")
+        return replace(base, **overrides)
+
+
+@dataclass(frozen=True, slots=True)
+class TierRules:
+    """What a tier allows, checked when entities are created or updated."""
+
+    tier: Tier
+    premium_partitions: int = 1
+    features: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def of(cls, tier: Tier, premium_partitions: int | None = None) -> TierRules:
+        if tier is Tier.PREMIUM:
+            count = 1 if premium_partitions is None else premium_partitions
+            if count not in PREMIUM_PARTITION_COUNTS:
+                raise ArgumentOutOfRange(
+                    f"A premium namespace has 1, 2 or 4 messaging partitions, not {premium_partitions}."
+                )
+            return cls(tier, count)
+        if premium_partitions not in (None, 1):
+            raise ArgumentError("The partition count is chosen at namespace creation only in the premium tier.")
+        return cls(tier)
+
+    @property
+    def allows_topics(self) -> bool:
+        return self.tier is not Tier.BASIC
+
+    @property
+    def allows_advanced_features(self) -> bool:
+        """Sessions, duplicate detection, transactions and auto-forwarding are not in the basic tier."""
+        return self.tier is not Tier.BASIC
+
+    def partition_count(self, enable_partitioning: bool) -> int:
+        if self.tier is Tier.PREMIUM:
+            return self.premium_partitions
+        return STANDARD_PARTITION_COUNT if enable_partitioning else 1
+
+    def check_max_size(self, max_size_mb: int) -> None:
+        if self.tier is Tier.PREMIUM:
+            if not (1024 <= max_size_mb <= PREMIUM_MAX_SIZE_MB and max_size_mb % 1024 == 0):
+                raise ArgumentOutOfRange(
+                    f"MaxSizeInMegabytes {max_size_mb} is invalid: premium allows multiples of 1024 up to "
+                    f"{PREMIUM_MAX_SIZE_MB}."
+                )
+        elif max_size_mb not in STANDARD_MAX_SIZES_MB:
+            raise ArgumentOutOfRange(
+                f"MaxSizeInMegabytes {max_size_mb} is invalid: the {self.tier.value} tier allows "
+                f"{', '.join(map(str, STANDARD_MAX_SIZES_MB))}."
+            )

@@ -1,0 +1,697 @@
+"""The namespace: the registry of entities, their management, and the Python API's front door.
+
+Management follows the seeds: create, update and delete act on every partition of the entity and fail, with
+nothing half-done, if any partition is unavailable; runtime counts are sums over partitions, and an entity with
+an unavailable partition reports its availability as "Limited".
+
+On disk (``<data_dir>/<namespace name>/``): ``catalog.db`` lists entities and rules; every queue and topic has
+a folder ``entities/<id>/`` with one store per partition, ``p<NN>.db``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .entity.entity import QUEUE_SLOT, QueueEntity, SubscriptionEntity, Target, TopicEntity
+from .entity.receiver import Receiver
+from .model.entities import (
+    DEFAULT_RULE_NAME,
+    EntityKind,
+    QueueDescription,
+    RuntimeProperties,
+    SubscriptionDescription,
+    TopicDescription,
+    check_child_name,
+    check_entity_name,
+)
+from .model.errors import (
+    ArgumentError,
+    EntityAlreadyExists,
+    EntityNotFound,
+    InvalidOperation,
+    MessageNotFound,
+    PartitionUnavailable,
+    QuotaExceeded,
+)
+from .model.filters import EmptyRuleAction, Rule, TrueFilter
+from .model.message import Message, ReceiveMode, SubQueue
+from .model.routing import decode_sequence_number
+from .model.tiers import MB, Quotas, Tier, TierRules
+from .partition.broker import PartitionBroker, PartitionConfig, SlotSettings
+from .store.base import StoreError
+from .store.catalog import Catalog
+from .store.sqlite import SqliteStore
+
+DEFAULT_NAMESPACE = "sbemulatorns"
+_SUBQUEUE_SUFFIXES = (
+    ("/$transfer/$deadletterqueue", SubQueue.TRANSFER_DEAD_LETTER),
+    ("/$deadletterqueue", SubQueue.DEAD_LETTER),
+)
+MAINTENANCE_INTERVAL = 0.1
+
+
+def _ms(td: Any) -> int | None:
+    return None if td is None else int(td.total_seconds() * 1000)
+
+
+class FaultInjector:
+    """Test hooks that make partitions unavailable the ways real ones become so."""
+
+    def __init__(self, namespace: Namespace) -> None:
+        self._ns = namespace
+        self.blocked: set[tuple[str, int]] = set()  # (lower-cased entity name, partition): store cannot open
+
+    def _partition(self, entity: str, partition: int) -> PartitionBroker:
+        return self._ns._sender_entity(entity).partitions[partition]
+
+    def block_store(self, entity: str, partition: int) -> None:
+        """The partition's store cannot be opened (also affects entities not created yet)."""
+        self.blocked.add((entity.lower(), partition))
+
+    def unblock_store(self, entity: str, partition: int) -> None:
+        self.blocked.discard((entity.lower(), partition))
+
+    def stop_partition(self, entity: str, partition: int) -> None:
+        """The partition broker stops: everything it held stays in its store."""
+        self._partition(entity, partition).stop("the partition broker was stopped")
+
+    def fail_next_write(self, entity: str, partition: int) -> None:
+        """The partition's next store write fails like a disk error, making the partition unavailable."""
+        self._partition(entity, partition).inject_store_failure()
+
+    def restore_partition(self, entity: str, partition: int) -> None:
+        """Bring a stopped or failed partition back: it reloads from its store (locks are lost)."""
+        self.blocked.discard((entity.lower(), partition))
+        p = self._partition(entity, partition)
+        if p.healthy:
+            return
+        p.stop(p.failure or "restarting")
+        p.start()
+
+
+class Namespace:
+    """A Service Bus namespace backed by a data directory. Thread-safe.
+
+    Open one with ``Namespace.open(data_dir)``; close it with ``close()`` (or use it as a context manager).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        name: str = DEFAULT_NAMESPACE,
+        tier: str | Tier | None = None,
+        premium_partitions: int | None = None,
+        quotas: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+        maintenance: bool = True,
+    ) -> None:
+        self.name = name
+        self.root = Path(data_dir) / name
+        self._clock = clock
+        self._lock = threading.RLock()
+        self.catalog = Catalog(self.root / "catalog.db")
+        meta = self.catalog.get_meta()
+        stored_tier = meta.get("tier")
+        tier_value = Tier.parse(tier) if tier is not None else Tier(stored_tier or "standard")
+        if stored_tier is not None and stored_tier != tier_value.value:
+            raise ArgumentError(f"Namespace '{name}' was created in the {stored_tier} tier; it cannot change.")
+        stored_partitions = meta.get("premium_partitions")
+        if stored_partitions is not None and premium_partitions not in (None, stored_partitions):
+            raise ArgumentError(
+                f"Namespace '{name}' was created with {stored_partitions} partitions; the count cannot change."
+            )
+        self.tier = TierRules.of(tier_value, premium_partitions or stored_partitions)
+        quota_values = dict(meta.get("quotas", {}))
+        quota_values.update(quotas or {})
+        self.quotas = Quotas.for_tier(tier_value, **quota_values)
+        self.catalog.set_meta(
+            {"tier": tier_value.value, "premium_partitions": self.tier.premium_partitions, "quotas": quota_values}
+        )
+        self.faults = FaultInjector(self)
+        self._entities: dict[str, QueueEntity | TopicEntity] = {}  # queues and topics by lower-cased name
+        self._ids: dict[int, Any] = {}
+        self._created: dict[int, tuple[float, float]] = {}
+        self._load()
+        self._closed = False
+        self._maintenance_stop = threading.Event()
+        self._maintenance: threading.Thread | None = None
+        if maintenance:
+            self._maintenance = threading.Thread(target=self._maintain, name="shardbus-maintenance", daemon=True)
+            self._maintenance.start()
+
+    @classmethod
+    def open(cls, data_dir: Path | str, **options: Any) -> Namespace:
+        """Open (creating if needed) the namespace stored under ``data_dir``. Options: ``name``, ``tier``
+        (basic/standard/premium), ``premium_partitions`` (1, 2 or 4), ``quotas`` (a dict of Quotas fields)."""
+        return cls(data_dir, **options)
+
+    # ------------------------------------------------------------------------------------------------------
+    # start-up and shutdown
+    # ------------------------------------------------------------------------------------------------------
+    def _load(self) -> None:
+        entries = self.catalog.entries()
+        rules = self.catalog.rules()
+        known_dirs = set()
+        for e in sorted(entries, key=lambda e: e.kind != "queue" and e.kind != "topic"):
+            self._created[e.id] = (e.created, e.updated)
+            if e.kind == EntityKind.QUEUE:
+                desc = QueueDescription.from_dict(e.description)
+                self._entities[desc.name.lower()] = self._open_queue(e.id, desc)
+                known_dirs.add(str(e.id))
+            elif e.kind == EntityKind.TOPIC:
+                desc = TopicDescription.from_dict(e.description)
+                self._entities[desc.name.lower()] = self._open_topic(e.id, desc)
+                known_dirs.add(str(e.id))
+        for e in entries:
+            if e.kind == EntityKind.SUBSCRIPTION:
+                sub_desc = SubscriptionDescription.from_dict(e.description)
+                topic = self._ids[e.parent]
+                sub_rules = [Rule.from_dict(r) for _, r, _ in rules.get(e.id, [])]
+                sub = SubscriptionEntity(sub_desc, topic, e.id, sub_rules)
+                for p in topic.partitions:
+                    p.configure_slot(e.id, self._slot_settings(sub_desc, sub.path))
+                topic.add_subscription(sub)
+                self._ids[e.id] = sub
+        for entity in self._entities.values():
+            for p in entity.partitions:
+                try:
+                    p.start()
+                except PartitionUnavailable:
+                    pass  # stays unavailable; the entity reports Limited
+        entities_dir = self.root / "entities"
+        if entities_dir.exists():  # partition files of entities whose creation never finished
+            for child in entities_dir.iterdir():
+                if child.name not in known_dirs:
+                    shutil.rmtree(child, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop every partition (waiting for queued writes) and the catalog."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._maintenance_stop.set()
+        if self._maintenance is not None:
+            self._maintenance.join(5)
+        for entity in self._entities.values():
+            for p in entity.partitions:
+                p.stop("the namespace is closed")
+        self.catalog.close()
+
+    def __enter__(self) -> Namespace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _maintain(self) -> None:
+        last_prune = 0.0
+        while not self._maintenance_stop.wait(MAINTENANCE_INTERVAL):
+            now = time.monotonic()
+            prune = now - last_prune > 60
+            for entity in list(self._entities.values()):
+                for p in entity.partitions:
+                    try:
+                        p.tick()
+                        if prune:
+                            p.prune_dedup()
+                    except Exception:  # upkeep must never stop; the partition reports its own health
+                        pass
+            if prune:
+                last_prune = now
+
+    # ------------------------------------------------------------------------------------------------------
+    # partitions
+    # ------------------------------------------------------------------------------------------------------
+    def _partition_count(self, enable_partitioning: bool) -> int:
+        return self.tier.partition_count(enable_partitioning)
+
+    def _store_factory(self, entity_id: int, name: str, pid: int) -> Callable[[], SqliteStore]:
+        path = self.root / "entities" / str(entity_id) / f"p{pid:02d}.db"
+
+        def factory() -> SqliteStore:
+            if (name.lower(), pid) in self.faults.blocked:
+                raise StoreError(f"store {path} is blocked by fault injection")
+            return SqliteStore(path)
+
+        return factory
+
+    def _partitions(self, entity_id: int, desc: QueueDescription | TopicDescription) -> list[PartitionBroker]:
+        count = self._partition_count(desc.enable_partitioning)
+        return [
+            PartitionBroker(self._partition_config(desc, pid), self._store_factory(entity_id, desc.name, pid), self._clock)
+            for pid in range(count)
+        ]
+
+    def _partition_config(self, desc: QueueDescription | TopicDescription, pid: int) -> PartitionConfig:
+        ttl = desc.default_message_time_to_live
+        return PartitionConfig(
+            path=desc.name,
+            partition_id=pid,
+            max_size_bytes=desc.max_size_in_megabytes * MB,
+            max_message_size_bytes=self.quotas.max_message_size_bytes,
+            requires_duplicate_detection=desc.requires_duplicate_detection,
+            dedup_window_ms=_ms(desc.duplicate_detection_history_time_window),
+            entity_default_ttl_ms=None if isinstance(desc, QueueDescription) else _ms(ttl),
+        )
+
+    @staticmethod
+    def _slot_settings(desc: QueueDescription | SubscriptionDescription, path: str) -> SlotSettings:
+        return SlotSettings(
+            path=path,
+            lock_duration_ms=_ms(desc.lock_duration),
+            max_delivery_count=desc.max_delivery_count,
+            default_ttl_ms=_ms(desc.default_message_time_to_live),
+            dead_letter_on_expiration=desc.dead_lettering_on_message_expiration,
+            requires_session=desc.requires_session,
+        )
+
+    def _open_queue(self, entity_id: int, desc: QueueDescription) -> QueueEntity:
+        partitions = self._partitions(entity_id, desc)
+        for p in partitions:
+            p.configure_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name))
+        queue = QueueEntity(self._effective(desc), partitions)
+        self._ids[entity_id] = queue
+        queue.entity_id = entity_id
+        return queue
+
+    def _open_topic(self, entity_id: int, desc: TopicDescription) -> TopicEntity:
+        topic = TopicEntity(self._effective(desc), self._partitions(entity_id, desc))
+        self._ids[entity_id] = topic
+        topic.entity_id = entity_id
+        return topic
+
+    def _effective(self, desc: Any) -> Any:
+        """Premium namespaces partition every entity, whatever the request said."""
+        if self.tier.tier is Tier.PREMIUM:
+            desc.enable_partitioning = True
+        return desc
+
+    def _start_all(self, partitions: list[PartitionBroker], what: str) -> None:
+        started = []
+        try:
+            for p in partitions:
+                p.start()
+                started.append(p)
+        except PartitionUnavailable as exc:
+            for p in started:
+                p.stop("creation failed")
+            raise PartitionUnavailable(f"Cannot {what}: {exc}") from exc
+
+    @staticmethod
+    def _require_healthy(partitions: list[PartitionBroker], what: str) -> None:
+        down = [p.id for p in partitions if not p.healthy]
+        if down:
+            raise PartitionUnavailable(
+                f"Cannot {what}: partition(s) {', '.join(map(str, down))} unavailable. Management operations "
+                "act on every partition of an entity; retry when all are available."
+            )
+
+    @staticmethod
+    def _wait(futures: Iterable[Future]) -> None:
+        for f in futures:
+            f.result()
+
+    # ------------------------------------------------------------------------------------------------------
+    # lookups
+    # ------------------------------------------------------------------------------------------------------
+    def _sender_entity(self, name: str) -> QueueEntity | TopicEntity:
+        entity = self._entities.get(_strip(name).lower())
+        if entity is None:
+            raise EntityNotFound(f"The messaging entity '{self.name}/{name}' could not be found.")
+        return entity
+
+    def _queue(self, name: str) -> QueueEntity:
+        entity = self._entities.get(name.lower())
+        if not isinstance(entity, QueueEntity):
+            raise EntityNotFound(f"The messaging entity '{self.name}/{name}' could not be found (queue).")
+        return entity
+
+    def _topic(self, name: str) -> TopicEntity:
+        entity = self._entities.get(name.lower())
+        if not isinstance(entity, TopicEntity):
+            raise EntityNotFound(f"The messaging entity '{self.name}/{name}' could not be found (topic).")
+        return entity
+
+    def _subscription(self, topic: str, name: str) -> SubscriptionEntity:
+        sub = self._topic(topic).subscriptions.get(name.lower())
+        if sub is None:
+            raise EntityNotFound(f"The messaging entity '{self.name}/{topic}/Subscriptions/{name}' could not be found.")
+        return sub
+
+    def resolve(self, path: str) -> tuple[Target, SubQueue]:
+        """A receive path (``queue``, ``topic/Subscriptions/sub``, with an optional ``/$DeadLetterQueue`` or
+        ``/$Transfer/$DeadLetterQueue``) to its target and sub-queue. Case-insensitive, like the service."""
+        path = _strip(path)
+        lower = path.lower()
+        sub_queue = SubQueue.MAIN
+        for suffix, kind in _SUBQUEUE_SUFFIXES:
+            if lower.endswith(suffix):
+                path, lower, sub_queue = path[: -len(suffix)], lower[: -len(suffix)], kind
+                break
+        marker = "/subscriptions/"
+        idx = lower.rfind(marker)
+        if idx > 0 and isinstance(self._entities.get(lower[:idx]), TopicEntity):
+            return self._subscription(path[:idx], path[idx + len(marker) :]), sub_queue
+        entity = self._entities.get(lower)
+        if isinstance(entity, QueueEntity):
+            return entity, sub_queue
+        raise EntityNotFound(f"The messaging entity '{self.name}/{path}' could not be found.")
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.resolve(path)
+        except EntityNotFound:
+            return _strip(path).lower() in self._entities
+        return True
+
+    # ------------------------------------------------------------------------------------------------------
+    # queues and topics
+    # ------------------------------------------------------------------------------------------------------
+    def _check_forwarding(self, desc: QueueDescription | SubscriptionDescription, own_path: str) -> None:
+        for attr in ("forward_to", "forward_dead_lettered_messages_to"):
+            target = getattr(desc, attr)
+            if not target:
+                continue
+            target = _strip(target)
+            setattr(desc, attr, target)
+            if target.lower() == own_path.lower():
+                raise InvalidOperation(f"The entity '{own_path}' cannot forward to itself.")
+            if target.lower() not in self._entities:
+                raise EntityNotFound(
+                    f"The forwarding destination '{target}' of '{own_path}' does not exist: create it first."
+                )
+
+    def _check_quotas(self, partitioned: bool) -> None:
+        if len(self._entities) >= self.quotas.max_entities:
+            raise QuotaExceeded(
+                f"The maximum number of queues and topics ({self.quotas.max_entities}) in namespace "
+                f"'{self.name}' has been reached."
+            )
+        limit = self.quotas.max_partitioned_entities
+        if partitioned and limit is not None:
+            count = sum(1 for e in self._entities.values() if e.description.enable_partitioning)
+            if count >= limit:
+                raise QuotaExceeded(
+                    f"The maximum number of partitioned queues and topics ({limit}) in namespace '{self.name}' "
+                    f"has been reached ({self.tier.tier.value} tier)."
+                )
+
+    def _create_sender_entity(self, desc: QueueDescription | TopicDescription) -> Any:
+        with self._lock:
+            desc = self._effective(desc)
+            desc.validate(self.tier)
+            if isinstance(desc, QueueDescription):
+                self._check_forwarding(desc, desc.name)
+            if desc.name.lower() in self._entities:
+                raise EntityAlreadyExists(f"The messaging entity '{self.name}/{desc.name}' already exists.")
+            self._check_quotas(desc.enable_partitioning)
+            entity_id = self.catalog.next_id()
+            if isinstance(desc, QueueDescription):
+                entity: Any = self._open_queue(entity_id, desc)
+            else:
+                entity = self._open_topic(entity_id, desc)
+            folder = self.root / "entities" / str(entity_id)
+            try:
+                self._start_all(entity.partitions, f"create '{desc.name}'")
+                if isinstance(entity, QueueEntity):
+                    self._wait([p.create_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name)) for p in entity.partitions])
+                created = self.catalog.insert(entity_id, desc.kind.value, None, desc.name, desc.to_dict())
+            except BaseException:
+                for p in entity.partitions:
+                    p.stop("creation failed")
+                self._ids.pop(entity_id, None)
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            self._created[entity_id] = (created, created)
+            self._entities[desc.name.lower()] = entity
+            return desc
+
+    def create_queue(self, name: str, **properties: Any) -> QueueDescription:
+        """Create a queue. Properties are those of ``QueueDescription`` (lock_duration, max_delivery_count,
+        enable_partitioning, requires_session, requires_duplicate_detection, ...)."""
+        return self._create_sender_entity(_build(QueueDescription, name, properties))
+
+    def create_topic(self, name: str, **properties: Any) -> TopicDescription:
+        return self._create_sender_entity(_build(TopicDescription, name, properties))
+
+    def get_queue(self, name: str) -> QueueDescription:
+        return self._queue(name).description
+
+    def get_topic(self, name: str) -> TopicDescription:
+        return self._topic(name).description
+
+    def list_queues(self) -> list[QueueDescription]:
+        return [e.description for e in self._entities.values() if isinstance(e, QueueEntity)]
+
+    def list_topics(self) -> list[TopicDescription]:
+        return [e.description for e in self._entities.values() if isinstance(e, TopicEntity)]
+
+    def update_queue(self, name: str, **changes: Any) -> QueueDescription:
+        return self._update_sender_entity(self._queue(name), changes)
+
+    def update_topic(self, name: str, **changes: Any) -> TopicDescription:
+        return self._update_sender_entity(self._topic(name), changes)
+
+    def _update_sender_entity(self, entity: QueueEntity | TopicEntity, changes: dict[str, Any]) -> Any:
+        with self._lock:
+            old = entity.description
+            if self.tier.tier is Tier.PREMIUM:  # every premium entity is partitioned; nothing to change
+                changes.pop("enable_partitioning", None)
+            desc = old.updated(changes)
+            desc.validate(self.tier)
+            if isinstance(desc, QueueDescription):
+                self._check_forwarding(desc, desc.name)
+            self._require_healthy(entity.partitions, f"update '{old.name}'")
+            self.catalog.update(entity.entity_id, desc.to_dict())
+            entity.description = desc
+            for p in entity.partitions:
+                p.config = self._partition_config(desc, p.id)
+                if isinstance(desc, QueueDescription):
+                    p.configure_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name))
+            created, _ = self._created[entity.entity_id]
+            self._created[entity.entity_id] = (created, time.time())
+            return desc
+
+    def delete_queue(self, name: str) -> None:
+        self._delete_sender_entity(self._queue(name))
+
+    def delete_topic(self, name: str) -> None:
+        self._delete_sender_entity(self._topic(name))
+
+    def _delete_sender_entity(self, entity: QueueEntity | TopicEntity) -> None:
+        with self._lock:
+            self._require_healthy(entity.partitions, f"delete '{entity.path}'")
+            ids = [entity.entity_id]
+            if isinstance(entity, TopicEntity):
+                ids.extend(s.slot for s in entity.subscriptions.values())
+            self.catalog.delete(ids)
+            del self._entities[entity.path.lower()]
+            for entity_id in ids:
+                self._ids.pop(entity_id, None)
+            for p in entity.partitions:
+                p.stop("the entity was deleted")
+            shutil.rmtree(self.root / "entities" / str(entity.entity_id), ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------------------------
+    # subscriptions and rules
+    # ------------------------------------------------------------------------------------------------------
+    def create_subscription(
+        self, topic_name: str, name: str, default_rule: Rule | None = None, **properties: Any
+    ) -> SubscriptionDescription:
+        """Create a subscription; it gets the ``$Default`` rule (a true filter) unless ``default_rule`` says
+        otherwise."""
+        with self._lock:
+            topic = self._topic(topic_name)
+            desc = _build(SubscriptionDescription, name, properties)
+            desc.topic_name = topic.path
+            desc.validate(self.tier)
+            self._check_forwarding(desc, desc.path)
+            if name.lower() in topic.subscriptions:
+                raise EntityAlreadyExists(f"The messaging entity '{self.name}/{desc.path}' already exists.")
+            if len(topic.subscriptions) >= self.quotas.max_subscriptions_per_topic:
+                raise QuotaExceeded(
+                    f"The maximum number of subscriptions ({self.quotas.max_subscriptions_per_topic}) of topic "
+                    f"'{topic.path}' has been reached."
+                )
+            self._require_healthy(topic.partitions, f"create subscription '{desc.path}'")
+            rule = default_rule or Rule(DEFAULT_RULE_NAME, TrueFilter(), EmptyRuleAction())
+            check_child_name(rule.name, "rule")
+            slot = self.catalog.next_id()
+            settings = self._slot_settings(desc, desc.path)
+            self._wait([p.create_slot(slot, settings) for p in topic.partitions])
+            created = self.catalog.insert(slot, EntityKind.SUBSCRIPTION.value, topic.entity_id, desc.name,
+                                          desc.to_dict(), [(rule.name, rule.to_dict())])
+            self._created[slot] = (created, created)
+            sub = SubscriptionEntity(desc, topic, slot, [rule])
+            topic.add_subscription(sub)
+            self._ids[slot] = sub
+            return desc
+
+    def get_subscription(self, topic_name: str, name: str) -> SubscriptionDescription:
+        return self._subscription(topic_name, name).description
+
+    def list_subscriptions(self, topic_name: str) -> list[SubscriptionDescription]:
+        return [s.description for s in self._topic(topic_name).subscriptions.values()]
+
+    def update_subscription(self, topic_name: str, name: str, **changes: Any) -> SubscriptionDescription:
+        with self._lock:
+            sub = self._subscription(topic_name, name)
+            changes.pop("topic_name", None)
+            desc = sub.description.updated(changes)
+            desc.validate(self.tier)
+            self._check_forwarding(desc, desc.path)
+            self._require_healthy(sub.partitions, f"update '{desc.path}'")
+            self.catalog.update(sub.slot, desc.to_dict())
+            sub.description = desc
+            for p in sub.partitions:
+                p.configure_slot(sub.slot, self._slot_settings(desc, desc.path))
+            created, _ = self._created[sub.slot]
+            self._created[sub.slot] = (created, time.time())
+            return desc
+
+    def delete_subscription(self, topic_name: str, name: str) -> None:
+        with self._lock:
+            sub = self._subscription(topic_name, name)
+            self._require_healthy(sub.partitions, f"delete '{sub.path}'")
+            self._wait([p.drop_slot(sub.slot) for p in sub.partitions])
+            self.catalog.delete([sub.slot])
+            sub.topic.remove_subscription(name)
+            self._ids.pop(sub.slot, None)
+
+    def create_rule(self, topic_name: str, subscription_name: str, rule: Rule) -> Rule:
+        with self._lock:
+            sub = self._subscription(topic_name, subscription_name)
+            check_child_name(rule.name, "rule")
+            if any(r.name.lower() == rule.name.lower() for r in sub.rules):
+                raise EntityAlreadyExists(f"The rule '{rule.name}' already exists in '{sub.path}'.")
+            if len(sub.rules) >= self.quotas.max_rules_per_subscription:
+                raise QuotaExceeded(f"The maximum number of rules of '{sub.path}' has been reached.")
+            self._require_healthy(sub.partitions, f"add a rule to '{sub.path}'")
+            self.catalog.put_rule(sub.slot, rule.name, rule.to_dict())
+            sub.rules = [*sub.rules, rule]
+            return rule
+
+    def get_rule(self, topic_name: str, subscription_name: str, name: str) -> Rule:
+        for rule in self._subscription(topic_name, subscription_name).rules:
+            if rule.name.lower() == name.lower():
+                return rule
+        raise EntityNotFound(f"The rule '{name}' could not be found in '{topic_name}/Subscriptions/{subscription_name}'.")
+
+    def list_rules(self, topic_name: str, subscription_name: str) -> list[Rule]:
+        return list(self._subscription(topic_name, subscription_name).rules)
+
+    def delete_rule(self, topic_name: str, subscription_name: str, name: str) -> None:
+        with self._lock:
+            sub = self._subscription(topic_name, subscription_name)
+            rule = self.get_rule(topic_name, subscription_name, name)
+            self._require_healthy(sub.partitions, f"remove a rule from '{sub.path}'")
+            self.catalog.delete_rule(sub.slot, rule.name)
+            sub.rules = [r for r in sub.rules if r is not rule]
+
+    # ------------------------------------------------------------------------------------------------------
+    # runtime information
+    # ------------------------------------------------------------------------------------------------------
+    def get_runtime_properties(self, path: str) -> RuntimeProperties:
+        """Counts summed over partitions for a queue, topic or subscription path; availability is "Limited"
+        when any partition is unavailable."""
+        lower = _strip(path).lower()
+        entity = self._entities.get(lower)
+        if isinstance(entity, TopicEntity):
+            return entity.runtime()
+        target, _ = self.resolve(path)
+        return target.runtime()
+
+    def availability(self, path: str) -> str:
+        lower = _strip(path).lower()
+        entity = self._entities.get(lower)
+        partitions = entity.partitions if entity is not None else self.resolve(path)[0].partitions
+        return "Available" if all(p.healthy for p in partitions) else "Limited"
+
+    def created_updated(self, path: str) -> tuple[float, float]:
+        entity = self._entities.get(_strip(path).lower()) or self.resolve(path)[0]
+        key = entity.entity_id if hasattr(entity, "entity_id") else entity.slot
+        return self._created[key]
+
+    # ------------------------------------------------------------------------------------------------------
+    # data plane
+    # ------------------------------------------------------------------------------------------------------
+    def submit_send(self, entity: str, messages: Message | list[Message]) -> Future:
+        """Route and store messages without waiting; the future resolves once they are durable."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        return self._sender_entity(entity).submit_send(batch)
+
+    def send(self, entity: str, messages: Message | list[Message]) -> None:
+        """Send one message or a batch (all-or-nothing) to a queue or topic; returns once stored durably."""
+        self.submit_send(entity, messages).result()
+
+    def schedule_messages(
+        self, entity: str, messages: Message | list[Message], enqueue_time: datetime
+    ) -> list[int]:
+        """Schedule messages for ``enqueue_time``; returns their sequence numbers (for cancelling)."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        result = []
+        target = self._sender_entity(entity)
+        for m in batch:
+            m = m.copy()
+            m.scheduled_enqueue_time = enqueue_time
+            result.extend(target.submit_send([m]).result())
+        return result
+
+    def cancel_scheduled_messages(self, entity: str, sequence_numbers: int | list[int]) -> None:
+        seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
+        target = self._sender_entity(entity)
+        by_partition: dict[int, list[int]] = {}
+        for seq in seqs:
+            pid, local = decode_sequence_number(seq)
+            if pid >= len(target.partitions):
+                raise MessageNotFound(f"No scheduled message with sequence number {seq} exists in '{entity}'.")
+            by_partition.setdefault(pid, []).append(local)
+        self._wait([target.partitions[pid].cancel_scheduled(local) for pid, local in by_partition.items()])
+
+    def receiver(
+        self, path: str, mode: ReceiveMode | str = ReceiveMode.PEEK_LOCK, sub_queue: SubQueue | None = None
+    ) -> Receiver:
+        """A receiver on a queue or subscription path (sub-queues by suffix or ``sub_queue``)."""
+        target, suffix_queue = self.resolve(path)
+        return Receiver(target, ReceiveMode(mode), sub_queue if sub_queue is not None else suffix_queue, self._clock)
+
+    def peek_messages(
+        self, path: str, max_count: int = 1, from_sequence_number: int | None = None
+    ) -> list[Message]:
+        """The service's peek (see ``Target.peek``): may return fewer than asked on a partitioned entity."""
+        target, sub_queue = self.resolve(path)
+        return target.peek(from_sequence_number, max_count, sub_queue)
+
+    def browse(self, path: str, **ranges: Any) -> Iterator[Message]:
+        """Every message of a queue or subscription, partition by partition, without locking (ours)."""
+        target, sub_queue = self.resolve(path)
+        return target.browse(sub_queue, **ranges)
+
+
+def _strip(name: str) -> str:
+    """Accept 'sb://host/name' and 'amqps://host:port/name' forms for entity names, as the SDK may send them."""
+    for scheme in ("sb://", "amqps://", "amqp://", "https://", "http://"):
+        if name.lower().startswith(scheme):
+            rest = name[len(scheme) :]
+            return rest.split("/", 1)[1] if "/" in rest else ""
+    return name.strip("/")
+
+
+def _build(cls: type, name: str, properties: dict[str, Any]) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = set(properties) - known
+    if unknown:
+        raise ArgumentError(f"Unknown {cls.__name__} propert{'ies' if len(unknown) > 1 else 'y'}: "
+                            f"{', '.join(sorted(unknown))}")
+    if cls is not SubscriptionDescription:
+        check_entity_name(name, cls.kind.value)
+    return cls(name=name, **properties)

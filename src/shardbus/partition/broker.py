@@ -1,0 +1,761 @@
+"""One partition broker: the message state machine of one partition, over its own messaging store.
+
+Theory of operation
+-------------------
+A partition owns *slots* (slot 0: a queue's messages; a topic partition: one slot per subscription), and each
+slot has three *sub-queues*: main, dead-letter and transfer-dead-letter. Every message lives in exactly one
+sub-queue of one slot, in one of these states:
+
+    SCHEDULED ──(time comes)──────────────▶ ACTIVE ◀───────────────────────────┐
+    ACTIVE    ──lock──▶ LOCKED ──complete──▶ (gone)                           │
+                        LOCKED ──abandon / release / lock expires─────────────┘ (abandon and expiry count a
+                        LOCKED ──defer──▶ DEFERRED ──receive by sequence number──▶ LOCKED    delivery; release
+                        LOCKED ──dead-letter / too many deliveries──▶ ACTIVE in the dead-letter sub-queue)
+    ACTIVE    ──TTL passes──▶ dead-letter sub-queue (if the entity says so) or (gone)
+    SCHEDULED ──cancel──▶ (gone)
+
+A lock on a DEFERRED message returns it to DEFERRED, not ACTIVE, when released. Every transition is a method of
+``PartitionBroker`` below and nothing else changes a message's state.
+
+Durability: the in-memory state is the working copy; the store is the log. A send becomes visible to receivers
+only after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first
+stored. Other transitions change memory at once and queue their write behind earlier ones. Locks are memory
+only: after a restart every locked message is available again. Delivery counts are written when a lock ends in
+abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
+
+Health: a store error or a stop makes the partition unavailable; every call then raises
+``PartitionUnavailable``. ``start`` (again) reloads everything from the store.
+
+Threading: one lock guards the state; store writes run on the committer's thread. Methods never block on I/O
+except the ``*_sync`` conveniences, which wait for their write.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ..model.entities import RuntimeProperties
+from ..model.errors import (
+    InvalidOperation,
+    MessageLockLost,
+    MessageNotFound,
+    MessageSizeExceeded,
+    PartitionUnavailable,
+    QuotaExceeded,
+)
+from ..model.message import Message, MessageState, SubQueue
+from ..model.routing import encode_sequence_number, new_lock_token
+from ..store.base import MessageStore, Op, Row, StoreError, Update
+from ..store.committer import GroupCommitter
+from ..store.records import pack_message, unpack_message
+
+MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
+TTL_EXPIRED_REASON = "TTLExpiredException"
+TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
+
+
+@dataclass(slots=True)
+class SlotSettings:
+    """What a partition needs to know about the queue or subscription a slot holds."""
+
+    path: str
+    lock_duration_ms: int = 60_000
+    max_delivery_count: int = 10
+    default_ttl_ms: int | None = None
+    dead_letter_on_expiration: bool = False
+    requires_session: bool = False
+
+
+@dataclass(slots=True)
+class PartitionConfig:
+    """Entity-wide settings each partition enforces on its own share."""
+
+    path: str
+    partition_id: int
+    max_size_bytes: int
+    max_message_size_bytes: int
+    requires_duplicate_detection: bool = False
+    dedup_window_ms: int = 600_000
+    entity_default_ttl_ms: int | None = None
+
+
+class Entry:
+    """A stored message in memory: the message (with its broker fields) and its stored size."""
+
+    __slots__ = ("msg", "queue", "seq", "size", "slot")
+
+    def __init__(self, msg: Message, slot: int, seq: int, queue: int, size: int) -> None:
+        self.msg = msg
+        self.slot = slot
+        self.seq = seq
+        self.queue = queue
+        self.size = size
+
+
+class MessageQueue:
+    """Indexes of one sub-queue of one slot."""
+
+    __slots__ = ("entries", "key", "lock_heap", "ready", "scheduled")
+
+    def __init__(self, key: tuple[int, int]) -> None:
+        self.key = key
+        self.entries: dict[int, Entry] = {}
+        self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages
+        self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
+        self.scheduled: list[tuple[int, int]] = []  # (enqueue time, seq)
+
+
+def _ms(clock: Callable[[], float]) -> int:
+    return int(clock() * 1000)
+
+
+class PartitionBroker:
+    def __init__(
+        self,
+        config: PartitionConfig,
+        store_factory: Callable[[], MessageStore],
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.id = config.partition_id
+        self._store_factory = store_factory
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._slots: dict[int, SlotSettings] = {}
+        self._queues: dict[tuple[int, int], MessageQueue] = {}
+        self._locks: dict[uuid.UUID, Entry] = {}
+        self._dedup: dict[str, int] = {}
+        self._next_seq = 1
+        self._size = 0
+        self._store: MessageStore | None = None
+        self._committer: GroupCommitter | None = None
+        self._healthy = False
+        self._failure: str | None = None
+        self._fail_next_write = False
+        self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
+
+    # ------------------------------------------------------------------------------------------------------
+    # life cycle and health
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def start(self) -> None:
+        """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers)."""
+        with self._lock:
+            if self._healthy:
+                return
+            self._reset_memory()
+            try:
+                store = self._store_factory()
+                snapshot = store.load()
+            except StoreError as exc:
+                self._failure = str(exc)
+                raise PartitionUnavailable(self._unavailable_text()) from exc
+            self._store = store
+            self._committer = GroupCommitter(_FaultableStore(self, store), self._on_store_failure)
+            now = _ms(self._clock)
+            self._next_seq = snapshot.meta.get("next_seq", 1)
+            self._dedup = snapshot.dedup
+            for slot, rows in snapshot.rows.items():
+                for row in rows:
+                    self._load_row(slot, row, now)
+            self._session_states = dict(snapshot.session_states)
+            self._healthy = True
+            self._failure = None
+
+    def stop(self, reason: str = "the partition broker is stopped") -> None:
+        """Stop serving: wait for queued writes, close the store, forget memory (locks are lost)."""
+        with self._lock:
+            committer, store = self._committer, self._store
+            self._healthy = False
+            self._failure = reason
+        if committer is not None:
+            committer.wait_idle(30)
+        if store is not None:
+            store.close()
+        with self._lock:
+            self._store = None
+            self._committer = None
+            self._reset_memory()
+
+    def inject_store_failure(self) -> None:
+        """Fault injection for tests: the next store write fails as a disk error would."""
+        self._fail_next_write = True
+
+    def _reset_memory(self) -> None:
+        self._queues = {}
+        self._locks = {}
+        self._dedup = {}
+        self._session_states: dict[tuple[int, str], bytes] = {}
+        self._size = 0
+
+    def _on_store_failure(self, exc: BaseException) -> BaseException:
+        with self._lock:
+            self._healthy = False
+            self._failure = f"store error: {exc}"
+        return PartitionUnavailable(self._unavailable_text())
+
+    def _unavailable_text(self) -> str:
+        return (
+            f"Partition {self.id} of '{self.config.path}' is unavailable ({self._failure}). Messages with a "
+            "partition key that maps to it cannot be processed now; retry later."
+        )
+
+    def _check(self) -> None:
+        if not self._healthy:
+            raise PartitionUnavailable(self._unavailable_text())
+
+    def _write(self, ops: list[Op], on_commit: Callable[[], Any] | None = None) -> Future:
+        assert self._committer is not None
+        return self._committer.submit(ops, on_commit)
+
+    # ------------------------------------------------------------------------------------------------------
+    # slots
+    # ------------------------------------------------------------------------------------------------------
+    def configure_slot(self, slot: int, settings: SlotSettings) -> None:
+        """Tell the partition about a slot it holds (at start, or after an update changed the settings)."""
+        with self._lock:
+            self._slots[slot] = settings
+
+    def create_slot(self, slot: int, settings: SlotSettings) -> Future:
+        with self._lock:
+            self._check()
+            self._slots[slot] = settings
+            return self._write([("create_slot", slot)])
+
+    def drop_slot(self, slot: int) -> Future:
+        with self._lock:
+            self._check()
+            self._slots.pop(slot, None)
+            for queue in SubQueue:
+                q = self._queues.pop((slot, queue), None)
+                if q is not None:
+                    for entry in q.entries.values():
+                        self._size -= entry.size
+                        if entry.msg.lock_token is not None:
+                            self._locks.pop(entry.msg.lock_token, None)
+            for key in [k for k in self._session_states if k[0] == slot]:
+                del self._session_states[key]
+            return self._write([("drop_slot", slot)])
+
+    def _queue(self, slot: int, queue: int) -> MessageQueue:
+        key = (slot, queue)
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = MessageQueue(key)
+        return q
+
+    def _load_row(self, slot: int, row: Row, now: int) -> None:
+        msg = unpack_message(row.data)
+        msg.sequence_number = encode_sequence_number(self.id, row.seq)
+        msg.enqueued_time_ms = row.enqueued
+        msg.expires_at_ms = row.expires
+        msg.delivery_count = row.delivery_count
+        msg.partition_id = self.id
+        msg.dead_letter_reason = row.dl_reason
+        msg.dead_letter_error_description = row.dl_description
+        msg.dead_letter_source = row.dl_source
+        state = MessageState(row.state)
+        if state is MessageState.SCHEDULED and (row.scheduled is None or row.scheduled <= now):
+            state = MessageState.ACTIVE
+        msg.state = state
+        entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
+        q = self._queue(slot, row.queue)
+        q.entries[row.seq] = entry
+        self._size += entry.size
+        if state is MessageState.ACTIVE:
+            heapq.heappush(q.ready, row.seq)
+        elif state is MessageState.SCHEDULED:
+            heapq.heappush(q.scheduled, (row.scheduled, row.seq))
+
+    # ------------------------------------------------------------------------------------------------------
+    # sending
+    # ------------------------------------------------------------------------------------------------------
+    def enqueue(self, items: list[tuple[str | None, list[tuple[int, Message]]]]) -> Future:
+        """Store messages; each item is (duplicate-detection id or None, [(slot, the copy that slot gets), ...]).
+
+        All items commit together or not at all. The future's result is the list of client-visible sequence
+        numbers, one per item, None for a duplicate that duplicate detection dropped.
+        """
+        with self._lock:
+            self._check()
+            cfg = self.config
+            now = _ms(self._clock)
+            window_start = now - cfg.dedup_window_ms
+            dedup_new: list[tuple[str, int]] = []
+            rows_by_slot: dict[int, list[Row]] = {}
+            visible: list[tuple[int, Entry]] = []
+            results: list[int | None] = []
+            added_size = 0
+            seq = self._next_seq
+            try:
+                for dedup_id, copies in items:
+                    if dedup_id is not None and cfg.requires_duplicate_detection:
+                        seen = self._dedup.get(dedup_id)
+                        if seen is not None and seen >= window_start:
+                            results.append(None)  # accepted and dropped, as the service does
+                            continue
+                        self._dedup[dedup_id] = now
+                        dedup_new.append((dedup_id, now))
+                    results.append(encode_sequence_number(self.id, seq))
+                    for slot, msg in copies:
+                        entry, row = self._new_entry(slot, seq, msg, now)
+                        added_size += entry.size
+                        rows_by_slot.setdefault(slot, []).append(row)
+                        visible.append((slot, entry))
+                    seq += 1
+                if self._size + added_size > cfg.max_size_bytes:
+                        raise QuotaExceeded(
+                        f"The maximum entity size has been reached or exceeded for '{cfg.path}' "
+                        f"(partition {self.id}). "
+                        f"Size of entity in bytes: {self._size}, max entity size in bytes: {cfg.max_size_bytes}."
+                    )
+            except Exception:
+                for dedup_id, _ in dedup_new:  # nothing of a refused batch is remembered
+                    self._dedup.pop(dedup_id, None)
+                raise
+            self._next_seq = seq
+            self._size += added_size
+            ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
+            ops.append(("meta", "next_seq", seq))
+            if dedup_new:
+                ops.append(("dedup", dedup_new))
+
+            def make_visible() -> list[int | None]:
+                with self._lock:
+                    if self._healthy:
+                        touched = self._add_visible(visible)
+                    else:
+                        touched = set()
+                self._notify(touched)
+                return results
+
+            return self._write(ops, make_visible)
+
+    def _new_entry(self, slot: int, seq: int, msg: Message, now: int) -> tuple[Entry, Row]:
+        settings = self._slots.get(slot)
+        data = pack_message(msg)
+        if len(data) > self.config.max_message_size_bytes:
+            raise MessageSizeExceeded(
+                f"The received message (size {len(data)} bytes) exceeds the limit "
+                f"({self.config.max_message_size_bytes} bytes) currently allowed on the link."
+            )
+        scheduled = msg.scheduled_enqueue_time
+        scheduled_ms = None
+        state = MessageState.ACTIVE
+        start = now
+        if scheduled is not None:
+            scheduled_ms = int(scheduled.timestamp() * 1000)
+            if scheduled_ms > now:
+                state = MessageState.SCHEDULED
+                start = scheduled_ms
+        ttl_candidates = [
+            t
+            for t in (
+                None if msg.time_to_live is None else int(msg.time_to_live.total_seconds() * 1000),
+                self.config.entity_default_ttl_ms,
+                None if settings is None else settings.default_ttl_ms,
+            )
+            if t is not None
+        ]
+        expires = start + min(ttl_candidates) if ttl_candidates else None
+        msg.sequence_number = encode_sequence_number(self.id, seq)
+        msg.enqueued_time_ms = now
+        msg.expires_at_ms = expires
+        msg.state = state
+        msg.partition_id = self.id
+        msg.delivery_count = 0
+        if msg.enqueued_sequence_number is None:
+            msg.enqueued_sequence_number = msg.sequence_number
+        row = Row(seq, SubQueue.MAIN, state, 0, now, scheduled_ms, expires, msg.session_id, None, None, None, data)
+        return Entry(msg, slot, seq, SubQueue.MAIN, len(data)), row
+
+    def _add_visible(self, visible: list[tuple[int, Entry]]) -> set[int]:
+        touched = set()
+        for slot, entry in visible:
+            q = self._queue(slot, SubQueue.MAIN)
+            q.entries[entry.seq] = entry
+            if entry.msg.state is MessageState.SCHEDULED:
+                heapq.heappush(q.scheduled, (int(entry.msg.scheduled_enqueue_time.timestamp() * 1000), entry.seq))
+            else:
+                heapq.heappush(q.ready, entry.seq)
+                touched.add(slot)
+        return touched
+
+    def _notify(self, slots: Iterable[int]) -> None:
+        for slot in slots:
+            for listener in self.listeners:
+                listener(slot)
+
+    def cancel_scheduled(self, local_seqs: list[int]) -> Future:
+        """Remove scheduled messages (from every slot that holds a copy)."""
+        with self._lock:
+            self._check()
+            deletes: dict[int, list[int]] = {}
+            for seq in local_seqs:
+                found = False
+                for (slot, queue), q in self._queues.items():
+                    entry = q.entries.get(seq)
+                    if queue == SubQueue.MAIN and entry is not None and entry.msg.state is MessageState.SCHEDULED:
+                        del q.entries[seq]
+                        self._size -= entry.size
+                        deletes.setdefault(slot, []).append(seq)
+                        found = True
+                if not found:
+                    raise MessageNotFound(
+                        f"No scheduled message with sequence number {encode_sequence_number(self.id, seq)} "
+                        f"exists in '{self.config.path}'."
+                    )
+            return self._write([("delete", slot, seqs) for slot, seqs in deletes.items()])
+
+    # ------------------------------------------------------------------------------------------------------
+    # receiving
+    # ------------------------------------------------------------------------------------------------------
+    def lock_messages(self, slot: int, queue: int, max_count: int) -> list[Message]:
+        """Lock up to ``max_count`` of the oldest active messages; return copies carrying their lock tokens."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            q = self._queue(slot, queue)
+            settings = self._slots[slot]
+            writes: list[Op] = []
+            self._process_due(q, settings, now, writes)
+            out: list[Message] = []
+            ready = q.ready
+            entries = q.entries
+            lock_ms = settings.lock_duration_ms
+            while ready and len(out) < max_count:
+                seq = heapq.heappop(ready)
+                entry = entries.get(seq)
+                if entry is None:
+                    continue
+                msg = entry.msg
+                if msg.lock_token is not None or msg.state is not MessageState.ACTIVE:
+                    continue
+                if msg.expires_at_ms is not None and msg.expires_at_ms <= now and queue == SubQueue.MAIN:
+                    self._expire(q, entry, settings, writes)
+                    continue
+                token = new_lock_token(self.id)
+                msg.lock_token = token
+                msg.locked_until_ms = until = now + lock_ms
+                msg.delivery_count += 1
+                self._locks[token] = entry
+                heapq.heappush(q.lock_heap, (until, seq, token))
+                out.append(msg.copy())
+            if writes:
+                self._write(writes)
+            return out
+
+    def _process_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> None:
+        """Apply what time has made due: expired locks end, scheduled messages become active."""
+        lock_heap = q.lock_heap
+        while lock_heap and lock_heap[0][0] <= now:
+            _, seq, token = heapq.heappop(lock_heap)
+            entry = self._locks.get(token)
+            if entry is None or entry.msg.lock_token != token or entry.msg.locked_until_ms > now:
+                continue  # settled or renewed since
+            self._unlock(q, entry, settings, count_delivery=True, writes=writes)
+        scheduled = q.scheduled
+        while scheduled and scheduled[0][0] <= now:
+            _, seq = heapq.heappop(scheduled)
+            entry = q.entries.get(seq)
+            if entry is not None and entry.msg.state is MessageState.SCHEDULED:
+                entry.msg.state = MessageState.ACTIVE
+                heapq.heappush(q.ready, seq)
+
+    def next_due_ms(self, slot: int, queue: int) -> int | None:
+        """When something in this sub-queue next becomes available without a send (lock expiry, schedule)."""
+        with self._lock:
+            q = self._queues.get((slot, queue))
+            if q is None or not self._healthy:
+                return None
+            times = [h[0][0] for h in (q.lock_heap, q.scheduled) if h]
+            return min(times) if times else None
+
+    def _unlock(
+        self, q: MessageQueue, entry: Entry, settings: SlotSettings, count_delivery: bool, writes: list[Op]
+    ) -> None:
+        """End a lock without settling: back to ACTIVE (or DEFERRED), or to the dead-letter queue."""
+        msg = entry.msg
+        self._locks.pop(msg.lock_token, None)
+        msg.lock_token = None
+        msg.locked_until_ms = None
+        if not count_delivery:
+            msg.delivery_count -= 1
+        elif entry.queue == SubQueue.MAIN and msg.delivery_count >= settings.max_delivery_count:
+            self._move_to_dead_letter(
+                q,
+                entry,
+                MAX_DELIVERY_REASON,
+                f"Message could not be consumed after {settings.max_delivery_count} delivery attempts.",
+                writes,
+            )
+            return
+        if msg.state is MessageState.ACTIVE:
+            heapq.heappush(q.ready, entry.seq)
+        if count_delivery:
+            writes.append(("update", entry.slot, [self._update_of(entry)]))
+
+    def _update_of(self, entry: Entry) -> Update:
+        m = entry.msg
+        return Update(
+            entry.seq,
+            entry.queue,
+            m.state,
+            m.delivery_count,
+            m.dead_letter_reason,
+            m.dead_letter_error_description,
+            m.dead_letter_source,
+        )
+
+    def _move_to_dead_letter(
+        self, q: MessageQueue, entry: Entry, reason: str | None, description: str | None, writes: list[Op]
+    ) -> None:
+        msg = entry.msg
+        del q.entries[entry.seq]
+        if msg.lock_token is not None:
+            self._locks.pop(msg.lock_token, None)
+        msg.lock_token = None
+        msg.locked_until_ms = None
+        msg.state = MessageState.ACTIVE
+        msg.dead_letter_reason = reason
+        msg.dead_letter_error_description = description
+        msg.dead_letter_source = None
+        entry.queue = SubQueue.DEAD_LETTER
+        dlq = self._queue(entry.slot, SubQueue.DEAD_LETTER)
+        dlq.entries[entry.seq] = entry
+        heapq.heappush(dlq.ready, entry.seq)
+        writes.append(("update", entry.slot, [self._update_of(entry)]))
+
+    def _expire(self, q: MessageQueue, entry: Entry, settings: SlotSettings, writes: list[Op]) -> None:
+        if settings.dead_letter_on_expiration:
+            self._move_to_dead_letter(q, entry, TTL_EXPIRED_REASON, TTL_EXPIRED_DESCRIPTION, writes)
+        else:
+            del q.entries[entry.seq]
+            self._size -= entry.size
+            writes.append(("delete", entry.slot, [entry.seq]))
+
+    # ------------------------------------------------------------------------------------------------------
+    # settling
+    # ------------------------------------------------------------------------------------------------------
+    def _locked_entry(self, slot: int, token: uuid.UUID, now: int) -> Entry:
+        entry = self._locks.get(token)
+        if entry is None or entry.slot != slot or entry.msg.locked_until_ms <= now:
+            raise MessageLockLost(
+                "The lock supplied is invalid. Either the lock expired, or the message has already been removed "
+                "from the queue, or was received by a different receiver instance."
+            )
+        return entry
+
+    def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future:
+        """Settle locked messages as done: they are removed. All tokens must be valid, or none is settled."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            entries = [self._locked_entry(slot, t, now) for t in tokens]
+            deletes: list[int] = []
+            for entry in entries:
+                self._locks.pop(entry.msg.lock_token, None)
+                entry.msg.lock_token = None
+                del self._queues[(slot, entry.queue)].entries[entry.seq]
+                self._size -= entry.size
+                deletes.append(entry.seq)
+            return self._write([("delete", slot, deletes)])
+
+    def abandon(self, slot: int, token: uuid.UUID) -> Future:
+        return self._end_lock(slot, token, count_delivery=True)
+
+    def release(self, slot: int, token: uuid.UUID) -> None:
+        """Give a message back without counting a delivery (AMQP ``released``, unrequested prefetch)."""
+        self._end_lock(slot, token, count_delivery=False)
+
+    def _end_lock(self, slot: int, token: uuid.UUID, count_delivery: bool) -> Future:
+        with self._lock:
+            self._check()
+            entry = self._locked_entry(slot, token, _ms(self._clock))
+            writes: list[Op] = []
+            self._unlock(self._queues[(slot, entry.queue)], entry, self._slots[slot], count_delivery, writes)
+            future = self._write(writes)
+        self._notify((slot,))
+        return future
+
+    def defer(self, slot: int, token: uuid.UUID) -> Future:
+        with self._lock:
+            self._check()
+            entry = self._locked_entry(slot, token, _ms(self._clock))
+            self._locks.pop(token, None)
+            msg = entry.msg
+            msg.lock_token = None
+            msg.locked_until_ms = None
+            msg.state = MessageState.DEFERRED
+            return self._write([("update", slot, [self._update_of(entry)])])
+
+    def dead_letter(self, slot: int, token: uuid.UUID, reason: str | None, description: str | None) -> Future:
+        with self._lock:
+            self._check()
+            entry = self._locked_entry(slot, token, _ms(self._clock))
+            if entry.queue != SubQueue.MAIN:
+                raise InvalidOperation("A message in a dead-letter queue cannot be dead-lettered again.")
+            writes: list[Op] = []
+            self._move_to_dead_letter(self._queues[(slot, entry.queue)], entry, reason, description, writes)
+            return self._write(writes)
+
+    def renew_lock(self, slot: int, token: uuid.UUID) -> int:
+        """Extend a lock by the lock duration from now; returns the new locked-until time (ms)."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            entry = self._locked_entry(slot, token, now)
+            until = now + self._slots[slot].lock_duration_ms
+            entry.msg.locked_until_ms = until
+            heapq.heappush(self._queues[(slot, entry.queue)].lock_heap, (until, entry.seq, token))
+            return until
+
+    def receive_deferred(self, slot: int, queue: int, local_seqs: list[int], lock: bool) -> tuple[list[Message], Future | None]:
+        """Fetch deferred messages by sequence number, locking them (peek-lock) or removing them."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            q = self._queue(slot, queue)
+            entries = []
+            for seq in local_seqs:
+                entry = q.entries.get(seq)
+                if entry is None or entry.msg.state is not MessageState.DEFERRED or entry.msg.lock_token is not None:
+                    raise MessageNotFound(
+                        f"Failed to lock one or more specified messages: the message with sequence number "
+                        f"{encode_sequence_number(self.id, seq)} was not found or is not deferred."
+                    )
+                entries.append(entry)
+            out = []
+            future = None
+            if lock:
+                lock_ms = self._slots[slot].lock_duration_ms
+                for entry in entries:
+                    token = new_lock_token(self.id)
+                    entry.msg.lock_token = token
+                    entry.msg.locked_until_ms = now + lock_ms
+                    entry.msg.delivery_count += 1
+                    self._locks[token] = entry
+                    heapq.heappush(q.lock_heap, (now + lock_ms, entry.seq, token))
+                    out.append(entry.msg.copy())
+            else:
+                for entry in entries:
+                    del q.entries[entry.seq]
+                    self._size -= entry.size
+                    out.append(entry.msg.copy())
+                future = self._write([("delete", slot, [e.seq for e in entries])])
+            return out, future
+
+    # ------------------------------------------------------------------------------------------------------
+    # browsing and counting
+    # ------------------------------------------------------------------------------------------------------
+    def peek(self, slot: int, queue: int, from_local_seq: int, max_count: int) -> list[Message]:
+        """The oldest messages from ``from_local_seq`` on, in any state (locked ones too), without locking."""
+        with self._lock:
+            self._check()
+            q = self._queues.get((slot, queue))
+            if q is None or max_count <= 0:
+                return []
+            seqs = heapq.nsmallest(max_count, (s for s in q.entries if s >= from_local_seq))
+            return [q.entries[s].msg.copy() for s in seqs]
+
+    def last_sequence(self) -> int:
+        """The highest partition-relative sequence number assigned so far (0 if none)."""
+        with self._lock:
+            return self._next_seq - 1
+
+    def runtime(self, slot: int) -> RuntimeProperties:
+        with self._lock:
+            self._check()
+            props = RuntimeProperties()
+            for queue in SubQueue:
+                q = self._queues.get((slot, queue))
+                if q is None:
+                    continue
+                for entry in q.entries.values():
+                    props.size_in_bytes += entry.size
+                    if queue == SubQueue.DEAD_LETTER:
+                        props.dead_letter_message_count += 1
+                    elif queue == SubQueue.TRANSFER_DEAD_LETTER:
+                        props.transfer_dead_letter_message_count += 1
+                    elif entry.msg.state is MessageState.SCHEDULED:
+                        props.scheduled_message_count += 1
+                    else:
+                        props.active_message_count += 1
+            return props
+
+    def scheduled_count(self) -> int:
+        """Scheduled messages counted once however many subscriptions hold a copy (a topic's count)."""
+        with self._lock:
+            self._check()
+            seqs = set()
+            for (_, queue), q in self._queues.items():
+                if queue == SubQueue.MAIN:
+                    seqs.update(s for s, e in q.entries.items() if e.msg.state is MessageState.SCHEDULED)
+            return len(seqs)
+
+    def size_bytes(self) -> int:
+        return self._size
+
+    def prune_dedup(self) -> None:
+        """Forget message ids older than the duplicate-detection window."""
+        with self._lock:
+            if not self._healthy or not self._dedup:
+                return
+            cutoff = _ms(self._clock) - self.config.dedup_window_ms
+            stale = [k for k, seen in self._dedup.items() if seen < cutoff]
+            if stale:
+                for key in stale:
+                    del self._dedup[key]
+                self._write([("dedup_prune", cutoff)])
+
+    def tick(self) -> None:
+        """Periodic upkeep: end expired locks and activate due scheduled messages, waking waiting receivers."""
+        with self._lock:
+            if not self._healthy:
+                return
+            now = _ms(self._clock)
+            writes: list[Op] = []
+            touched = set()
+            for (slot, queue), q in list(self._queues.items()):
+                before = len(q.ready)
+                settings = self._slots.get(slot)
+                if settings is not None:
+                    self._process_due(q, settings, now, writes)
+                if len(q.ready) > before:
+                    touched.add(slot)
+            if writes:
+                self._write(writes)
+        self._notify(touched)
+
+
+class _FaultableStore:
+    """Wraps the real store so tests can make the next write fail like a disk error."""
+
+    def __init__(self, broker: PartitionBroker, store: MessageStore) -> None:
+        self._broker = broker
+        self._store = store
+
+    def load(self) -> Any:
+        return self._store.load()
+
+    def apply(self, ops: list[Op]) -> None:
+        if self._broker._fail_next_write:
+            self._broker._fail_next_write = False
+            raise StoreError("injected store failure")
+        self._store.apply(ops)
+
+    def close(self) -> None:
+        self._store.close()

@@ -1,0 +1,78 @@
+"""The ``MessageStore`` protocol: what a partition broker needs from durable storage.
+
+A store is owned by exactly one partition broker. It keeps rows for one or more *slots*: slot 0 is a queue's
+messages; a topic partition has one slot per subscription (the subscription id), so a message fanned out to
+several subscriptions is stored in one transaction. The broker keeps its working state in memory and uses the
+store as its durable log: ``load`` at start, then ``apply`` batches of operations, each batch one transaction
+that is durable when ``apply`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+
+class Row(NamedTuple):
+    """One stored message (a slot's row). Times are ms since the Unix epoch."""
+
+    seq: int
+    queue: int  # SubQueue
+    state: int  # MessageState
+    delivery_count: int
+    enqueued: int
+    scheduled: int | None
+    expires: int | None
+    session: str | None
+    dl_reason: str | None
+    dl_description: str | None
+    dl_source: str | None
+    data: bytes  # packed user properties and body, see records.py
+
+
+class Update(NamedTuple):
+    """New values for a stored message's mutable columns."""
+
+    seq: int
+    queue: int
+    state: int
+    delivery_count: int
+    dl_reason: str | None
+    dl_description: str | None
+    dl_source: str | None
+
+
+# Operations a batch may hold. Each is a tuple whose first item names it; adapters dispatch on that name.
+#   ("put", slot, [Row, ...])                 insert (or replace) rows
+#   ("delete", slot, [seq, ...])              remove rows
+#   ("update", slot, [Update, ...])           change mutable columns
+#   ("create_slot", slot) / ("drop_slot", slot)
+#   ("meta", key, value)                      small persistent counters (next sequence number)
+#   ("dedup", [(message_id, seen_ms), ...])   duplicate-detection history
+#   ("dedup_prune", before_ms)
+#   ("session_state", slot, session_id, bytes | None)
+Op = tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything a store holds, read once when its partition broker starts."""
+
+    rows: dict[int, list[Row]] = field(default_factory=dict)
+    meta: dict[str, int] = field(default_factory=dict)
+    dedup: dict[str, int] = field(default_factory=dict)
+    session_states: dict[tuple[int, str], bytes] = field(default_factory=dict)
+
+
+class MessageStore(Protocol):
+    def load(self) -> Snapshot: ...
+
+    def apply(self, ops: list[Op]) -> None:
+        """Run ``ops`` in one transaction; return only when it is durable. Raise StoreError on failure."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StoreError(Exception):
+    """The store could not read or write; its partition becomes unavailable."""

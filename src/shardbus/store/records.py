@@ -1,0 +1,132 @@
+"""Packing a message's user-set fields into the bytes a store keeps (MessagePack).
+
+Only what the sender set is packed; broker-owned fields live in their own columns (see ``base.Row``). Values
+MessagePack cannot carry natively (datetime, UUID, timedelta, tuples of AMQP types a front end put in
+annotations) use extension types, so application properties keep their types across restarts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgpack
+
+from ..model.message import BodyType, Message
+
+_EXT_DATETIME = 1  # int64 microseconds since epoch, UTC
+_EXT_UUID = 2
+_EXT_TIMEDELTA = 3  # int64 microseconds
+_EXT_PICKLED_TYPE = 4  # (type tag, value) for front-end specific values, see register_type
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+# Front ends may register small value types (e.g. AMQP Symbol) so they survive storage: tag -> (class, to, from)
+_registered: dict[int, tuple[type, Any, Any]] = {}
+_registered_by_type: dict[type, int] = {}
+
+
+def register_type(tag: int, cls: type, to_plain: Any, from_plain: Any) -> None:
+    """Let values of ``cls`` (e.g. an AMQP symbol) be stored and come back as ``cls``."""
+    _registered[tag] = (cls, to_plain, from_plain)
+    _registered_by_type[cls] = tag
+
+
+def _default(value: Any) -> Any:
+    tag = _registered_by_type.get(type(value))
+    if tag is not None:
+        return msgpack.ExtType(_EXT_PICKLED_TYPE, msgpack.packb((tag, _registered[tag][1](value)), default=_default))
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return msgpack.ExtType(_EXT_DATETIME, ((value - _EPOCH) // _US).to_bytes(8, "big", signed=True))
+    if isinstance(value, uuid.UUID):
+        return msgpack.ExtType(_EXT_UUID, value.bytes)
+    if isinstance(value, timedelta):
+        return msgpack.ExtType(_EXT_TIMEDELTA, (value // _US).to_bytes(8, "big", signed=True))
+    raise TypeError(f"cannot store a value of type {type(value).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_DATETIME:
+        return _EPOCH + timedelta(microseconds=int.from_bytes(data, "big", signed=True))
+    if code == _EXT_UUID:
+        return uuid.UUID(bytes=data)
+    if code == _EXT_TIMEDELTA:
+        return timedelta(microseconds=int.from_bytes(data, "big", signed=True))
+    if code == _EXT_PICKLED_TYPE:
+        tag, plain = msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False)
+        return _registered[tag][2](plain)
+    return msgpack.ExtType(code, data)
+
+
+_packer = msgpack.Packer(default=_default, use_bin_type=True)
+
+
+def pack_message(m: Message) -> bytes:
+    ttl = None if m.time_to_live is None else m.time_to_live // _US
+    return _packer.pack(
+        (
+            m.body,
+            int(m.body_type),
+            m.message_id,
+            m.session_id,
+            m.partition_key,
+            m.correlation_id,
+            m.subject,
+            m.content_type,
+            m.to,
+            m.reply_to,
+            m.reply_to_session_id,
+            ttl,
+            m.scheduled_enqueue_time,
+            m.application_properties,
+            m.annotations,
+            m.enqueued_sequence_number,
+            m.forward_hops,
+        )
+    )
+
+
+def unpack_message(data: bytes) -> Message:
+    (
+        body,
+        body_type,
+        message_id,
+        session_id,
+        partition_key,
+        correlation_id,
+        subject,
+        content_type,
+        to,
+        reply_to,
+        reply_to_session_id,
+        ttl,
+        scheduled,
+        app_props,
+        annotations,
+        enqueued_seq,
+        hops,
+    ) = msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, use_list=True)
+    m = Message(
+        body,
+        message_id,
+        session_id,
+        partition_key,
+        correlation_id,
+        subject,
+        content_type,
+        to,
+        reply_to,
+        reply_to_session_id,
+        None if ttl is None else timedelta(microseconds=ttl),
+        scheduled,
+        app_props,
+        annotations,
+        BodyType(body_type),
+    )
+    m.enqueued_sequence_number = enqueued_seq
+    m.forward_hops = hops
+    return m

@@ -1,0 +1,142 @@
+"""SQLite messaging store: one database file per partition, WAL journal, ``synchronous=FULL``.
+
+FULL makes every commit fsync the WAL, so a batch is on disk when ``apply`` returns (an acknowledged send
+survives power loss, not just a process crash). The cost is one fsync per batch; the group committer puts many
+operations in each batch. Each slot (a queue, or one subscription of a topic partition) is its own table whose
+rowid is the partition-relative sequence number, so rows need no second index.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .base import Op, Row, Snapshot, StoreError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS slots (slot INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS dedup (message_id TEXT PRIMARY KEY, seen INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS session_state (
+    slot INTEGER NOT NULL, session TEXT NOT NULL, state BLOB NOT NULL, PRIMARY KEY (slot, session)
+) WITHOUT ROWID;
+"""
+
+_COLUMNS = "seq, queue, state, delivery_count, enqueued, scheduled, expires, session, dl_reason, dl_description, " \
+    "dl_source, data"
+
+
+def _table(slot: int) -> str:
+    return f"m{int(slot)}"
+
+
+class SqliteStore:
+    """A ``MessageStore`` in one SQLite file. Not thread-safe: its partition's committer serialises use."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+        self._ops: dict[str, Callable[..., None]] = {
+            "put": self._put,
+            "delete": self._delete,
+            "update": self._update,
+            "create_slot": self._create_slot,
+            "drop_slot": self._drop_slot,
+            "meta": self._meta,
+            "dedup": self._dedup,
+            "dedup_prune": self._dedup_prune,
+            "session_state": self._session_state,
+        }
+
+    # --- reading -------------------------------------------------------------------------------------------
+    def load(self) -> Snapshot:
+        try:
+            snap = Snapshot()
+            db = self._db
+            snap.meta = dict(db.execute("SELECT key, value FROM meta"))
+            snap.dedup = dict(db.execute("SELECT message_id, seen FROM dedup"))
+            for slot, session, state in db.execute("SELECT slot, session, state FROM session_state"):
+                snap.session_states[(slot, session)] = state
+            for (slot,) in db.execute("SELECT slot FROM slots").fetchall():
+                cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)} ORDER BY seq")
+                snap.rows[slot] = [Row(*r) for r in cursor]
+            return snap
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    # --- writing -------------------------------------------------------------------------------------------
+    def apply(self, ops: list[Op]) -> None:
+        db = self._db
+        try:
+            db.execute("BEGIN")
+            try:
+                dispatch = self._ops
+                for op in ops:
+                    dispatch[op[0]](*op[1:])
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"store {self.path} failed: {exc}") from exc
+
+    def _put(self, slot: int, rows: list[Row]) -> None:
+        self._db.executemany(f"INSERT OR REPLACE INTO {_table(slot)} VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+
+    def _delete(self, slot: int, seqs: list[int]) -> None:
+        if len(seqs) == 1:
+            self._db.execute(f"DELETE FROM {_table(slot)} WHERE seq=?", (seqs[0],))
+        else:
+            self._db.executemany(f"DELETE FROM {_table(slot)} WHERE seq=?", [(s,) for s in seqs])
+
+    def _update(self, slot: int, updates: list[Any]) -> None:
+        self._db.executemany(
+            f"UPDATE {_table(slot)} SET queue=?, state=?, delivery_count=?, dl_reason=?, dl_description=?, "
+            "dl_source=? WHERE seq=?",
+            [(u.queue, u.state, u.delivery_count, u.dl_reason, u.dl_description, u.dl_source, u.seq) for u in updates],
+        )
+
+    def _create_slot(self, slot: int) -> None:
+        self._db.execute(
+            f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
+            "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, enqueued INTEGER NOT NULL, "
+            "scheduled INTEGER, expires INTEGER, session TEXT, dl_reason TEXT, dl_description TEXT, "
+            "dl_source TEXT, data BLOB NOT NULL)"
+        )
+        self._db.execute("INSERT OR IGNORE INTO slots VALUES (?)", (slot,))
+
+    def _drop_slot(self, slot: int) -> None:
+        self._db.execute(f"DROP TABLE IF EXISTS {_table(slot)}")
+        self._db.execute("DELETE FROM slots WHERE slot=?", (slot,))
+        self._db.execute("DELETE FROM session_state WHERE slot=?", (slot,))
+
+    def _meta(self, key: str, value: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def _dedup(self, entries: list[tuple[str, int]]) -> None:
+        self._db.executemany("INSERT OR REPLACE INTO dedup VALUES (?, ?)", entries)
+
+    def _dedup_prune(self, before_ms: int) -> None:
+        self._db.execute("DELETE FROM dedup WHERE seen < ?", (before_ms,))
+
+    def _session_state(self, slot: int, session: str, state: bytes | None) -> None:
+        if state is None:
+            self._db.execute("DELETE FROM session_state WHERE slot=? AND session=?", (slot, session))
+        else:
+            self._db.execute("INSERT OR REPLACE INTO session_state VALUES (?, ?, ?)", (slot, session, state))
+
+    def close(self) -> None:
+        try:
+            self._db.close()
+        except sqlite3.Error:
+            pass
