@@ -20,7 +20,7 @@ from .model.entities import (
     TopicDescription,
 )
 from .model.errors import *  # noqa: F403  (the domain error table is part of the API)
-from .model.errors import ALL_ERRORS
+from .model.errors import ALL_ERRORS, ShardbusError
 from .model.filters import (
     CorrelationFilter,
     EmptyRuleAction,
@@ -58,6 +58,7 @@ __all__ = [
     "SubscriptionDescription",
     "Tier",
     "TopicDescription",
+    "TrueFilter",
     *[e.__name__ for e in ALL_ERRORS],
     "ShardbusError",
 ]

@@ -122,7 +122,9 @@ class Namespace:
         stored_tier = meta.get("tier")
         tier_value = Tier.parse(tier) if tier is not None else Tier(stored_tier or "standard")
         if stored_tier is not None and stored_tier != tier_value.value:
-            raise ArgumentError(f"Namespace '{name}' was created in the {stored_tier} tier; it cannot change.")
+            raise ArgumentError(
+                f"Namespace '{name}' was created in the {stored_tier} tier; it cannot change."
+            )
         stored_partitions = meta.get("premium_partitions")
         if stored_partitions is not None and premium_partitions not in (None, stored_partitions):
             raise ArgumentError(
@@ -133,7 +135,11 @@ class Namespace:
         quota_values.update(quotas or {})
         self.quotas = Quotas.for_tier(tier_value, **quota_values)
         self.catalog.set_meta(
-            {"tier": tier_value.value, "premium_partitions": self.tier.premium_partitions, "quotas": quota_values}
+            {
+                "tier": tier_value.value,
+                "premium_partitions": self.tier.premium_partitions,
+                "quotas": quota_values,
+            }
         )
         self.faults = FaultInjector(self)
         self._entities: dict[str, QueueEntity | TopicEntity] = {}  # queues and topics by lower-cased name
@@ -144,7 +150,9 @@ class Namespace:
         self._maintenance_stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         if maintenance:
-            self._maintenance = threading.Thread(target=self._maintain, name="shardbus-maintenance", daemon=True)
+            self._maintenance = threading.Thread(
+                target=self._maintain, name="shardbus-maintenance", daemon=True
+            )
             self._maintenance.start()
 
     @classmethod
@@ -247,7 +255,9 @@ class Namespace:
     def _partitions(self, entity_id: int, desc: QueueDescription | TopicDescription) -> list[PartitionBroker]:
         count = self._partition_count(desc.enable_partitioning)
         return [
-            PartitionBroker(self._partition_config(desc, pid), self._store_factory(entity_id, desc.name, pid), self._clock)
+            PartitionBroker(
+                self._partition_config(desc, pid), self._store_factory(entity_id, desc.name, pid), self._clock
+            )
             for pid in range(count)
         ]
 
@@ -344,7 +354,9 @@ class Namespace:
     def _subscription(self, topic: str, name: str) -> SubscriptionEntity:
         sub = self._topic(topic).subscriptions.get(name.lower())
         if sub is None:
-            raise EntityNotFound(f"The messaging entity '{self.name}/{topic}/Subscriptions/{name}' could not be found.")
+            raise EntityNotFound(
+                f"The messaging entity '{self.name}/{topic}/Subscriptions/{name}' could not be found."
+            )
         return sub
 
     def resolve(self, path: str) -> tuple[Target, SubQueue]:
@@ -423,7 +435,12 @@ class Namespace:
             try:
                 self._start_all(entity.partitions, f"create '{desc.name}'")
                 if isinstance(entity, QueueEntity):
-                    self._wait([p.create_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name)) for p in entity.partitions])
+                    self._wait(
+                        [
+                            p.create_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name))
+                            for p in entity.partitions
+                        ]
+                    )
                 created = self.catalog.insert(entity_id, desc.kind.value, None, desc.name, desc.to_dict())
             except BaseException:
                 for p in entity.partitions:
@@ -528,8 +545,14 @@ class Namespace:
             slot = self.catalog.next_id()
             settings = self._slot_settings(desc, desc.path)
             self._wait([p.create_slot(slot, settings) for p in topic.partitions])
-            created = self.catalog.insert(slot, EntityKind.SUBSCRIPTION.value, topic.entity_id, desc.name,
-                                          desc.to_dict(), [(rule.name, rule.to_dict())])
+            created = self.catalog.insert(
+                slot,
+                EntityKind.SUBSCRIPTION.value,
+                topic.entity_id,
+                desc.name,
+                desc.to_dict(),
+                [(rule.name, rule.to_dict())],
+            )
             self._created[slot] = (created, created)
             sub = SubscriptionEntity(desc, topic, slot, [rule])
             topic.add_subscription(sub)
@@ -584,7 +607,9 @@ class Namespace:
         for rule in self._subscription(topic_name, subscription_name).rules:
             if rule.name.lower() == name.lower():
                 return rule
-        raise EntityNotFound(f"The rule '{name}' could not be found in '{topic_name}/Subscriptions/{subscription_name}'.")
+        raise EntityNotFound(
+            f"The rule '{name}' could not be found in '{topic_name}/Subscriptions/{subscription_name}'."
+        )
 
     def list_rules(self, topic_name: str, subscription_name: str) -> list[Rule]:
         return list(self._subscription(topic_name, subscription_name).rules)
@@ -653,7 +678,9 @@ class Namespace:
         for seq in seqs:
             pid, local = decode_sequence_number(seq)
             if pid >= len(target.partitions):
-                raise MessageNotFound(f"No scheduled message with sequence number {seq} exists in '{entity}'.")
+                raise MessageNotFound(
+                    f"No scheduled message with sequence number {seq} exists in '{entity}'."
+                )
             by_partition.setdefault(pid, []).append(local)
         self._wait([target.partitions[pid].cancel_scheduled(local) for pid, local in by_partition.items()])
 
@@ -662,7 +689,9 @@ class Namespace:
     ) -> Receiver:
         """A receiver on a queue or subscription path (sub-queues by suffix or ``sub_queue``)."""
         target, suffix_queue = self.resolve(path)
-        return Receiver(target, ReceiveMode(mode), sub_queue if sub_queue is not None else suffix_queue, self._clock)
+        return Receiver(
+            target, ReceiveMode(mode), sub_queue if sub_queue is not None else suffix_queue, self._clock
+        )
 
     def peek_messages(
         self, path: str, max_count: int = 1, from_sequence_number: int | None = None
@@ -690,8 +719,10 @@ def _build(cls: type, name: str, properties: dict[str, Any]) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(properties) - known
     if unknown:
-        raise ArgumentError(f"Unknown {cls.__name__} propert{'ies' if len(unknown) > 1 else 'y'}: "
-                            f"{', '.join(sorted(unknown))}")
+        raise ArgumentError(
+            f"Unknown {cls.__name__} propert{'ies' if len(unknown) > 1 else 'y'}: "
+            f"{', '.join(sorted(unknown))}"
+        )
     if cls is not SubscriptionDescription:
         check_entity_name(name, cls.kind.value)
     return cls(name=name, **properties)

@@ -61,7 +61,9 @@ class Target:
     def check_receive(self, session: bool = False) -> None:
         status = self.description.status
         if not status.can_receive:
-            raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for receiving ({status}).")
+            raise EntityDisabled(
+                f"Messaging entity '{self.path}' is currently disabled for receiving ({status})."
+            )
         if self.description.requires_session and not session:
             raise InvalidOperation(
                 f"It is not possible for an entity that requires sessions to create a non-sessionful message "
@@ -124,9 +126,12 @@ class Target:
         page: int = 256,
     ) -> Iterator[Message]:
         """Walk partitions to their end (ours, beyond the service): every message in (partition, sequence)
-        order, optionally limited to partition-relative ranges [from, to)."""
+        order, optionally limited to partition-relative ranges [from, to). Walking all partitions skips
+        unavailable ones; naming partitions explicitly raises PartitionUnavailable for them instead."""
         for pid in partitions if partitions is not None else range(len(self.partitions)):
             p = self.partitions[pid]
+            if partitions is None and not p.healthy:
+                continue
             start = (from_local or {}).get(pid, 1)
             stop = (to_local or {}).get(pid)
             while True:
@@ -188,7 +193,9 @@ class _Sender:
         """Route and store a batch (all-or-nothing, in one partition). Never blocks on I/O."""
         desc = self.description
         if not desc.status.can_send:
-            raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status}).")
+            raise EntityDisabled(
+                f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status})."
+            )
         if not messages:
             done: Future = Future()
             done.set_result([])
@@ -240,7 +247,9 @@ class _Sender:
                 inner.add_done_callback(done)
                 return
             result.set_exception(
-                PartitionUnavailable(f"No partition of '{self.path}' is available to take the message; retry later.")
+                PartitionUnavailable(
+                    f"No partition of '{self.path}' is available to take the message; retry later."
+                )
             )
 
         attempt(0)

@@ -97,40 +97,49 @@ class Receiver:
             return out
         partitions = [p for p in self.target.partitions if p.healthy]
         if not partitions:
-            if self.target.partitions:
-                return out
+            return out
         # Rotate the starting partition so no partition is always asked (and answers) first.
         self._rotation = (self._rotation + 1) % max(1, len(partitions))
         partitions = partitions[self._rotation :] + partitions[: self._rotation]
+        # Each partition is asked for the whole request, as the service's front end does; the budget stops
+        # the cache from growing past about one more request (but every partition is asked at least for one
+        # message, so low-volume receives still reach all of them).
+        budget = max(need + len(partitions) - 1, 2 * need)
         fetched: list[Message] = []
-        asking = partitions
-        while asking and len(fetched) < need:
-            share = max(1, math.ceil((need - len(fetched)) / len(asking)))
-            still_full = []
-            for p in asking:
-                try:
-                    got = p.lock_messages(self.target.slot, self.sub_queue, share)
-                except PartitionUnavailable:
-                    continue
-                fetched.extend(got)
-                if len(got) == share:
-                    still_full.append(p)
-            asking = still_full
+        for p in partitions:
+            ask = min(need, budget - len(fetched))
+            if ask <= 0:
+                break
+            try:
+                fetched.extend(p.lock_messages(self.target.slot, self.sub_queue, ask))
+            except PartitionUnavailable:
+                continue
         out.extend(fetched[:need])
         cache.extend(fetched[need:])
         return out
 
     def _delete_taken(self, messages: list[Message]) -> list[Message]:
-        delivered = []
-        futures = []
+        """Complete what a receive-and-delete receive hands out, one store operation per partition."""
+        by_partition: dict[int, list[Message]] = {}
         for m in messages:
+            by_partition.setdefault(m.partition_id, []).append(m)
+        pending = []
+        for group in by_partition.values():
             try:
-                futures.append(self._partition(m.lock_token).complete(self.target.slot, [m.lock_token]))
-                delivered.append(m)
+                pending.append(
+                    (
+                        group,
+                        self._partition(group[0].lock_token).complete(
+                            self.target.slot, [m.lock_token for m in group]
+                        ),
+                    )
+                )
             except (MessageLockLost, PartitionUnavailable):
-                continue  # it stays with its partition and will be delivered again
-        for f in futures:
-            f.result()
+                continue  # they stay with their partition and will be delivered again
+        delivered = []
+        for group, future in pending:
+            future.result()
+            delivered.extend(group)
         for m in delivered:
             m.lock_token = None
             m.locked_until_ms = None
@@ -176,7 +185,9 @@ class Receiver:
         for ref in refs:
             token = _token(ref)
             by_partition.setdefault(partition_of_lock_token(token), []).append(token)
-        return [self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()]
+        return [
+            self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()
+        ]
 
     def complete(self, *refs: LockRef) -> None:
         for f in self.submit_complete(refs):
@@ -194,7 +205,9 @@ class Receiver:
         token = _token(ref)
         self._partition(token).defer(self.target.slot, token).result()
 
-    def dead_letter(self, ref: LockRef, reason: str | None = None, error_description: str | None = None) -> None:
+    def dead_letter(
+        self, ref: LockRef, reason: str | None = None, error_description: str | None = None
+    ) -> None:
         token = _token(ref)
         self._partition(token).dead_letter(self.target.slot, token, reason, error_description).result()
 

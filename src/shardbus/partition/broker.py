@@ -50,10 +50,10 @@ from ..model.errors import (
     QuotaExceeded,
 )
 from ..model.message import Message, MessageState, SubQueue
-from ..model.routing import encode_sequence_number, new_lock_token
+from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token
 from ..store.base import MessageStore, Op, Row, StoreError, Update
 from ..store.committer import GroupCommitter
-from ..store.records import pack_message, unpack_message
+from ..store.records import pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 TTL_EXPIRED_REASON = "TTLExpiredException"
@@ -113,6 +113,10 @@ class MessageQueue:
 
 def _ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
+
+
+def _scheduled_ms(msg: Message) -> int:
+    return int(msg.scheduled_enqueue_time.timestamp() * 1000)
 
 
 class PartitionBroker:
@@ -260,15 +264,12 @@ class PartitionBroker:
     def _load_row(self, slot: int, row: Row, now: int) -> None:
         msg = unpack_message(row.data)
         msg.sequence_number = encode_sequence_number(self.id, row.seq)
-        msg.enqueued_time_ms = row.enqueued
-        msg.expires_at_ms = row.expires
         msg.delivery_count = row.delivery_count
         msg.partition_id = self.id
-        msg.dead_letter_reason = row.dl_reason
-        msg.dead_letter_error_description = row.dl_description
-        msg.dead_letter_source = row.dl_source
+        unpack_dead_letter(msg, row.dead_letter)
         state = MessageState(row.state)
-        if state is MessageState.SCHEDULED and (row.scheduled is None or row.scheduled <= now):
+        scheduled = _scheduled_ms(msg) if state is MessageState.SCHEDULED else None
+        if scheduled is not None and scheduled <= now:
             state = MessageState.ACTIVE
         msg.state = state
         entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
@@ -278,7 +279,7 @@ class PartitionBroker:
         if state is MessageState.ACTIVE:
             heapq.heappush(q.ready, row.seq)
         elif state is MessageState.SCHEDULED:
-            heapq.heappush(q.scheduled, (row.scheduled, row.seq))
+            heapq.heappush(q.scheduled, (scheduled, row.seq))
 
     # ------------------------------------------------------------------------------------------------------
     # sending
@@ -317,7 +318,7 @@ class PartitionBroker:
                         visible.append((slot, entry))
                     seq += 1
                 if self._size + added_size > cfg.max_size_bytes:
-                        raise QuotaExceeded(
+                    raise QuotaExceeded(
                         f"The maximum entity size has been reached or exceeded for '{cfg.path}' "
                         f"(partition {self.id}). "
                         f"Size of entity in bytes: {self._size}, max entity size in bytes: {cfg.max_size_bytes}."
@@ -344,16 +345,14 @@ class PartitionBroker:
 
             return self._write(ops, make_visible)
 
-    def _new_entry(self, slot: int, seq: int, msg: Message, now: int) -> tuple[Entry, Row]:
+    def _ttl_floor(self, slot: int) -> int | None:
+        """The smaller of the entity's and the slot's default TTL (ms), None when neither limits it."""
         settings = self._slots.get(slot)
-        data = pack_message(msg)
-        if len(data) > self.config.max_message_size_bytes:
-            raise MessageSizeExceeded(
-                f"The received message (size {len(data)} bytes) exceeds the limit "
-                f"({self.config.max_message_size_bytes} bytes) currently allowed on the link."
-            )
+        limits = [t for t in (self.config.entity_default_ttl_ms, settings and settings.default_ttl_ms) if t]
+        return min(limits) if limits else None
+
+    def _new_entry(self, slot: int, seq: int, msg: Message, now: int) -> tuple[Entry, Row]:
         scheduled = msg.scheduled_enqueue_time
-        scheduled_ms = None
         state = MessageState.ACTIVE
         start = now
         if scheduled is not None:
@@ -361,26 +360,25 @@ class PartitionBroker:
             if scheduled_ms > now:
                 state = MessageState.SCHEDULED
                 start = scheduled_ms
-        ttl_candidates = [
-            t
-            for t in (
-                None if msg.time_to_live is None else int(msg.time_to_live.total_seconds() * 1000),
-                self.config.entity_default_ttl_ms,
-                None if settings is None else settings.default_ttl_ms,
-            )
-            if t is not None
-        ]
-        expires = start + min(ttl_candidates) if ttl_candidates else None
-        msg.sequence_number = encode_sequence_number(self.id, seq)
+        ttl = self._ttl_floor(slot)
+        if msg.time_to_live is not None:
+            own = int(msg.time_to_live.total_seconds() * 1000)
+            ttl = own if ttl is None else min(ttl, own)
+        msg.sequence_number = sequence_number = (self.id << PARTITION_SHIFT) | seq
         msg.enqueued_time_ms = now
-        msg.expires_at_ms = expires
+        msg.expires_at_ms = None if ttl is None else start + ttl
         msg.state = state
         msg.partition_id = self.id
         msg.delivery_count = 0
         if msg.enqueued_sequence_number is None:
-            msg.enqueued_sequence_number = msg.sequence_number
-        row = Row(seq, SubQueue.MAIN, state, 0, now, scheduled_ms, expires, msg.session_id, None, None, None, data)
-        return Entry(msg, slot, seq, SubQueue.MAIN, len(data)), row
+            msg.enqueued_sequence_number = sequence_number
+        data = pack_message(msg)
+        if len(data) > self.config.max_message_size_bytes:
+            raise MessageSizeExceeded(
+                f"The received message (size {len(data)} bytes) exceeds the limit "
+                f"({self.config.max_message_size_bytes} bytes) currently allowed on the link."
+            )
+        return Entry(msg, slot, seq, SubQueue.MAIN, len(data)), Row(seq, SubQueue.MAIN, state, 0, None, data)
 
     def _add_visible(self, visible: list[tuple[int, Entry]]) -> set[int]:
         touched = set()
@@ -388,7 +386,7 @@ class PartitionBroker:
             q = self._queue(slot, SubQueue.MAIN)
             q.entries[entry.seq] = entry
             if entry.msg.state is MessageState.SCHEDULED:
-                heapq.heappush(q.scheduled, (int(entry.msg.scheduled_enqueue_time.timestamp() * 1000), entry.seq))
+                heapq.heappush(q.scheduled, (_scheduled_ms(entry.msg), entry.seq))
             else:
                 heapq.heappush(q.ready, entry.seq)
                 touched.add(slot)
@@ -408,7 +406,11 @@ class PartitionBroker:
                 found = False
                 for (slot, queue), q in self._queues.items():
                     entry = q.entries.get(seq)
-                    if queue == SubQueue.MAIN and entry is not None and entry.msg.state is MessageState.SCHEDULED:
+                    if (
+                        queue == SubQueue.MAIN
+                        and entry is not None
+                        and entry.msg.state is MessageState.SCHEDULED
+                    ):
                         del q.entries[seq]
                         self._size -= entry.size
                         deletes.setdefault(slot, []).append(seq)
@@ -510,15 +512,8 @@ class PartitionBroker:
 
     def _update_of(self, entry: Entry) -> Update:
         m = entry.msg
-        return Update(
-            entry.seq,
-            entry.queue,
-            m.state,
-            m.delivery_count,
-            m.dead_letter_reason,
-            m.dead_letter_error_description,
-            m.dead_letter_source,
-        )
+        dead_letter = pack_dead_letter(m) if entry.queue != SubQueue.MAIN else None
+        return Update(entry.seq, entry.queue, m.state, m.delivery_count, dead_letter)
 
     def _move_to_dead_letter(
         self, q: MessageQueue, entry: Entry, reason: str | None, description: str | None, writes: list[Op]
@@ -623,7 +618,9 @@ class PartitionBroker:
             heapq.heappush(self._queues[(slot, entry.queue)].lock_heap, (until, entry.seq, token))
             return until
 
-    def receive_deferred(self, slot: int, queue: int, local_seqs: list[int], lock: bool) -> tuple[list[Message], Future | None]:
+    def receive_deferred(
+        self, slot: int, queue: int, local_seqs: list[int], lock: bool
+    ) -> tuple[list[Message], Future | None]:
         """Fetch deferred messages by sequence number, locking them (peek-lock) or removing them."""
         with self._lock:
             self._check()
@@ -632,7 +629,11 @@ class PartitionBroker:
             entries = []
             for seq in local_seqs:
                 entry = q.entries.get(seq)
-                if entry is None or entry.msg.state is not MessageState.DEFERRED or entry.msg.lock_token is not None:
+                if (
+                    entry is None
+                    or entry.msg.state is not MessageState.DEFERRED
+                    or entry.msg.lock_token is not None
+                ):
                     raise MessageNotFound(
                         f"Failed to lock one or more specified messages: the message with sequence number "
                         f"{encode_sequence_number(self.id, seq)} was not found or is not deferred."
@@ -729,7 +730,7 @@ class PartitionBroker:
             now = _ms(self._clock)
             writes: list[Op] = []
             touched = set()
-            for (slot, queue), q in list(self._queues.items()):
+            for (slot, _), q in list(self._queues.items()):
                 before = len(q.ready)
                 settings = self._slots.get(slot)
                 if settings is not None:

@@ -14,20 +14,15 @@ from typing import Any, NamedTuple, Protocol
 
 
 class Row(NamedTuple):
-    """One stored message (a slot's row). Times are ms since the Unix epoch."""
+    """One stored message (a slot's row). Only what changes after enqueue has a column of its own;
+    everything fixed at enqueue (properties, body, enqueue and expiry times) is packed in ``data``."""
 
     seq: int
     queue: int  # SubQueue
     state: int  # MessageState
     delivery_count: int
-    enqueued: int
-    scheduled: int | None
-    expires: int | None
-    session: str | None
-    dl_reason: str | None
-    dl_description: str | None
-    dl_source: str | None
-    data: bytes  # packed user properties and body, see records.py
+    dead_letter: bytes | None  # packed (reason, description, source) once dead-lettered
+    data: bytes  # see records.py
 
 
 class Update(NamedTuple):
@@ -37,9 +32,7 @@ class Update(NamedTuple):
     queue: int
     state: int
     delivery_count: int
-    dl_reason: str | None
-    dl_description: str | None
-    dl_source: str | None
+    dead_letter: bytes | None
 
 
 # Operations a batch may hold. Each is a tuple whose first item names it; adapters dispatch on that name.

@@ -68,7 +68,9 @@ class Catalog:
         with self._tx():
             row = self._db.execute("SELECT value FROM meta WHERE key='next_entity_id'").fetchone()
             value = json.loads(row[0]) if row else 1
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_entity_id', ?)", (json.dumps(value + 1),))
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('next_entity_id', ?)", (json.dumps(value + 1),)
+            )
         return value
 
     def entries(self) -> list[CatalogEntry]:
@@ -83,8 +85,15 @@ class Catalog:
             out.setdefault(entity, []).append((name, json.loads(rule), created))
         return out
 
-    def insert(self, entry_id: int, kind: str, parent: int | None, name: str, description: dict[str, Any],
-               rules: list[tuple[str, dict[str, Any]]] = ()) -> float:
+    def insert(
+        self,
+        entry_id: int,
+        kind: str,
+        parent: int | None,
+        name: str,
+        description: dict[str, Any],
+        rules: list[tuple[str, dict[str, Any]]] = (),
+    ) -> float:
         now = time.time()
         with self._tx():
             self._db.execute(
@@ -92,14 +101,17 @@ class Catalog:
                 (entry_id, kind, parent, name, json.dumps(description), now, now),
             )
             for rule_name, rule in rules:
-                self._db.execute("INSERT INTO rules VALUES (?, ?, ?, ?)", (entry_id, rule_name, json.dumps(rule), now))
+                self._db.execute(
+                    "INSERT INTO rules VALUES (?, ?, ?, ?)", (entry_id, rule_name, json.dumps(rule), now)
+                )
         return now
 
     def update(self, entry_id: int, description: dict[str, Any]) -> float:
         now = time.time()
         with self._tx():
             self._db.execute(
-                "UPDATE entities SET description=?, updated=? WHERE id=?", (json.dumps(description), now, entry_id)
+                "UPDATE entities SET description=?, updated=? WHERE id=?",
+                (json.dumps(description), now, entry_id),
             )
         return now
 

@@ -37,7 +37,9 @@ def register_type(tag: int, cls: type, to_plain: Any, from_plain: Any) -> None:
 def _default(value: Any) -> Any:
     tag = _registered_by_type.get(type(value))
     if tag is not None:
-        return msgpack.ExtType(_EXT_PICKLED_TYPE, msgpack.packb((tag, _registered[tag][1](value)), default=_default))
+        return msgpack.ExtType(
+            _EXT_PICKLED_TYPE, msgpack.packb((tag, _registered[tag][1](value)), default=_default)
+        )
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
@@ -86,8 +88,19 @@ def pack_message(m: Message) -> bytes:
             m.annotations,
             m.enqueued_sequence_number,
             m.forward_hops,
+            m.enqueued_time_ms,
+            m.expires_at_ms,
         )
     )
+
+
+def pack_dead_letter(m: Message) -> bytes:
+    return _packer.pack((m.dead_letter_reason, m.dead_letter_error_description, m.dead_letter_source))
+
+
+def unpack_dead_letter(m: Message, data: bytes | None) -> None:
+    if data is not None:
+        m.dead_letter_reason, m.dead_letter_error_description, m.dead_letter_source = msgpack.unpackb(data)
 
 
 def unpack_message(data: bytes) -> Message:
@@ -109,6 +122,8 @@ def unpack_message(data: bytes) -> Message:
         annotations,
         enqueued_seq,
         hops,
+        enqueued_ms,
+        expires_ms,
     ) = msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, use_list=True)
     m = Message(
         body,
@@ -129,4 +144,6 @@ def unpack_message(data: bytes) -> Message:
     )
     m.enqueued_sequence_number = enqueued_seq
     m.forward_hops = hops
+    m.enqueued_time_ms = enqueued_ms
+    m.expires_at_ms = expires_ms
     return m

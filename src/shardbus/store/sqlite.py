@@ -24,8 +24,7 @@ CREATE TABLE IF NOT EXISTS session_state (
 ) WITHOUT ROWID;
 """
 
-_COLUMNS = "seq, queue, state, delivery_count, enqueued, scheduled, expires, session, dl_reason, dl_description, " \
-    "dl_source, data"
+_COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 
 
 def _table(slot: int) -> str:
@@ -91,7 +90,7 @@ class SqliteStore:
             raise StoreError(f"store {self.path} failed: {exc}") from exc
 
     def _put(self, slot: int, rows: list[Row]) -> None:
-        self._db.executemany(f"INSERT OR REPLACE INTO {_table(slot)} VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        self._db.executemany(f"INSERT OR REPLACE INTO {_table(slot)} VALUES (?,?,?,?,?,?)", rows)
 
     def _delete(self, slot: int, seqs: list[int]) -> None:
         if len(seqs) == 1:
@@ -101,17 +100,14 @@ class SqliteStore:
 
     def _update(self, slot: int, updates: list[Any]) -> None:
         self._db.executemany(
-            f"UPDATE {_table(slot)} SET queue=?, state=?, delivery_count=?, dl_reason=?, dl_description=?, "
-            "dl_source=? WHERE seq=?",
-            [(u.queue, u.state, u.delivery_count, u.dl_reason, u.dl_description, u.dl_source, u.seq) for u in updates],
+            f"UPDATE {_table(slot)} SET queue=?, state=?, delivery_count=?, dead_letter=? WHERE seq=?",
+            [(u.queue, u.state, u.delivery_count, u.dead_letter, u.seq) for u in updates],
         )
 
     def _create_slot(self, slot: int) -> None:
         self._db.execute(
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
-            "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, enqueued INTEGER NOT NULL, "
-            "scheduled INTEGER, expires INTEGER, session TEXT, dl_reason TEXT, dl_description TEXT, "
-            "dl_source TEXT, data BLOB NOT NULL)"
+            "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL)"
         )
         self._db.execute("INSERT OR IGNORE INTO slots VALUES (?)", (slot,))
 
