@@ -58,7 +58,7 @@ class Receiver:
     def try_receive(self, max_count: int = 1) -> list[Message]:
         """Whatever is available now, up to ``max_count``, without waiting (never blocks on I/O in
         peek-lock mode; in receive-and-delete mode the deletes are waited for)."""
-        out = self._take(max_count)
+        out = self.take(max_count)
         if self.mode is ReceiveMode.RECEIVE_AND_DELETE and out:
             return self._delete_taken(out)
         return out
@@ -81,7 +81,10 @@ class Receiver:
             wait = min(remaining, 0.5 if due is None else max(0.0, due / 1000 - now))
             self.target.wait(generation, wait)
 
-    def _take(self, max_count: int) -> list[Message]:
+    def take(self, max_count: int) -> list[Message]:
+        """Lock up to ``max_count`` messages (from the cache first) without waiting for anything. In
+        receive-and-delete mode the caller then removes them with ``submit_complete`` (front ends do, so as not
+        to block on the delete)."""
         if self.closed:
             raise InvalidOperation("The receiver is closed.")
         self.target.check_receive(session=self._sessionless_ok)

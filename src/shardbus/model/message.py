@@ -33,6 +33,7 @@ class BodyType(enum.IntEnum):
     DATA = 0
     VALUE = 1
     SEQUENCE = 2
+    NONE = 3  # no body section at all (the SDK's body=None)
 
 
 class ReceiveMode(enum.Enum):

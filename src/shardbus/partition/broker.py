@@ -670,7 +670,12 @@ class PartitionBroker:
             if q is None or max_count <= 0:
                 return []
             seqs = heapq.nsmallest(max_count, (s for s in q.entries if s >= from_local_seq))
-            return [q.entries[s].msg.copy() for s in seqs]
+            out = []
+            for s in seqs:
+                copy = q.entries[s].msg.copy()
+                copy.lock_token = copy.locked_until_ms = None  # a peek never hands out someone's lock
+                out.append(copy)
+            return out
 
     def last_sequence(self) -> int:
         """The highest partition-relative sequence number assigned so far (0 if none)."""

@@ -1,0 +1,1 @@
+"""AMQP 1.0 protocol engine (sans-IO) for shardbus."""

@@ -1,0 +1,841 @@
+"""Connection state machine (AMQP 1.0 part 2.4 and the SASL layer of part 5.3), sans-IO in the manner of h11.
+
+Theory of operation
+-------------------
+``Connection`` never touches a socket. The transport feeds received bytes to ``receive_data`` and sends what
+``data_to_send`` returns; the application reads ``next_events`` and acts through methods (``open``, ``begin``,
+``attach``, ``send_transfer``, ``disposition``, ``flow``, ``detach``, ``end``, ``close``). The same class
+serves both roles.
+
+Input runs through phases:
+
+    HEADER ──(SASL header)──> SASL ──(outcome ok)──> HEADER ──(AMQP header)──> AMQP ──(close/violation)──> DONE
+           └──────────────────────(AMQP header, SASL not required)─────────────┘
+
+* Server: on the SASL header it answers with the header and ``sasl-mechanisms``; a ``sasl-init`` becomes a
+  ``SaslInit`` event and input pauses until the application calls ``accept_sasl``/``reject_sasl`` (bytes the
+  client pipelined meanwhile stay buffered). Each AMQP header is answered at once.
+* Client: sends its header at construction, answers ``sasl-mechanisms`` with ``sasl-init`` (ANONYMOUS or
+  PLAIN), and queues every AMQP frame the application produces before the SASL outcome, releasing them right
+  after the AMQP header: header, open, begin and attaches go out pipelined, as the Azure SDK does.
+
+The open/close handshake is tracked with four flags (``open_sent``, ``open_received``, ``close_sent``,
+``close_received``) rather than the spec's 13 named states, which they encode exactly (e.g. OC_PIPE =
+open_sent and close_sent before anything was received). Sessions (``session.py``) and links (``link.py``) own
+their own machines; this module maps channels to sessions and puts performatives on the wire.
+
+Anything the peer does wrong ends in a ``close`` with an error condition and a ``ConnectionClosed`` event (or an
+``end``/``detach`` for session/link-level errors): no exception caused by received bytes ever leaves
+``receive_data``. Exceptions raised to the caller (``LocalProtocolError``) are always the application's own
+misuse of the API.
+
+Idle timeout: ``tick(now)`` sends a heartbeat when we have been silent for half the peer's idle-time-out, and
+closes with ``amqp:resource-limit-exceeded`` when the peer has been silent for longer than ours.
+``next_deadline()`` tells the transport when to call ``tick`` next. Times are ``time.monotonic()`` seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+from . import framing
+from .codec import DecodeError
+from .errors import Condition, ConnectionViolation, LinkViolation, LocalProtocolError, SessionViolation
+from .events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    Event,
+    SaslInit,
+    SaslOutcome,
+    SessionBeginRequested,
+    SessionBegun,
+    SessionEnded,
+)
+from .framing import AMQP_HEADER, FRAME_AMQP, FRAME_SASL, SASL_HEADER, FrameReader, FramingError
+from .link import Link, LinkState
+from .performatives import (
+    Attach,
+    Begin,
+    Detach,
+    Disposition,
+    Flow,
+    Close,
+    Composite,
+    End,
+    Error,
+    InvalidField,
+    Open,
+    Performative,
+    SaslCode,
+    SaslMechanisms,
+    SndSettleMode,
+    Transfer,
+    decode_performative,
+)
+from .performatives import SaslInit as SaslInitFrame
+from .performatives import SaslOutcome as SaslOutcomeFrame
+from .session import Session, SessionState
+from .types import Symbol
+
+__all__ = ["Connection", "Role"]
+
+_ECHO: Any = object()
+_HDR_LEN = 8
+
+
+_SESSION_FRAMES = frozenset((Transfer, Disposition, Flow, Attach, Detach))
+
+
+class Role(enum.Enum):
+    """Which side of the connection we are."""
+
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class _Phase(enum.Enum):
+    HEADER = 1
+    SASL = 2
+    SASL_PAUSED = 3
+    AMQP = 4
+    DONE = 5
+
+
+class Connection:
+    """A sans-IO AMQP 1.0 connection endpoint.
+
+    Server-side SASL offers ``sasl_mechanisms`` (default ANONYMOUS and PLAIN); ``require_sasl=False`` also
+    accepts clients that skip SASL. Client-side ``sasl_mechanism`` is "ANONYMOUS", "PLAIN" (with
+    ``username``/``password``) or None for no SASL layer.
+    """
+
+    def __init__(
+        self,
+        role: Role,
+        container_id: str,
+        *,
+        hostname: str | None = None,
+        max_frame_size: int = 1048576,
+        channel_max: int = 65535,
+        idle_timeout: float | None = None,
+        properties: dict[Any, Any] | None = None,
+        offered_capabilities: list[Symbol] | None = None,
+        desired_capabilities: list[Symbol] | None = None,
+        sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN"),
+        require_sasl: bool = False,
+        sasl_mechanism: str | None = "ANONYMOUS",
+        username: str | None = None,
+        password: str | None = None,
+        max_message_size: int = 256 * 1024 * 1024,
+        now: float | None = None,
+    ) -> None:
+        if max_frame_size < framing.MIN_MAX_FRAME_SIZE:
+            raise ValueError("max_frame_size must be at least 512")
+        self.role = role
+        self.container_id = container_id
+        self.hostname = hostname
+        self.max_frame_size = max_frame_size
+        self.channel_max = channel_max
+        self.idle_timeout = idle_timeout
+        """Our idle time-out in seconds (None: we never time the peer out)."""
+        self.properties = properties
+        self.offered_capabilities = offered_capabilities
+        self.desired_capabilities = desired_capabilities
+        self.max_message_size = max_message_size
+        """Hard limit on a reassembled incoming delivery, whatever the links say."""
+        self.sasl_mechanisms = tuple(sasl_mechanisms)
+        self.require_sasl = require_sasl
+        self.sasl_mechanism = sasl_mechanism
+        self._username = username
+        self._password = password
+
+        self.remote_open: Open | None = None
+        self.remote_max_frame_size = framing.MIN_MAX_FRAME_SIZE
+        self.remote_channel_max = 0
+        self.remote_idle_timeout: float | None = None
+        self.open_sent = False
+        self.open_received = False
+        self.close_sent = False
+        self.close_received = False
+        self.sasl_done = False
+        self.authenticated_as: SaslInit | None = None
+        """Server side: the accepted ``SaslInit`` (mechanism and credentials)."""
+        self.error: Error | None = None
+        """The error the connection ended with (ours after a violation, or the peer's)."""
+
+        self._reader = FrameReader(max_frame_size)
+        self._phase = _Phase.HEADER
+        self._out = bytearray()
+        self._pending_amqp: bytearray | None = None  # client: AMQP output held until the AMQP header is sent
+        self._events: list[Event] = []
+        self._local_sessions: dict[int, Session] = {}
+        self._remote_sessions: dict[int, Session] = {}
+        self._ended_remote_channels: set[int] = set()
+        t = time.monotonic() if now is None else now
+        self._last_received = t
+        self._last_sent = t
+
+        if role is Role.CLIENT:
+            if sasl_mechanism is not None:
+                self._out += SASL_HEADER
+                self._pending_amqp = bytearray()
+            else:
+                self._out += AMQP_HEADER
+        self._expect_header = SASL_HEADER if role is Role.CLIENT and sasl_mechanism is not None else AMQP_HEADER
+
+    # ================================================================================== public: I/O
+
+    def receive_data(self, data: bytes | bytearray | memoryview, now: float | None = None) -> None:
+        """Feed bytes from the transport; ``b""`` means the peer closed its end. Never raises for bad input."""
+        if self._phase is _Phase.DONE:
+            return
+        if not data:
+            self._transport_lost()
+            return
+        self._last_received = time.monotonic() if now is None else now
+        self._reader.feed(data)
+        self._process()
+
+    def next_events(self) -> list[Event]:
+        """Events produced since the last call, in order."""
+        ev = self._events
+        if ev:
+            self._events = []
+        return ev
+
+    def data_to_send(self, now: float | None = None) -> bytes:
+        """Bytes to write to the transport (possibly empty)."""
+        if not self._out:
+            return b""
+        data = bytes(self._out)
+        self._out.clear()
+        self._last_sent = time.monotonic() if now is None else now
+        return data
+
+    @property
+    def is_done(self) -> bool:
+        """True once the connection is finished: flush ``data_to_send()`` and close the socket."""
+        return self._phase is _Phase.DONE
+
+    @property
+    def is_open(self) -> bool:
+        """Both opens exchanged and no close yet."""
+        return self.open_sent and self.open_received and not (self.close_sent or self.close_received)
+
+    @property
+    def sessions(self) -> list[Session]:
+        """Sessions with a local channel (begun by us or answered)."""
+        return list(self._local_sessions.values())
+
+    # ============================================================================== public: timers
+
+    def tick(self, now: float | None = None) -> None:
+        """Run idle-timeout bookkeeping: heartbeat if due, close if the peer went silent."""
+        if self._phase is not _Phase.AMQP:
+            return
+        now = time.monotonic() if now is None else now
+        if self.idle_timeout and now - self._last_received > self.idle_timeout:
+            self._fail(Condition.RESOURCE_LIMIT_EXCEEDED, "idle timeout: no frames received")
+            return
+        if self.remote_idle_timeout and self.open_sent and not self.close_sent:
+            if now - self._last_sent >= self.remote_idle_timeout / 2:
+                self._out += framing.heartbeat_frame()
+                self._last_sent = now
+
+    def next_deadline(self) -> float | None:
+        """When ``tick`` should next be called (monotonic seconds), or None if no timer is needed."""
+        if self._phase is not _Phase.AMQP:
+            return None
+        deadlines = []
+        if self.idle_timeout:
+            deadlines.append(self._last_received + self.idle_timeout)
+        if self.remote_idle_timeout:
+            deadlines.append(self._last_sent + self.remote_idle_timeout / 2)
+        return min(deadlines) if deadlines else None
+
+    # ================================================================================ public: SASL
+
+    def accept_sasl(self) -> None:
+        """Server: accept the client's ``sasl-init`` (sends outcome ok) and resume reading."""
+        if self.role is not Role.SERVER or self._phase is not _Phase.SASL_PAUSED:
+            raise LocalProtocolError("no SASL exchange is waiting for a decision")
+        self._send_sasl(SaslOutcomeFrame(code=SaslCode.OK))
+        self.sasl_done = True
+        self._phase = _Phase.HEADER
+        self._process()
+
+    def reject_sasl(self, code: int = SaslCode.AUTH) -> None:
+        """Server: refuse authentication; the connection is then done."""
+        if self.role is not Role.SERVER or self._phase is not _Phase.SASL_PAUSED:
+            raise LocalProtocolError("no SASL exchange is waiting for a decision")
+        self._send_sasl(SaslOutcomeFrame(code=code))
+        self._finish(Error(Condition.UNAUTHORIZED_ACCESS, "SASL authentication failed"), by_peer=False)
+
+    # ====================================================================== public: connection control
+
+    def open(self) -> None:
+        """Send our ``open`` (a server calls this on ``ConnectionOpened``; a client whenever it likes)."""
+        if self.open_sent:
+            raise LocalProtocolError("open already sent")
+        if self._phase is _Phase.DONE:
+            raise LocalProtocolError("connection is finished")
+        self.open_sent = True
+        self._send(
+            0,
+            Open(
+                container_id=self.container_id,
+                hostname=self.hostname,
+                max_frame_size=self.max_frame_size,
+                channel_max=self.channel_max,
+                idle_time_out=int(self.idle_timeout * 1000) if self.idle_timeout else None,
+                offered_capabilities=self.offered_capabilities,
+                desired_capabilities=self.desired_capabilities,
+                properties=self.properties,
+            ),
+        )
+
+    def close(self, error: Error | None = None) -> None:
+        """Send ``close`` (to start closing or to answer the peer's). Idempotent."""
+        if self.close_sent or self._phase is _Phase.DONE:
+            return
+        if not self._header_exchange_started():
+            self._finish(error, by_peer=False)
+            return
+        if not self.open_sent:
+            self.open()
+        self.close_sent = True
+        self._send(0, Close(error=error))
+        if self.close_received:
+            self._phase = _Phase.DONE
+
+    # ========================================================================= public: sessions
+
+    def begin(
+        self,
+        session: Session | None = None,
+        *,
+        incoming_window: int = 65536,
+        outgoing_window: int = 0x7FFFFFFF,
+        handle_max: int = 0xFFFFFFFF,
+        properties: dict[Any, Any] | None = None,
+        auto_flow: bool = True,
+    ) -> Session:
+        """Begin a new session, or answer the peer's (pass the ``SessionBeginRequested.session``)."""
+        self._require_open_sent()
+        if session is None:
+            session = Session(
+                self,
+                incoming_window=incoming_window,
+                outgoing_window=outgoing_window,
+                handle_max=handle_max,
+                auto_flow=auto_flow,
+            )
+        elif session.connection is not self:
+            raise LocalProtocolError("session belongs to another connection")
+        else:
+            session.configured_incoming_window = session.incoming_window = incoming_window
+            session.outgoing_window = outgoing_window
+            session.handle_max = handle_max
+            session.auto_flow = auto_flow
+        session.properties = properties
+        limit = self.remote_channel_max if self.open_received else self.channel_max
+        ch = 0
+        while ch in self._local_sessions:
+            ch += 1
+        if ch > limit:
+            raise LocalProtocolError("no free channel")
+        begin = session._local_begin()
+        session.local_channel = ch
+        self._local_sessions[ch] = session
+        self._send(ch, begin)
+        return session
+
+    def end(self, session: Session, error: Error | None = None) -> None:
+        """End a session (or answer the peer's end)."""
+        if session.state is SessionState.BEGIN_RCVD:
+            self.begin(session)
+        session._local_end()
+        ch = session.local_channel
+        if ch is not None:
+            self._send(ch, End(error=error))
+        if session.state is SessionState.ENDED and ch is not None:
+            self._local_sessions.pop(ch, None)
+
+    # ============================================================================ public: links
+
+    def attach(
+        self,
+        session: Session,
+        name: str,
+        role: bool,
+        *,
+        source: Any = None,
+        target: Any = None,
+        snd_settle_mode: int = SndSettleMode.MIXED,
+        rcv_settle_mode: int = 0,
+        initial_delivery_count: int = 0,
+        max_message_size: int = 0,
+        properties: dict[Any, Any] | None = None,
+    ) -> Link:
+        """Attach a new link on ``session`` with our ``role`` (``SENDER``/``RECEIVER``)."""
+        link = session._new_link(name, role)
+        link.source, link.target = source, target
+        link.snd_settle_mode, link.rcv_settle_mode = snd_settle_mode, rcv_settle_mode
+        link.initial_delivery_count = initial_delivery_count
+        link.max_message_size = max_message_size
+        link.properties = properties
+        try:
+            attach = session._local_attach(link)
+        except LocalProtocolError:
+            session.links.pop((name, role), None)
+            raise
+        self._send(session.local_channel, attach)  # type: ignore[arg-type]
+        return link
+
+    def attach_reply(
+        self,
+        link: Link,
+        *,
+        source: Any = _ECHO,
+        target: Any = _ECHO,
+        snd_settle_mode: int | None = None,
+        rcv_settle_mode: int | None = None,
+        initial_delivery_count: int = 0,
+        max_message_size: int = 0,
+        properties: dict[Any, Any] | None = None,
+    ) -> None:
+        """Answer a ``LinkAttachRequested``. Source/target default to echoing the peer's; pass ``None`` for
+        both (then ``detach`` with an error) to refuse the link the way Service Bus does."""
+        if link.state is not LinkState.ATTACH_RCVD or link.remote_attach is None:
+            raise LocalProtocolError("link is not waiting for an attach reply")
+        ra = link.remote_attach
+        link.source = ra.source if source is _ECHO else source
+        link.target = ra.target if target is _ECHO else target
+        if snd_settle_mode is not None:
+            link.snd_settle_mode = snd_settle_mode
+        if rcv_settle_mode is not None:
+            link.rcv_settle_mode = rcv_settle_mode
+        link.initial_delivery_count = initial_delivery_count
+        link.max_message_size = max_message_size
+        link.properties = properties
+        session = link.session
+        self._send(session.local_channel, session._local_attach(link))  # type: ignore[arg-type]
+
+    def detach(self, link: Link, *, closed: bool = True, error: Error | None = None) -> None:
+        """Detach a link (or answer the peer's detach). A link still waiting for our attach reply is first
+        answered with null source/target, as Service Bus refuses links. No-op once detached or detaching."""
+        if link.state is LinkState.DETACHED or link.state is LinkState.DETACH_SENT:
+            return
+        if link.state is LinkState.ATTACH_RCVD:
+            self.attach_reply(link, source=None, target=None)
+        session = link.session
+        if session.local_channel is None or session.state is not SessionState.MAPPED:
+            link._local_detach()
+            return
+        self._send(session.local_channel, session._local_detach(link, closed, error))
+
+    def flow(
+        self,
+        target: Session | Link,
+        *,
+        link_credit: int | None = None,
+        drain: bool | None = None,
+        available: int | None = None,
+        echo: bool = False,
+    ) -> None:
+        """Send a flow: session-only for a ``Session``; for a ``Link`` with its state. On a receiving link
+        ``link_credit`` sets the credit granted (absolute) and ``drain`` asks the sender to use it up."""
+        if isinstance(target, Link):
+            link: Link | None = target
+            session = target.session
+            if link_credit is not None or drain is not None:
+                target._set_credit(target.link_credit if link_credit is None else link_credit, bool(drain))
+            if available is not None:
+                target.available = available
+            if target.handle is None or target.state not in (LinkState.ATTACHED, LinkState.ATTACH_SENT):
+                raise LocalProtocolError(f"link {target.name!r} is not attached")
+        else:
+            link, session = None, target
+        if session.state is not SessionState.MAPPED:
+            raise LocalProtocolError(f"session is {session.state.value}")
+        self._send(session.local_channel, session._flow(link, echo))  # type: ignore[arg-type]
+
+    def drained(self, link: Link) -> None:
+        """Sending link: we have nothing more to send under drain; consume the remaining credit and tell."""
+        link._drained()
+        self._send(link.session.local_channel, link.session._flow(link))  # type: ignore[arg-type]
+
+    # ======================================================================= public: deliveries
+
+    def send_transfer(
+        self,
+        link: Link,
+        tag: bytes,
+        payload: bytes,
+        *,
+        settled: bool | None = None,
+        message_format: int = 0,
+        state: Any = None,
+        batchable: bool = False,
+        ignore_credit: bool = False,
+    ) -> int:
+        """Send one delivery (split into ``more`` frames above the peer's max-frame-size). Returns its
+        delivery-id. ``ignore_credit`` skips the link-credit and session-window checks (for peers such as the
+        Azure SDK that never replenish credit on their ``$cbs``/``$management`` reply links)."""
+        session = link.session
+        if settled is None:
+            settled = link.snd_settle_mode == SndSettleMode.SETTLED
+        did = session.next_delivery_id
+        first = Transfer(
+            handle=link.handle,  # type: ignore[arg-type]
+            delivery_id=did,
+            delivery_tag=tag,
+            message_format=message_format,
+            settled=settled,
+            state=state,
+            batchable=batchable,
+        ).encode()
+        max_frame = self.remote_max_frame_size
+        if _HDR_LEN + len(first) + len(payload) <= max_frame:
+            session._check_can_send(link, 1, ignore_credit)
+            frames: list[tuple[bytes, bytes | memoryview]] = [(first, payload)]
+        else:
+            more_first = Transfer(
+                handle=link.handle,  # type: ignore[arg-type]
+                delivery_id=did,
+                delivery_tag=tag,
+                message_format=message_format,
+                settled=settled,
+                more=True,
+                state=state,
+                batchable=batchable,
+            ).encode()
+            cont_more = Transfer(handle=link.handle, more=True).encode()  # type: ignore[arg-type]
+            cont_last = Transfer(handle=link.handle).encode()  # type: ignore[arg-type]
+            room_first = max_frame - _HDR_LEN - len(more_first)
+            room = max_frame - _HDR_LEN - len(cont_more)
+            if room_first <= 0 or room <= 0:
+                raise LocalProtocolError("peer max-frame-size too small for a transfer")
+            view = memoryview(payload)
+            frames = [(more_first, view[:room_first])]
+            pos = room_first
+            n = len(payload)
+            while pos < n:
+                chunk = view[pos : pos + room]
+                pos += len(chunk)
+                frames.append((cont_more if pos < n else cont_last, chunk))
+            session._check_can_send(link, len(frames), ignore_credit)
+        ch = session.local_channel
+        out = self._pending_amqp if self._pending_amqp is not None else self._out
+        for perf, chunk in frames:
+            framing.encode_frame_into(out, FRAME_AMQP, ch, perf, chunk)  # type: ignore[arg-type]
+        session.next_delivery_id = (did + 1) & 0xFFFFFFFF
+        session._sent_transfer_frames(len(frames))
+        session._record_sent_delivery(link, did, tag, settled)
+        return did
+
+    def disposition(
+        self,
+        link: Link,
+        first: int,
+        last: int | None = None,
+        *,
+        settled: bool = True,
+        state: Any = None,
+        batchable: bool = False,
+    ) -> None:
+        """Send a disposition for deliveries ``first..last`` of ``link``'s session, in ``link``'s role."""
+        session = link.session
+        d = session._local_disposition(link, first, last, settled, state, batchable)
+        self._send(session.local_channel, d)  # type: ignore[arg-type]
+
+    def settle(self, link: Link, delivery_id: int, state: Any = None) -> None:
+        """Settle one delivery with ``state`` (e.g. ``Accepted()``)."""
+        self.disposition(link, delivery_id, None, settled=True, state=state)
+
+    # ================================================================================ internals: output
+
+    def _header_exchange_started(self) -> bool:
+        return self.role is Role.CLIENT or self._phase in (_Phase.AMQP, _Phase.DONE)
+
+    def _require_open_sent(self) -> None:
+        if not self.open_sent:
+            raise LocalProtocolError("send open first")
+        if self.close_sent or self._phase is _Phase.DONE:
+            raise LocalProtocolError("connection is closing")
+
+    def _send(self, channel: int, perf: Composite) -> None:
+        body = bytearray(b"\x00\x00\x00\x00\x02\x00\x00\x00")
+        perf.encode_into(body)
+        n = len(body)
+        body[0:4] = n.to_bytes(4, "big")
+        body[6:8] = channel.to_bytes(2, "big")
+        if self._pending_amqp is not None:
+            self._pending_amqp += body
+        else:
+            self._out += body
+
+    def _session_send(self, session: Session, perf: Composite) -> None:
+        """Frames a session produces by itself (echo/window flows); dropped while it has no local channel."""
+        if session.local_channel is not None and session.state is SessionState.MAPPED:
+            self._send(session.local_channel, perf)
+
+    def _send_sasl(self, perf: Composite) -> None:
+        self._out += framing.encode_frame(FRAME_SASL, 0, perf.encode())
+
+    # ================================================================================= internals: input
+
+    def _process(self) -> None:
+        """Consume buffered input until it runs out, the phase pauses, or the connection is done."""
+        reader = self._reader
+        try:
+            while True:
+                phase = self._phase
+                if phase is _Phase.AMQP:
+                    frame = reader.next_frame()
+                    if frame is None:
+                        return
+                    self._on_amqp_frame(frame)
+                elif phase is _Phase.HEADER:
+                    header = reader.read_protocol_header()
+                    if header is None:
+                        return
+                    self._on_header(header)
+                elif phase is _Phase.SASL:
+                    frame = reader.next_frame()
+                    if frame is None:
+                        return
+                    self._on_sasl_frame(frame)
+                else:
+                    return
+        except FramingError as exc:
+            self._fail(Condition.FRAMING_ERROR, str(exc))
+        except InvalidField as exc:
+            self._fail(Condition.INVALID_FIELD, str(exc))
+        except DecodeError as exc:
+            self._fail(Condition.DECODE_ERROR, str(exc))
+        except ConnectionViolation as exc:
+            self._fail(exc.condition, exc.description)
+        except LocalProtocolError as exc:  # a reply we tried to make in an impossible state
+            self._fail(Condition.ILLEGAL_STATE, str(exc))
+        except Exception as exc:  # never let peer input kill the caller
+            self._fail(Condition.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _on_header(self, header: bytes) -> None:
+        if self.role is Role.SERVER:
+            if header == SASL_HEADER and not self.sasl_done and self.sasl_mechanisms:
+                self._out += SASL_HEADER
+                self._send_sasl(SaslMechanisms([Symbol(m) for m in self.sasl_mechanisms]))
+                self._phase = _Phase.SASL
+                self._reader.max_frame_size = max(framing.MIN_MAX_FRAME_SIZE, 65536)
+                return
+            if header == AMQP_HEADER and (self.sasl_done or not self.require_sasl):
+                self._out += AMQP_HEADER
+                self._enter_amqp()
+                return
+            wanted = SASL_HEADER if self.require_sasl and not self.sasl_done else AMQP_HEADER
+            self._out += wanted
+            self._finish(Error(Condition.NOT_ALLOWED, f"unsupported protocol header {header!r}"), False)
+            return
+        if header != self._expect_header:
+            self._finish(Error(Condition.NOT_ALLOWED, f"server answered with protocol header {header!r}"), False)
+            return
+        if header == SASL_HEADER:
+            self._phase = _Phase.SASL
+        else:
+            self._enter_amqp()
+
+    def _enter_amqp(self) -> None:
+        self._phase = _Phase.AMQP
+        self._reader.max_frame_size = self.max_frame_size
+
+    def _on_sasl_frame(self, frame: framing.Frame) -> None:
+        if frame.type != FRAME_SASL:
+            raise ConnectionViolation(Condition.FRAMING_ERROR, "AMQP frame during SASL negotiation")
+        if not frame.body:
+            return
+        perf, _ = decode_performative(frame.body)
+        if self.role is Role.SERVER:
+            if not isinstance(perf, SaslInitFrame):
+                raise ConnectionViolation(Condition.NOT_ALLOWED, f"unexpected {type(perf).__name__}")
+            mech = str(perf.mechanism)
+            ev = SaslInit(mech, perf.initial_response, perf.hostname)
+            if mech == "PLAIN" and perf.initial_response is not None:
+                parts = perf.initial_response.split(b"\x00")
+                if len(parts) == 3:
+                    try:
+                        ev.authzid = parts[0].decode("utf-8") or None
+                        ev.username = parts[1].decode("utf-8")
+                        ev.password = parts[2].decode("utf-8")
+                    except UnicodeDecodeError:
+                        pass
+            if mech not in self.sasl_mechanisms:
+                self._send_sasl(SaslOutcomeFrame(code=SaslCode.AUTH))
+                self._finish(Error(Condition.UNAUTHORIZED_ACCESS, f"SASL mechanism {mech} not offered"), False)
+                return
+            self.authenticated_as = ev
+            self._phase = _Phase.SASL_PAUSED
+            self._events.append(ev)
+            return
+        # client
+        if isinstance(perf, SaslMechanisms):
+            offered = perf.sasl_server_mechanisms or []
+            mech = self.sasl_mechanism or "ANONYMOUS"
+            if mech not in offered:
+                self._finish(Error(Condition.NOT_IMPLEMENTED, f"server does not offer SASL {mech}"), False)
+                return
+            if mech == "PLAIN":
+                resp = b"\x00" + (self._username or "").encode() + b"\x00" + (self._password or "").encode()
+            else:
+                resp = b""
+            self._send_sasl(SaslInitFrame(mechanism=Symbol(mech), initial_response=resp, hostname=self.hostname))
+        elif isinstance(perf, SaslOutcomeFrame):
+            self._events.append(SaslOutcome(perf.code, perf.additional_data))
+            if perf.code != SaslCode.OK:
+                self._finish(Error(Condition.UNAUTHORIZED_ACCESS, f"SASL failed with code {perf.code}"), False)
+                return
+            self.sasl_done = True
+            self._out += AMQP_HEADER
+            if self._pending_amqp is not None:
+                self._out += self._pending_amqp
+                self._pending_amqp = None
+            self._expect_header = AMQP_HEADER
+            self._phase = _Phase.HEADER
+        else:
+            raise ConnectionViolation(Condition.NOT_IMPLEMENTED, f"unsupported SASL frame {type(perf).__name__}")
+
+    def _on_amqp_frame(self, frame: framing.Frame) -> None:
+        body = frame.body
+        if not body:
+            return  # heartbeat
+        if frame.type != FRAME_AMQP:
+            raise ConnectionViolation(Condition.FRAMING_ERROR, f"frame type {frame.type} after SASL")
+        perf, offset = decode_performative(body)
+        if self.close_received:
+            return  # nothing may follow close
+        if not self.open_received:
+            if type(perf) is not Open:
+                raise ConnectionViolation(Condition.ILLEGAL_STATE, f"{type(perf).__name__} before open")
+            self._on_open(frame.channel, perf)
+            return
+        channel = frame.channel
+        session = self._remote_sessions.get(channel)
+        t = type(perf)
+        if session is not None and t in _SESSION_FRAMES:
+            try:
+                session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events,
+                                  lambda p: self._session_send(session, p))
+            except LinkViolation as exc:
+                d = session._link_violation(exc, self._events)
+                if d is not None:
+                    self._send(session.local_channel, d)  # type: ignore[arg-type]
+            except SessionViolation as exc:
+                self._session_failed(session, exc)
+            return
+        if t is Begin:
+            self._on_begin(channel, perf)  # type: ignore[arg-type]
+        elif t is End:
+            self._on_end(channel, perf)  # type: ignore[arg-type]
+        elif t is Close:
+            self._on_close(perf)  # type: ignore[arg-type]
+        elif t is Open:
+            raise ConnectionViolation(Condition.ILLEGAL_STATE, "second open")
+        elif isinstance(perf, Performative) and perf.CODE >= 0x40:
+            raise ConnectionViolation(Condition.FRAMING_ERROR, "SASL frame after SASL negotiation")
+        elif channel in self._ended_remote_channels:
+            return  # frames after the peer's end (e.g. the SDK's late management detaches)
+        else:
+            raise ConnectionViolation(Condition.NOT_FOUND, f"{t.__name__} on unused channel {channel}")
+
+    def _on_open(self, channel: int, perf: Open) -> None:
+        if channel != 0:
+            raise ConnectionViolation(Condition.NOT_ALLOWED, "open on a channel other than 0")
+        if perf.max_frame_size < framing.MIN_MAX_FRAME_SIZE:
+            raise ConnectionViolation(Condition.INVALID_FIELD, "max-frame-size below 512")
+        self.open_received = True
+        self.remote_open = perf
+        self.remote_max_frame_size = min(perf.max_frame_size, 0xFFFFFFFF)
+        self.remote_channel_max = perf.channel_max
+        self.remote_idle_timeout = perf.idle_time_out / 1000 if perf.idle_time_out else None
+        self._events.append(ConnectionOpened(perf))
+
+    def _on_close(self, perf: Close) -> None:
+        self.close_received = True
+        self.error = perf.error
+        reply_needed = not self.close_sent
+        if not reply_needed:
+            self._phase = _Phase.DONE
+        self._events.append(ConnectionClosed(perf.error, by_peer=True, reply_needed=reply_needed))
+
+    def _on_begin(self, channel: int, begin: Begin) -> None:
+        if channel > self.channel_max:
+            raise ConnectionViolation(Condition.NOT_ALLOWED, f"channel {channel} above channel-max")
+        if channel in self._remote_sessions:
+            raise ConnectionViolation(Condition.ILLEGAL_STATE, f"channel {channel} already has a session")
+        self._ended_remote_channels.discard(channel)
+        if begin.remote_channel is not None:
+            session = self._local_sessions.get(begin.remote_channel)
+            if session is None or session.state is not SessionState.BEGIN_SENT:
+                raise ConnectionViolation(Condition.ILLEGAL_STATE, "begin answers no begin of ours")
+            session._remote_begin(begin, channel)
+            self._remote_sessions[channel] = session
+            self._events.append(SessionBegun(session, begin))
+            return
+        session = Session(self)
+        session._remote_begin(begin, channel)
+        self._remote_sessions[channel] = session
+        self._events.append(SessionBeginRequested(session, begin))
+
+    def _on_end(self, channel: int, end: End) -> None:
+        session = self._remote_sessions.pop(channel, None)
+        if session is None:
+            if channel in self._ended_remote_channels:
+                return
+            raise ConnectionViolation(Condition.NOT_FOUND, f"end on unused channel {channel}")
+        self._ended_remote_channels.add(channel)
+        reply_needed = session._remote_end()
+        if session.state is SessionState.ENDED and session.local_channel is not None:
+            self._local_sessions.pop(session.local_channel, None)
+        self._events.append(SessionEnded(session, end.error, by_peer=True, reply_needed=reply_needed))
+
+    def _session_failed(self, session: Session, exc: SessionViolation) -> None:
+        """End a session after a session-level violation by the peer."""
+        err = Error(exc.condition, exc.description)
+        if session.state is SessionState.MAPPED and session.local_channel is not None:
+            session._local_end()
+            self._send(session.local_channel, End(error=err))
+            self._events.append(SessionEnded(session, err, by_peer=False, reply_needed=False))
+        else:
+            raise ConnectionViolation(exc.condition, exc.description)
+
+    def _fail(self, condition: str, description: str) -> None:
+        """Close after a violation by the peer: send close(error) and finish."""
+        if self._phase is _Phase.DONE:
+            return
+        err = Error(Symbol(condition), description)
+        if self._phase is _Phase.AMQP and not self.close_sent:
+            if not self.open_sent:
+                self.open()
+            self.close_sent = True
+            self._send(0, Close(error=err))
+        self._finish(err, by_peer=False)
+
+    def _finish(self, error: Error | None, by_peer: bool) -> None:
+        self.error = error
+        self._phase = _Phase.DONE
+        if self._pending_amqp is not None:
+            self._pending_amqp = None
+        self._events.append(ConnectionClosed(error, by_peer=by_peer, reply_needed=False))
+
+    def _transport_lost(self) -> None:
+        if self._phase is _Phase.DONE:
+            return
+        if self.close_received or self.close_sent:
+            self._phase = _Phase.DONE
+            if not self.close_received:
+                self._events.append(ConnectionClosed(None, by_peer=True, reply_needed=False))
+            return
+        self._finish(None, by_peer=True)
+

@@ -1,0 +1,132 @@
+"""AMQP 1.0 framing (part 2.3): protocol headers, the 8-byte frame header, and an incremental splitter.
+
+A frame is ``size:uint32 | doff:uint8 | type:uint8 | channel:uint16 | extended header | body``. ``doff`` counts
+4-byte words; we always write ``doff=2`` (no extended header), the only value the Azure SDK reads correctly,
+and skip any extended header a peer sends. A frame of size 8 is an empty frame (heartbeat).
+
+``FrameReader`` owns one ``bytearray``: bytes are appended as they arrive and whole frames are cut out of it.
+Consumed bytes are dropped lazily (once they are more than half of the buffer), so feeding many small chunks
+stays linear. Size limits are enforced before any frame body is buffered in full, so a peer announcing a 4 GiB
+frame is refused at once.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+__all__ = [
+    "AMQP_HEADER",
+    "FRAME_AMQP",
+    "FRAME_SASL",
+    "MIN_MAX_FRAME_SIZE",
+    "SASL_HEADER",
+    "TLS_HEADER",
+    "Frame",
+    "FrameReader",
+    "FramingError",
+    "encode_frame",
+    "encode_frame_into",
+    "heartbeat_frame",
+]
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+TLS_HEADER = b"AMQP\x02\x01\x00\x00"
+
+FRAME_AMQP = 0x00
+FRAME_SASL = 0x01
+
+MIN_MAX_FRAME_SIZE = 512
+"""Every peer must accept frames up to this size, whatever it advertises."""
+
+_HDR = struct.Struct(">IBBH")
+_HDR_unpack = _HDR.unpack_from
+_HDR_pack = _HDR.pack
+
+
+class FramingError(Exception):
+    """The byte stream is not a valid sequence of frames (maps to ``amqp:connection:framing-error``)."""
+
+
+class Frame(NamedTuple):
+    """One received frame. ``body`` excludes the header and any extended header; empty for heartbeats."""
+
+    type: int
+    channel: int
+    body: bytes
+
+
+def encode_frame(frame_type: int, channel: int, body: bytes | bytearray) -> bytes:
+    """Return a complete frame with ``doff=2`` around ``body`` (already-encoded performative + payload)."""
+    return _HDR_pack(len(body) + 8, 2, frame_type, channel) + body
+
+
+def encode_frame_into(out: bytearray, frame_type: int, channel: int, *parts: bytes | bytearray) -> None:
+    """Append a frame made of ``parts`` to ``out`` without joining the parts first."""
+    out += _HDR_pack(8 + sum(len(p) for p in parts), 2, frame_type, channel)
+    for p in parts:
+        out += p
+
+
+def heartbeat_frame() -> bytes:
+    """An empty AMQP frame, used to keep an idle connection alive."""
+    return _HDR_pack(8, 2, FRAME_AMQP, 0)
+
+
+class FrameReader:
+    """Incremental splitter over a growing buffer: ``feed`` bytes, then pull headers or frames.
+
+    ``max_frame_size`` bounds accepted frames; it can be changed at any time (e.g. after ``open``).
+    """
+
+    __slots__ = ("_buf", "_pos", "max_frame_size")
+
+    def __init__(self, max_frame_size: int = 0xFFFFFFFF) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.max_frame_size = max_frame_size
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes."""
+        if self._pos and self._pos * 2 >= len(self._buf):
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Number of received bytes not yet consumed."""
+        return len(self._buf) - self._pos
+
+    def read_protocol_header(self) -> bytes | None:
+        """Consume and return the next 8 bytes (a protocol header), or ``None`` if fewer are buffered."""
+        p = self._pos
+        if len(self._buf) - p < 8:
+            return None
+        self._pos = p + 8
+        return bytes(self._buf[p : p + 8])
+
+    def peek(self, n: int) -> bytes:
+        """Up to ``n`` unconsumed bytes, without consuming them."""
+        return bytes(self._buf[self._pos : self._pos + n])
+
+    def next_frame(self) -> Frame | None:
+        """Return the next complete frame, or ``None`` if it has not fully arrived yet.
+
+        Raises ``FramingError`` for a malformed header or a frame above ``max_frame_size``.
+        """
+        buf = self._buf
+        p = self._pos
+        avail = len(buf) - p
+        if avail < 8:
+            return None
+        size, doff, ftype, channel = _HDR_unpack(buf, p)
+        if size < 8 or doff < 2 or doff * 4 > size:
+            raise FramingError(f"invalid frame header (size={size}, doff={doff})")
+        if size > self.max_frame_size:
+            raise FramingError(f"frame of {size} bytes exceeds max-frame-size {self.max_frame_size}")
+        if avail < size:
+            return None
+        self._pos = p + size
+        return Frame(ftype, channel, bytes(buf[p + doff * 4 : p + size]))

@@ -1,0 +1,305 @@
+"""Link endpoint state machine (AMQP 1.0 part 2.6): attach/detach, credit, delivery-count, reassembly.
+
+Theory of operation
+-------------------
+A ``Link`` is one end of a link; ``role`` is *our* role (``SENDER``/``RECEIVER``). Its attach state moves:
+
+    DETACHED --local attach--> ATTACH_SENT --peer attach--> ATTACHED
+    DETACHED --peer attach---> ATTACH_RCVD --local attach--> ATTACHED
+    ATTACHED --local detach--> DETACH_SENT --peer detach--> DETACHED
+    ATTACHED --peer detach---> DETACH_RCVD --local detach--> DETACHED
+
+Flow control follows 2.6.7. Both ends keep ``delivery_count`` and ``link_credit``. The sender spends one credit
+and advances delivery-count per delivery; a receiver's ``flow`` re-bases the sender's credit as
+``delivery_count_rcv + link_credit_rcv - delivery_count_snd``; a sender's ``flow`` re-bases the receiver's credit
+the other way round (that is how a completed drain becomes visible). All arithmetic is RFC 1982 serial on 32 bits.
+
+Incoming transfers are reassembled here: frames with ``more=true`` are buffered until the last one, and the
+complete payload is returned once. Message size is bounded by ``max_message_size`` (ours, if non-zero) and by
+the connection's hard limit.
+
+The session (``session.py``) routes frames to links and owns handles and delivery ids; the connection
+(``connection.py``) owns the wire. Only this module changes a link's ``state``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from .errors import Condition, LinkViolation, LocalProtocolError, SessionViolation
+from .performatives import RECEIVER, SENDER, Attach, Flow, SndSettleMode, Transfer
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["Link", "LinkState"]
+
+_MASK = 0xFFFFFFFF
+
+
+def serial_diff(a: int, b: int) -> int:
+    """``a - b`` in 32-bit serial-number arithmetic (RFC 1982), as a signed int."""
+    d = (a - b) & _MASK
+    return d - 0x100000000 if d & 0x80000000 else d
+
+
+class LinkState(enum.Enum):
+    """Attach/detach state of a link end."""
+
+    DETACHED = "DETACHED"
+    ATTACH_SENT = "ATTACH_SENT"
+    ATTACH_RCVD = "ATTACH_RCVD"
+    ATTACHED = "ATTACHED"
+    DETACH_SENT = "DETACH_SENT"
+    DETACH_RCVD = "DETACH_RCVD"
+
+
+class Link:
+    """One link end. Read its attributes freely; change it only through ``Connection`` methods."""
+
+    __slots__ = (
+        "_partial",
+        "_partial_size",
+        "available",
+        "delivery_count",
+        "drain",
+        "handle",
+        "initial_delivery_count",
+        "link_credit",
+        "max_message_size",
+        "name",
+        "properties",
+        "rcv_settle_mode",
+        "remote_attach",
+        "remote_handle",
+        "role",
+        "session",
+        "snd_settle_mode",
+        "source",
+        "state",
+        "target",
+        "unsettled",
+    )
+
+    def __init__(self, session: Session, name: str, role: bool) -> None:
+        self.session = session
+        self.name = name
+        self.role = role
+        self.state = LinkState.DETACHED
+        self.handle: int | None = None
+        self.remote_handle: int | None = None
+        self.snd_settle_mode = SndSettleMode.MIXED
+        self.rcv_settle_mode = 0
+        self.source: Any = None
+        self.target: Any = None
+        self.properties: dict[Any, Any] | None = None
+        self.max_message_size = 0
+        self.initial_delivery_count = 0
+        self.remote_attach: Attach | None = None
+        self.delivery_count = 0
+        self.link_credit = 0
+        self.available = 0
+        self.drain = False
+        self.unsettled: dict[bytes, int] = {}
+        """Unsettled deliveries on this link: delivery-tag -> delivery-id."""
+        self._partial: list[Any] | None = None  # [delivery_id, tag, format, settled, state, chunks, batchable]
+        self._partial_size = 0
+
+    def __repr__(self) -> str:
+        role = "receiver" if self.role else "sender"
+        return f"<Link {self.name!r} {role} handle={self.handle} {self.state.value} credit={self.link_credit}>"
+
+    @property
+    def is_sender(self) -> bool:
+        """True when we send on this link."""
+        return not self.role
+
+    @property
+    def credit(self) -> int:
+        """Deliveries we may still send (sender) or have granted (receiver)."""
+        return self.link_credit
+
+    @property
+    def attached(self) -> bool:
+        """Both attaches exchanged and no detach yet."""
+        return self.state is LinkState.ATTACHED
+
+    @property
+    def remote_source(self) -> Any:
+        """The source from the peer's attach (``None`` before it arrived)."""
+        return self.remote_attach.source if self.remote_attach else None
+
+    @property
+    def remote_target(self) -> Any:
+        """The target from the peer's attach."""
+        return self.remote_attach.target if self.remote_attach else None
+
+    # ------------------------------------------------------------------------------------ attach / detach
+
+    def _make_attach(self) -> Attach:
+        return Attach(
+            name=self.name,
+            handle=self.handle,  # type: ignore[arg-type]
+            role=self.role,
+            snd_settle_mode=self.snd_settle_mode,
+            rcv_settle_mode=self.rcv_settle_mode,
+            source=self.source,
+            target=self.target,
+            initial_delivery_count=self.initial_delivery_count if self.role == SENDER else None,
+            max_message_size=self.max_message_size or None,
+            properties=self.properties,
+        )
+
+    def _local_attach(self) -> Attach:
+        if self.state is LinkState.DETACHED:
+            self.state = LinkState.ATTACH_SENT
+        elif self.state is LinkState.ATTACH_RCVD:
+            self.state = LinkState.ATTACHED
+        else:
+            raise LocalProtocolError(f"cannot attach link in state {self.state.value}")
+        if self.role == SENDER:
+            self.delivery_count = self.initial_delivery_count
+        return self._make_attach()
+
+    def _remote_attach(self, attach: Attach) -> None:
+        """Record the peer's attach (new link or answer to ours)."""
+        if self.state is LinkState.DETACHED:
+            self.state = LinkState.ATTACH_RCVD
+            self.snd_settle_mode = attach.snd_settle_mode
+            self.rcv_settle_mode = attach.rcv_settle_mode
+        elif self.state is LinkState.ATTACH_SENT:
+            self.state = LinkState.ATTACHED
+        else:
+            raise SessionViolation(Condition.HANDLE_IN_USE, f"unexpected attach for link {self.name!r}")
+        self.remote_attach = attach
+        self.remote_handle = attach.handle
+        if self.role == RECEIVER and attach.initial_delivery_count is not None:
+            self.delivery_count = attach.initial_delivery_count
+
+    def _local_detach(self) -> None:
+        if self.state in (LinkState.ATTACHED, LinkState.ATTACH_SENT, LinkState.ATTACH_RCVD):
+            self.state = LinkState.DETACH_SENT
+        elif self.state is LinkState.DETACH_RCVD:
+            self.state = LinkState.DETACHED
+        else:
+            raise LocalProtocolError(f"cannot detach link in state {self.state.value}")
+        self._partial = None
+
+    def _remote_detach(self) -> bool:
+        """Record the peer's detach; returns True if we still have to answer."""
+        self._partial = None
+        if self.state is LinkState.DETACH_SENT:
+            self.state = LinkState.DETACHED
+            return False
+        self.state = LinkState.DETACH_RCVD
+        return True
+
+    # ---------------------------------------------------------------------------------------------- flow
+
+    def _on_flow(self, flow: Flow) -> None:
+        """Re-base credit from the peer's link flow state (2.6.7)."""
+        if self.role == SENDER:
+            dc_rcv = self.initial_delivery_count if flow.delivery_count is None else flow.delivery_count
+            credit = 0 if flow.link_credit is None else flow.link_credit
+            self.link_credit = max(0, serial_diff((dc_rcv + credit) & _MASK, self.delivery_count))
+            self.drain = bool(flow.drain)
+        else:
+            if flow.delivery_count is not None:
+                limit = (self.delivery_count + self.link_credit) & _MASK
+                self.delivery_count = flow.delivery_count
+                self.link_credit = max(0, serial_diff(limit, flow.delivery_count))
+                if self.link_credit == 0:
+                    self.drain = False
+            if flow.available is not None:
+                self.available = flow.available
+
+    def _make_flow(self) -> dict[str, Any]:
+        """Link fields of an outgoing flow (the session adds its own)."""
+        return {
+            "handle": self.handle,
+            "delivery_count": self.delivery_count,
+            "link_credit": self.link_credit,
+            "available": self.available if self.role == SENDER else None,
+            "drain": self.drain,
+        }
+
+    def _set_credit(self, credit: int, drain: bool) -> None:
+        if self.role == SENDER:
+            raise LocalProtocolError("only a receiving link grants credit")
+        self.link_credit = credit
+        self.drain = drain
+
+    def _drained(self) -> None:
+        """Sender has nothing more to send under drain: consume all credit (2.6.7)."""
+        if self.role != SENDER:
+            raise LocalProtocolError("only a sending link completes a drain")
+        self.delivery_count = (self.delivery_count + self.link_credit) & _MASK
+        self.link_credit = 0
+
+    # ------------------------------------------------------------------------------------------ delivery
+
+    def _spend_credit(self) -> None:
+        self.delivery_count = (self.delivery_count + 1) & _MASK
+        if self.link_credit > 0:
+            self.link_credit -= 1
+
+    def _on_transfer(self, t: Transfer, payload: bytes, size_limit: int) -> list[Any] | None:
+        """Feed one transfer frame. Returns the completed delivery as
+        ``[delivery_id, tag, format, settled, state, payload, batchable, aborted]`` or None while incomplete."""
+        if self.role == SENDER:
+            raise SessionViolation(Condition.ERRANT_LINK, f"transfer received on our sending link {self.name!r}")
+        if self.state is not LinkState.ATTACHED:
+            if self.state is LinkState.DETACH_SENT:
+                return None  # in flight while we detach: discard
+            raise SessionViolation(Condition.ILLEGAL_STATE, f"transfer on link in state {self.state.value}")
+        p = self._partial
+        if p is None:
+            if t.delivery_id is None or t.delivery_tag is None:
+                raise LinkViolation(self, Condition.INVALID_FIELD, "first transfer needs delivery-id and tag")
+            if not t.more and not t.aborted:  # fast path: single-frame delivery
+                if len(payload) > size_limit:
+                    raise LinkViolation(self, Condition.MESSAGE_SIZE_EXCEEDED, "message too large")
+                self._spend_credit()
+                return [
+                    t.delivery_id,
+                    t.delivery_tag,
+                    t.message_format or 0,
+                    bool(t.settled),
+                    t.state,
+                    payload,
+                    t.batchable,
+                    False,
+                ]
+            p = self._partial = [
+                t.delivery_id,
+                t.delivery_tag,
+                t.message_format or 0,
+                bool(t.settled),
+                t.state,
+                [],
+                t.batchable,
+            ]
+            self._partial_size = 0
+        elif t.delivery_id is not None and t.delivery_id != p[0]:
+            raise LinkViolation(self, Condition.INVALID_FIELD, "continuation transfer with another delivery-id")
+        else:
+            if t.settled:
+                p[3] = True
+            if t.state is not None:
+                p[4] = t.state
+        if t.aborted:
+            self._partial = None
+            self._spend_credit()
+            return [p[0], p[1], p[2], p[3], p[4], b"", p[6], True]
+        self._partial_size += len(payload)
+        if self._partial_size > size_limit:
+            self._partial = None
+            raise LinkViolation(self, Condition.MESSAGE_SIZE_EXCEEDED, "message too large")
+        p[5].append(payload)
+        if t.more:
+            return None
+        self._partial = None
+        self._spend_credit()
+        chunks = p[5]
+        return [p[0], p[1], p[2], p[3], p[4], chunks[0] if len(chunks) == 1 else b"".join(chunks), p[6], False]

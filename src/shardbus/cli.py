@@ -1,0 +1,64 @@
+"""The ``shardbus`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from .model.errors import ShardbusError
+from .namespace import DEFAULT_NAMESPACE
+from .server import DEFAULT_KEY, Broker
+
+
+def _serve(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    try:
+        broker = Broker(
+            data_dir=args.data_dir,
+            host=args.host,
+            port=args.port,
+            key=args.key,
+            namespace=args.namespace,
+            config=args.config,
+        )
+    except (ShardbusError, OSError, ValueError) as exc:
+        print(f"shardbus: cannot start: {exc}", file=sys.stderr)
+        return 2
+
+    def ready(b: Broker) -> None:
+        print(f"shardbus listening on {args.host}:{b.server.port} (ready in {time.monotonic() - started:.2f} s)")
+        print(f"data directory: {args.data_dir}")
+        print(f"connection string: {b.connection_string}", flush=True)
+
+    try:
+        broker.serve_forever(on_ready=ready)
+    except OSError as exc:
+        print(f"shardbus: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    print("shardbus stopped; everything acknowledged is on disk.", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="shardbus", description="Azure Service Bus partitioned entities, self-hosted."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the broker in the foreground")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=5672)
+    serve.add_argument("--data-dir", default="./shardbus-data")
+    serve.add_argument("--config", default=None, help="the official emulator's Config.json (plus extensions)")
+    serve.add_argument("--key", default=DEFAULT_KEY, help="the SharedAccessKey of RootManageSharedAccessKey")
+    serve.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    serve.add_argument("--log-level", default="WARNING")
+    serve.set_defaults(func=_serve)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

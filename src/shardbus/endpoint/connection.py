@@ -1,0 +1,580 @@
+"""One client connection speaking Service Bus over AMQP 1.0: the bridge between the engine and the core.
+
+Theory of operation
+-------------------
+``ServiceBusConnection`` owns a sans-IO ``amqp.Connection`` (server role) and reacts to its events. The
+transport feeds bytes in and writes ``data_to_send`` out; core futures complete on other threads, so their
+results come back through ``schedule`` (the transport's thread-safe callback) before touching the engine.
+
+Every link the client attaches gets a role here, decided by its address (SERVICEBUS_AMQP.md §1.1):
+
+    $cbs (both directions)          → claims: put-token validates a SAS token and authorizes entity paths
+    <entity>/$management            → request/response pairs dispatched through ``management.OPERATIONS``
+    client sender  → queue / topic  → ``_on_send``: decode (single or 0x80013700 batch), route, store, then
+                                       settle accepted (or rejected with the domain error's condition)
+    client receiver ← queue / sub   → ``_pump``: on credit, lock messages through a core ``Receiver`` and
+                                       transfer them (tag = lock token, .NET byte order); dispositions
+                                       settle in the core and are echoed settled with the same outcome
+
+A link to an entity is attached only when the connection holds a token (or PLAIN credentials) covering it;
+otherwise, and for unknown entities, the attach is refused the way the service refuses it (null source and
+target, then a detach with the condition), which the SDK turns into the right exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from ..amqp import events as ev
+from ..amqp.codec import DecodeError
+from ..amqp.connection import Connection, Role
+from ..amqp.message import BATCH_MESSAGE_FORMAT, AmqpMessage, Properties, decode_message, split_batch
+from ..amqp.message import BodyType as WireBody
+from ..amqp.performatives import Accepted, Error, Modified, Rejected, Released, SndSettleMode
+from ..amqp.types import Int, Symbol
+from ..entity.entity import QueueEntity, Target, TopicEntity
+from ..entity.receiver import Receiver
+from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError, Unauthorized
+from ..model.message import Message, ReceiveMode
+from ..namespace import Namespace
+from . import sas
+from .conditions import condition_of
+from .management import OPERATIONS, ManagementContext, ManagementReply
+from .mapping import encode_delivery, to_message
+
+log = logging.getLogger("shardbus.amqp")
+
+CBS = "$cbs"
+MANAGEMENT_SUFFIX = "/$management"
+DEAD_LETTER_CONDITION = "com.microsoft:dead-letter"
+WINDOW = 0x7FFFFFFF
+SENDER_CREDIT = 10_000
+MAX_PUMP = 256  # deliveries produced per pump before yielding to other connections
+
+
+class NamespaceDirectory:
+    """Which namespace a connection talks to (by the host name it opened with), and its keys."""
+
+    def __init__(self, namespaces: dict[str, Namespace], default: str, keys: dict[str, dict[str, str]]) -> None:
+        self.namespaces = {name.lower(): ns for name, ns in namespaces.items()}
+        self.default = default.lower()
+        self.keys = {name.lower(): k for name, k in keys.items()}
+
+    def resolve(self, hostname: str | None) -> tuple[Namespace, dict[str, str]]:
+        label = (hostname or "").split(":")[0].split(".")[0].lower()
+        name = label if label in self.namespaces else self.default
+        return self.namespaces[name], self.keys.get(name, {})
+
+
+def entity_path(address: Any) -> str:
+    """``amqps://host:port/q1`` or ``q1`` → ``q1``; node suffixes are kept."""
+    text = address.decode() if isinstance(address, bytes) else str(address or "")
+    if "://" in text:
+        text = text.split("://", 1)[1]
+        text = text.split("/", 1)[1] if "/" in text else ""
+    return text.strip("/")
+
+
+def _error(exc: BaseException) -> Error:
+    condition, _ = condition_of(exc)
+    return Error(condition=condition, description=str(exc) or type(exc).__name__)
+
+
+class _ReceiveLink:
+    """State of a client receiver link: the core receiver and the wake-up hook."""
+
+    __slots__ = ("address", "listening", "receiver", "timer")
+
+    def __init__(self, receiver: Receiver, address: Any) -> None:
+        self.receiver = receiver
+        self.address = address
+        self.listening = False
+        self.timer: Any = None
+
+
+class ServiceBusConnection:
+    def __init__(
+        self,
+        directory: NamespaceDirectory,
+        schedule: Callable[[Callable[[], None]], None],
+        call_later: Callable[[float, Callable[[], None]], Any],
+        on_output: Callable[[], None],
+        peer: str = "",
+    ) -> None:
+        self.amqp = Connection(Role.SERVER, f"shardbus-{uuid.uuid4()}", max_frame_size=1048576)
+        self.directory = directory
+        self.namespace: Namespace | None = None
+        self.keys: dict[str, str] = {}
+        self.schedule = schedule  # run a callback on the connection's thread (thread-safe)
+        self.call_later = call_later
+        self.on_output = on_output  # tells the transport there is output to flush
+        self.peer = peer
+        self.authorized: list[sas.SasClaims] = []
+        self.full_access = False
+        self._receivers: dict[Any, _ReceiveLink] = {}
+        self._senders: dict[Any, QueueEntity | TopicEntity] = {}
+        self._cbs_out: dict[Any, Any] = {}  # session -> our sending $cbs link
+        self._mgmt_out: dict[tuple[Any, str], Any] = {}  # (session, node) -> our sending management link
+        self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
+        self.closed = False
+
+    # ------------------------------------------------------------------------------------------------------
+    # driving the engine
+    # ------------------------------------------------------------------------------------------------------
+    def receive_data(self, data: bytes) -> None:
+        self.amqp.receive_data(data)
+        self._process()
+
+    def connection_lost(self) -> None:
+        if not self.amqp.is_done:
+            self.amqp.receive_data(b"")
+        self._process()
+        self._cleanup()
+
+    def _process(self) -> None:
+        for event in self.amqp.next_events():
+            handler = _HANDLERS.get(type(event))
+            if handler is None:
+                continue
+            try:
+                handler(self, event)
+            except ShardbusError as exc:
+                log.info("connection %s: %s", self.peer, exc)
+            except Exception:  # a bug handling one event closes this connection only
+                log.exception("connection %s: internal error", self.peer)
+                self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
+        self.on_output()
+
+    def _later(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the connection's thread, then flush what it produced."""
+
+        def run() -> None:
+            if self.closed or self.amqp.is_done:
+                return
+            try:
+                fn()
+            except Exception:
+                log.exception("connection %s: internal error", self.peer)
+                self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
+            self._process()
+
+        self.schedule(run)
+
+    # ------------------------------------------------------------------------------------------------------
+    # connection, SASL, sessions
+    # ------------------------------------------------------------------------------------------------------
+    def _on_sasl(self, e: ev.SaslInit) -> None:
+        self.namespace, self.keys = self.directory.resolve(e.hostname)
+        if e.mechanism == "PLAIN":
+            if e.username in self.keys and e.password == self.keys[e.username]:
+                self.full_access = True
+            else:
+                self.amqp.reject_sasl()
+                return
+        self.amqp.accept_sasl()
+
+    def _on_open(self, e: ev.ConnectionOpened) -> None:
+        if self.namespace is None or e.open.hostname:
+            self.namespace, self.keys = self.directory.resolve(e.open.hostname)
+        self.amqp.open()
+
+    def _on_closed(self, e: ev.ConnectionClosed) -> None:
+        if e.reply_needed:
+            self.amqp.close()
+        self._cleanup()
+
+    def _on_begin(self, e: ev.SessionBeginRequested) -> None:
+        self.amqp.begin(e.session, incoming_window=WINDOW, outgoing_window=WINDOW)
+
+    def _on_end(self, e: ev.SessionEnded) -> None:
+        for link in [lk for lk in self._receivers if lk.session is e.session]:
+            self._drop_receiver(link)
+        if e.reply_needed:
+            self.amqp.end(e.session)
+
+    def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for link in list(self._receivers):
+            self._drop_receiver(link)
+        for receiver in self._mgmt_receivers.values():
+            receiver.close()
+
+    # ------------------------------------------------------------------------------------------------------
+    # links
+    # ------------------------------------------------------------------------------------------------------
+    def _refuse(self, link: Any, exc: BaseException) -> None:
+        self.amqp.attach_reply(link, source=None, target=None)
+        self.amqp.detach(link, closed=True, error=_error(exc))
+
+    def _check_access(self, path: str) -> None:
+        if self.full_access:
+            return
+        address = path.split("/$management")[0]
+        if not any(sas.covers(c, address) and c.expiry > time.time() for c in self.authorized):
+            raise Unauthorized(
+                f"Unauthorized access to '{address}': put a SAS token covering it on $cbs first (claims-based "
+                "security)."
+            )
+
+    def _on_attach(self, e: ev.LinkAttachRequested) -> None:
+        link, attach = e.link, e.attach
+        client_sends = not attach.role  # the client's role: False = sender
+        address = (attach.target if client_sends else attach.source) or None
+        address_value = getattr(address, "address", None)
+        path = entity_path(address_value)
+        try:
+            if path == CBS:
+                self.amqp.attach_reply(link)
+                if not client_sends:
+                    self._cbs_out[link.session] = link
+                else:
+                    self.amqp.flow(link, link_credit=SENDER_CREDIT)
+                return
+            if path.lower().endswith(MANAGEMENT_SUFFIX):
+                self._check_access(path)
+                node = path[: -len(MANAGEMENT_SUFFIX)]
+                self._resolve_management_target(node)
+                self.amqp.attach_reply(link)
+                if client_sends:
+                    self.amqp.flow(link, link_credit=SENDER_CREDIT)
+                else:
+                    self._mgmt_out[(link.session, path.lower())] = link
+                return
+            self._check_access(path)
+            if client_sends:
+                entity = self._ns._sender_entity(path)
+                props = {Symbol("com.microsoft:max-message-batch-size"): Int(self._ns.quotas.max_message_size_bytes)}
+                self.amqp.attach_reply(link, max_message_size=self._ns.quotas.max_message_size_bytes, properties=props)
+                self._senders[link] = entity
+                self.amqp.flow(link, link_credit=SENDER_CREDIT)
+            else:
+                self._attach_receiver(link, attach, path)
+        except ShardbusError as exc:
+            self._refuse(link, exc)
+
+    @property
+    def _ns(self) -> Namespace:
+        if self.namespace is None:
+            self.namespace, self.keys = self.directory.resolve(None)
+        return self.namespace
+
+    def _resolve_management_target(self, node: str) -> Any:
+        lower = node.lower()
+        entity = self._ns._entities.get(lower)
+        if entity is not None:
+            return entity
+        return self._ns.resolve(node)[0]
+
+    def _attach_receiver(self, link: Any, attach: Any, path: str) -> None:
+        source = attach.source
+        filters = getattr(source, "filter", None) or {}
+        if any(str(k) == "com.microsoft:session-filter" for k in filters):
+            raise InvalidOperation("Session receivers are not supported by this shardbus version yet.")
+        target, sub_queue = self._ns.resolve(path)
+        settled = attach.snd_settle_mode == SndSettleMode.SETTLED
+        mode = ReceiveMode.RECEIVE_AND_DELETE if settled else ReceiveMode.PEEK_LOCK
+        receiver = Receiver(target, mode, sub_queue, self._ns._clock)
+        self.amqp.attach_reply(
+            link,
+            snd_settle_mode=attach.snd_settle_mode,
+            rcv_settle_mode=attach.rcv_settle_mode,
+            initial_delivery_count=0,
+            max_message_size=attach.max_message_size or 0,
+        )
+        self._receivers[link] = _ReceiveLink(receiver, source.address)
+
+    def _on_detach(self, e: ev.LinkDetached) -> None:
+        link = e.link
+        if link in self._receivers:
+            self._drop_receiver(link)
+        self._senders.pop(link, None)
+        for table in (self._cbs_out, self._mgmt_out):
+            for key in [k for k, v in table.items() if v is link]:
+                del table[key]
+        if e.reply_needed:
+            self.amqp.detach(link, closed=e.closed)
+
+    def _drop_receiver(self, link: Any) -> None:
+        state = self._receivers.pop(link, None)
+        if state is None:
+            return
+        if state.listening:
+            state.receiver.target.remove_listener(state.listening)
+        if state.timer is not None:
+            state.timer.cancel()
+        state.receiver.close()
+
+    # ------------------------------------------------------------------------------------------------------
+    # deliveries from the client
+    # ------------------------------------------------------------------------------------------------------
+    def _on_delivery(self, e: ev.DeliveryReceived) -> None:
+        link = e.link
+        if link in self._senders:
+            self._on_send(e, self._senders[link])
+            return
+        try:
+            request = decode_message(e.payload)
+        except DecodeError as exc:
+            self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
+            return
+        path = entity_path(getattr(link.target, "address", None))
+        self._settle(e, Accepted())
+        if path == CBS:
+            self._on_put_token(link, request)
+        elif path.lower().endswith(MANAGEMENT_SUFFIX):
+            self._on_management(link, path, request)
+
+    def _settle(self, e: ev.DeliveryReceived, state: Any) -> None:
+        if not e.settled:
+            self.amqp.settle(e.link, e.delivery_id, state)
+
+    def _on_send(self, e: ev.DeliveryReceived, entity: QueueEntity | TopicEntity) -> None:
+        try:
+            if e.message_format == BATCH_MESSAGE_FORMAT:
+                messages = [to_message(decode_message(inner)) for inner in split_batch(e.payload)]
+            else:
+                messages = [to_message(decode_message(e.payload))]
+            future = entity.submit_send(messages)
+        except DecodeError as exc:
+            self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
+            return
+        except ShardbusError as exc:
+            self._settle(e, Rejected(error=_error(exc)))
+            return
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            outcome = Accepted() if exc is None else Rejected(error=_error(exc))
+            self._later(lambda: self._settle(e, outcome))
+
+        future.add_done_callback(done)
+
+    # ------------------------------------------------------------------------------------------------------
+    # $cbs
+    # ------------------------------------------------------------------------------------------------------
+    def _on_put_token(self, link: Any, request: AmqpMessage) -> None:
+        app = {str(k): v for k, v in (request.application_properties or {}).items()}
+        token = request.body if request.body_type == WireBody.VALUE else None
+        if isinstance(token, bytes):
+            token = token.decode("utf-8", "replace")
+        try:
+            if str(app.get("operation")) != "put-token":
+                raise InvalidOperation(f"Unsupported $cbs operation '{app.get('operation')}'.")
+            claims = sas.validate_token(token, self.keys)
+            audience = str(app.get("name") or claims.resource)
+            if not sas.covers(claims, audience):
+                raise Unauthorized(f"The token for '{claims.resource}' does not cover '{audience}'.")
+            self.authorized.append(claims)
+            status, description = 202, "Accepted"
+        except ShardbusError as exc:
+            status, description = condition_of(exc)[1], str(exc)
+        reply_link = self._cbs_out.get(link.session)
+        if reply_link is None:
+            return
+        message_id = request.properties.message_id if request.properties else None
+        response = AmqpMessage(
+            properties=Properties(correlation_id=message_id),
+            application_properties={"status-code": Int(status), "status-description": description},
+        )
+        self._send_reply(reply_link, response)
+
+    def _send_reply(self, link: Any, message: AmqpMessage) -> None:
+        self.amqp.send_transfer(link, uuid.uuid4().bytes, message.encode(), settled=True, ignore_credit=True)
+
+    # ------------------------------------------------------------------------------------------------------
+    # $management
+    # ------------------------------------------------------------------------------------------------------
+    def _on_management(self, link: Any, path: str, request: AmqpMessage) -> None:
+        app = {str(k): v for k, v in (request.application_properties or {}).items()}
+        operation = str(app.get("operation", ""))
+        node = path[: -len(MANAGEMENT_SUFFIX)]
+        reply_to = request.properties.reply_to if request.properties else None
+        reply_key = (link.session, (entity_path(reply_to) if reply_to else path).lower())
+        message_id = request.properties.message_id if request.properties else None
+        body = request.body if request.body_type == WireBody.VALUE and isinstance(request.body, dict) else {}
+        body = {str(k): v for k, v in body.items()}
+        context = ManagementContext(self._ns, node, self._management_receiver, app)
+
+        def respond(reply: ManagementReply) -> None:
+            out = self._mgmt_out.get(reply_key) or self._mgmt_out.get((link.session, path.lower()))
+            if out is None:
+                return
+            app_props: dict[str, Any] = {"statusCode": Int(reply.status), "statusDescription": reply.description}
+            if reply.condition is not None:
+                app_props["errorCondition"] = Symbol(reply.condition)
+            response = AmqpMessage(
+                properties=Properties(correlation_id=message_id),
+                application_properties=app_props,
+                body=reply.body,
+                body_type=WireBody.VALUE if reply.body is not None else WireBody.NONE,
+            )
+            self._send_reply(out, response)
+
+        handler = OPERATIONS.get(operation)
+        if handler is None:
+            respond(ManagementReply.error(InvalidOperation(f"The operation '{operation}' is not supported.")))
+            return
+        try:
+            result = handler(context, body)
+        except ShardbusError as exc:
+            respond(ManagementReply.error(exc))
+            return
+        if isinstance(result, ManagementReply):
+            respond(result)
+            return
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            reply = ManagementReply.error(exc) if exc is not None else f.result()
+            self._later(lambda: respond(reply))
+
+        result.add_done_callback(done)
+
+    def _management_receiver(self, target: Target, sub_queue: int) -> Receiver:
+        key = (id(target), int(sub_queue))
+        receiver = self._mgmt_receivers.get(key)
+        if receiver is None or receiver.target is not target:
+            receiver = Receiver(target, ReceiveMode.PEEK_LOCK, sub_queue, self._ns._clock)
+            self._mgmt_receivers[key] = receiver
+        return receiver
+
+    # ------------------------------------------------------------------------------------------------------
+    # deliveries to the client
+    # ------------------------------------------------------------------------------------------------------
+    def _on_flow(self, e: ev.FlowReceived) -> None:
+        if e.link is not None and e.link in self._receivers:
+            self._pump(e.link)
+
+    def _pump(self, link: Any) -> None:
+        state = self._receivers.get(link)
+        if state is None or self.amqp.is_done:
+            return
+        receiver = state.receiver
+        sent = 0
+        try:
+            while link.link_credit > 0 and sent < MAX_PUMP:
+                messages = receiver.take(min(link.link_credit, MAX_PUMP - sent))
+                if not messages:
+                    break
+                self._transfer(link, receiver, messages)
+                sent += len(messages)
+        except ShardbusError as exc:
+            self.amqp.detach(link, closed=True, error=_error(exc))
+            self._drop_receiver(link)
+            return
+        if link.link_credit > 0 and sent < MAX_PUMP:
+            if link.drain:
+                self.amqp.drained(link)
+            else:
+                self._wait_for_messages(link, state)
+        elif link.link_credit > 0:
+            self._later(lambda: self._pump(link))  # more to send: yield to other connections first
+
+    def _transfer(self, link: Any, receiver: Receiver, messages: list[Message]) -> None:
+        settled = receiver.mode is ReceiveMode.RECEIVE_AND_DELETE
+        for m in messages:
+            token = m.lock_token
+            payload = encode_delivery(m)
+            self.amqp.send_transfer(link, token.bytes_le, payload, settled=settled)
+        if settled:
+            for future in receiver.submit_complete(messages):
+                future.add_done_callback(_log_failure)
+
+    def _wait_for_messages(self, link: Any, state: _ReceiveLink) -> None:
+        target = state.receiver.target
+        if not state.listening:
+
+            def wake() -> None:
+                self._later(lambda: self._pump(link))
+
+            state.listening = wake
+            target.add_listener(wake)
+        due = target.next_due_ms(state.receiver.sub_queue)
+        delay = 1.0 if due is None else min(1.0, max(0.01, due / 1000 - time.time()))
+        if state.timer is not None:
+            state.timer.cancel()
+        state.timer = self.call_later(delay, lambda: self._pump(link))
+
+    def _on_disposition(self, e: ev.DispositionReceived) -> None:
+        if not e.role:
+            return  # the client settling what it sent: nothing to do
+        for ref in e.deliveries:
+            state = self._receivers.get(ref.link)
+            if state is None or len(ref.delivery_tag) != 16:
+                continue
+            token = uuid.UUID(bytes_le=ref.delivery_tag)
+            self._settle_delivery(ref, state.receiver, token, e.state, e.settled)
+
+    def _settle_delivery(self, ref: Any, receiver: Receiver, token: uuid.UUID, outcome: Any, settled: bool) -> None:
+        partition = receiver._partition(token)
+        slot = receiver.target.slot
+        try:
+            if isinstance(outcome, Accepted):
+                future = partition.complete(slot, [token])
+            elif isinstance(outcome, Released):
+                partition.release(slot, token)
+                future = None
+            elif isinstance(outcome, Modified):
+                if outcome.undeliverable_here:
+                    future = partition.defer(slot, token)
+                else:
+                    future = partition.abandon(slot, token)
+            elif isinstance(outcome, Rejected):
+                err = outcome.error
+                info = {str(k): v for k, v in ((err.info if err else None) or {}).items()}
+                reason = info.get("DeadLetterReason")
+                description = info.get("DeadLetterErrorDescription") or (err.description if err else None)
+                future = partition.dead_letter(slot, token, reason, description)
+                outcome = Rejected()
+            else:
+                return
+        except ShardbusError as exc:
+            if not settled:
+                self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=Rejected(error=_error(exc)))
+            return
+        if settled:
+            return
+        echo = outcome
+
+        def reply(state: Any) -> None:
+            self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=state)
+
+        if future is None:
+            reply(echo)
+            return
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            state = echo if exc is None else Rejected(error=_error(exc))
+            self._later(lambda: reply(state))
+
+        future.add_done_callback(done)
+
+
+def _log_failure(f: Future) -> None:
+    exc = f.exception()
+    if exc is not None:
+        log.warning("delete after receive-and-delete failed (the message will be delivered again): %s", exc)
+
+
+_HANDLERS: dict[type, Callable[[ServiceBusConnection, Any], None]] = {
+    ev.SaslInit: ServiceBusConnection._on_sasl,
+    ev.ConnectionOpened: ServiceBusConnection._on_open,
+    ev.ConnectionClosed: ServiceBusConnection._on_closed,
+    ev.SessionBeginRequested: ServiceBusConnection._on_begin,
+    ev.SessionEnded: ServiceBusConnection._on_end,
+    ev.LinkAttachRequested: ServiceBusConnection._on_attach,
+    ev.LinkDetached: ServiceBusConnection._on_detach,
+    ev.DeliveryReceived: ServiceBusConnection._on_delivery,
+    ev.FlowReceived: ServiceBusConnection._on_flow,
+    ev.DispositionReceived: ServiceBusConnection._on_disposition,
+}
+
+__all__ = ["EntityNotFound", "NamespaceDirectory", "ServiceBusConnection", "entity_path"]

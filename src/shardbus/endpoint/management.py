@@ -1,0 +1,217 @@
+"""The ``$management`` node: one table maps each operation to its handler (SERVICEBUS_AMQP.md §6.3).
+
+A handler takes the request context and the request body (a map with string keys) and returns a
+``ManagementReply`` at once, or a ``concurrent.futures.Future`` of one when it waits for a store write.
+Errors are raised as domain errors; the caller turns them into ``statusCode``/``errorCondition``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ..amqp.types import Array, Long, Timestamp
+from ..entity.entity import Target
+from ..entity.receiver import Receiver
+from ..model.errors import ArgumentError, InvalidOperation, MessageNotFound
+from ..model.message import SubQueue
+from ..model.routing import decode_sequence_number
+from ..namespace import Namespace
+from .conditions import condition_of
+from .mapping import decode_to_message, encode_delivery
+
+PREFIX = "com.microsoft:"
+
+
+@dataclass(slots=True)
+class ManagementReply:
+    status: int = 200
+    description: str = "OK"
+    body: dict[str, Any] | None = None
+    condition: str | None = None
+
+    @classmethod
+    def error(cls, exc: BaseException) -> ManagementReply:
+        condition, status = condition_of(exc)
+        return cls(status, str(exc) or type(exc).__name__, None, condition)
+
+
+class ManagementContext:
+    """What a handler may use: the namespace, the node's entity, and receivers for settling by lock token."""
+
+    def __init__(
+        self,
+        namespace: Namespace,
+        node: str,
+        receivers: Callable[[Target, int], Receiver],
+        application_properties: dict[str, Any],
+    ) -> None:
+        self.namespace = namespace
+        self.node = node
+        self._receivers = receivers
+        self.application_properties = application_properties
+
+    def target(self) -> tuple[Target, SubQueue]:
+        return self.namespace.resolve(self.node)
+
+    def receiver(self) -> Receiver:
+        target, sub_queue = self.target()
+        return self._receivers(target, sub_queue)
+
+
+def _ints(value: Any, key: str) -> list[int]:
+    if value is None:
+        raise ArgumentError(f"The request needs '{key}'.")
+    return [int(v) for v in (value if isinstance(value, list | tuple) else [value])]
+
+
+def _tokens(body: dict[str, Any]) -> list[uuid.UUID]:
+    tokens = body.get("lock-tokens")
+    if not tokens:
+        raise ArgumentError("The request needs 'lock-tokens'.")
+    return [t if isinstance(t, uuid.UUID) else uuid.UUID(bytes=bytes(t)) for t in tokens]
+
+
+def _no_sessions(body: dict[str, Any]) -> None:
+    if body.get("session-id") is not None:
+        raise InvalidOperation("Session operations are not supported by this shardbus version yet.")
+
+
+def peek_message(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    _no_sessions(body)
+    target, sub_queue = ctx.target()
+    start = int(body.get("from-sequence-number") or 0)
+    count = int(body.get("message-count") or 1)
+    messages = target.peek(start, count, sub_queue)
+    if not messages:
+        return ManagementReply(204, "No Content")
+    return ManagementReply(body={"messages": [{"message": encode_delivery(m, peek=True)} for m in messages]})
+
+
+def renew_lock(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    receiver = ctx.receiver()
+    expirations = [Timestamp(receiver.renew_lock(token)) for token in _tokens(body)]
+    return ManagementReply(body={"expirations": Array(Timestamp, expirations)})
+
+
+def receive_by_sequence_number(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    _no_sessions(body)
+    target, sub_queue = ctx.target()
+    seqs = _ints(body.get("sequence-numbers"), "sequence-numbers")
+    peek_lock = int(body.get("receiver-settle-mode", 1)) == 1
+    found = []
+    by_partition: dict[int, list[int]] = {}
+    for seq in seqs:
+        pid, local = decode_sequence_number(seq)
+        if pid >= len(target.partitions):
+            raise MessageNotFound(f"No message with sequence number {seq} exists in '{target.path}'.")
+        by_partition.setdefault(pid, []).append(local)
+    for pid, locals_ in by_partition.items():
+        messages, future = target.partitions[pid].receive_deferred(target.slot, sub_queue, locals_, lock=peek_lock)
+        if future is not None:
+            future.result()  # deletes of receive-and-delete are short; keep the reply after them
+        found.extend(messages)
+    order = {s: i for i, s in enumerate(seqs)}
+    found.sort(key=lambda m: order.get(m.sequence_number, 0))
+    entries = []
+    for m in found:
+        entry: dict[str, Any] = {"message": encode_delivery(m)}
+        if m.lock_token is not None:
+            entry["lock-token"] = m.lock_token
+        entries.append(entry)
+    return ManagementReply(body={"messages": entries})
+
+
+_DISPOSITIONS = {"completed", "abandoned", "defered", "deferred", "suspended"}
+
+
+def update_disposition(ctx: ManagementContext, body: dict[str, Any]) -> Future:
+    _no_sessions(body)
+    status = str(body.get("disposition-status", "")).lower()
+    if status not in _DISPOSITIONS:
+        raise ArgumentError(f"Unknown disposition-status '{status}'.")
+    receiver = ctx.receiver()
+    futures: list[Future] = []
+    for token in _tokens(body):
+        partition = receiver._partition(token)
+        slot = receiver.target.slot
+        if status == "completed":
+            futures.append(partition.complete(slot, [token]))
+        elif status == "abandoned":
+            futures.append(partition.abandon(slot, token))
+        elif status == "suspended":
+            reason = body.get("deadletter-reason") or None
+            description = body.get("deadletter-description") or None
+            futures.append(partition.dead_letter(slot, token, reason, description))
+        else:
+            futures.append(partition.defer(slot, token))
+    return _after(futures, lambda: ManagementReply())
+
+
+def schedule_message(ctx: ManagementContext, body: dict[str, Any]) -> Future:
+    entity = ctx.namespace._sender_entity(ctx.node)
+    entries = body.get("messages") or []
+    futures = []
+    for entry in entries:
+        entry = {str(k): v for k, v in entry.items()}
+        message = decode_to_message(bytes(entry["message"]))
+        if message.scheduled_enqueue_time is None:
+            raise ArgumentError("A scheduled message needs x-opt-scheduled-enqueue-time.")
+        futures.append(entity.submit_send([message]))
+    return _after(
+        futures,
+        lambda: ManagementReply(body={"sequence-numbers": Array(Long, [Long(f.result()[0] or 0) for f in futures])}),
+    )
+
+
+def cancel_scheduled_message(ctx: ManagementContext, body: dict[str, Any]) -> Future | ManagementReply:
+    entity = ctx.namespace._sender_entity(ctx.node)
+    seqs = _ints(body.get("sequence-numbers"), "sequence-numbers")
+    by_partition: dict[int, list[int]] = {}
+    for seq in seqs:
+        pid, local = decode_sequence_number(seq)
+        if pid >= len(entity.partitions):
+            raise MessageNotFound(f"No scheduled message with sequence number {seq} exists in '{ctx.node}'.")
+        by_partition.setdefault(pid, []).append(local)
+    futures = [entity.partitions[pid].cancel_scheduled(locals_) for pid, locals_ in by_partition.items()]
+    return _after(futures, lambda: ManagementReply())
+
+
+def _after(futures: list[Future], reply: Callable[[], ManagementReply]) -> Future:
+    """A future of ``reply()`` once every future is done (the first failure wins)."""
+    result: Future = Future()
+    remaining = [len(futures)]
+    if not futures:
+        result.set_result(reply())
+        return result
+
+    def one_done(f: Future) -> None:
+        exc = f.exception()
+        if exc is not None and not result.done():
+            result.set_exception(exc)
+            return
+        remaining[0] -= 1
+        if remaining[0] == 0 and not result.done():
+            try:
+                result.set_result(reply())
+            except BaseException as e:
+                result.set_exception(e)
+
+    for f in futures:
+        f.add_done_callback(one_done)
+    return result
+
+
+Handler = Callable[[ManagementContext, dict[str, Any]], "ManagementReply | Future"]
+
+OPERATIONS: dict[str, Handler] = {
+    PREFIX + "peek-message": peek_message,
+    PREFIX + "renew-lock": renew_lock,
+    PREFIX + "receive-by-sequence-number": receive_by_sequence_number,
+    PREFIX + "update-disposition": update_disposition,
+    PREFIX + "schedule-message": schedule_message,
+    PREFIX + "cancel-scheduled-message": cancel_scheduled_message,
+}

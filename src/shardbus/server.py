@@ -1,0 +1,151 @@
+"""A running broker: namespaces opened from a data directory, served over AMQP on one port.
+
+``Broker`` runs in the foreground (``serve_forever``, used by ``shardbus serve``) or on a background thread
+(``start``/``stop``, used by tests and embedding applications). Stopping closes the listener first, then every
+namespace, which waits for queued writes: everything acknowledged is on disk when ``stop`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from .endpoint.connection import NamespaceDirectory
+from .endpoint.listener import AmqpServer, new_event_loop
+from .namespace import DEFAULT_NAMESPACE, Namespace
+
+DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
+DEFAULT_KEY = "SAS_KEY_VALUE"
+log = logging.getLogger("shardbus")
+
+
+class Broker:
+    def __init__(
+        self,
+        data_dir: Path | str = "./shardbus-data",
+        host: str = "127.0.0.1",
+        port: int = 5672,
+        key: str = DEFAULT_KEY,
+        namespace: str = DEFAULT_NAMESPACE,
+        config: Path | str | dict[str, Any] | None = None,
+        **namespace_options: Any,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port
+        self.key = key
+        self.default_namespace = namespace
+        self.namespaces: dict[str, Namespace] = {}
+        configs = []
+        if config is not None:
+            from .config import load_config
+
+            configs = load_config(config)  # validated whole before anything is opened
+        try:
+            for cfg in configs:
+                ns = Namespace.open(
+                    self.data_dir, name=cfg.name, tier=cfg.tier, premium_partitions=cfg.premium_partitions
+                )
+                self.namespaces[cfg.name] = ns
+                from .config import apply_config
+
+                apply_config(ns, cfg)
+            if configs and namespace == DEFAULT_NAMESPACE and DEFAULT_NAMESPACE not in self.namespaces:
+                self.default_namespace = configs[0].name
+            if self.default_namespace not in self.namespaces:
+                self.namespaces[self.default_namespace] = Namespace.open(
+                    self.data_dir, name=self.default_namespace, **namespace_options
+                )
+        except BaseException:
+            self._close_namespaces()
+            raise
+        keys = {name: {DEFAULT_KEY_NAME: key} for name in self.namespaces}
+        self.directory = NamespaceDirectory(self.namespaces, self.default_namespace, keys)
+        self.server = AmqpServer(self.directory, host, port)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    @property
+    def namespace(self) -> Namespace:
+        return self.namespaces[self.default_namespace]
+
+    @property
+    def connection_string(self) -> str:
+        host = "localhost" if self.host in ("127.0.0.1", "0.0.0.0", "::", "::1") else self.host
+        return (
+            f"Endpoint=sb://{host}:{self.server.port};SharedAccessKeyName={DEFAULT_KEY_NAME};"
+            f"SharedAccessKey={self.key};UseDevelopmentEmulator=true"
+        )
+
+    # --- background mode ------------------------------------------------------------------------------------
+    def start(self) -> Broker:
+        """Serve on a background thread; returns once the port is listening."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.server.start())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.server.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="shardbus-amqp", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._close_namespaces()
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop = None
+        self._close_namespaces()
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _close_namespaces(self) -> None:
+        for ns in self.namespaces.values():
+            ns.close()
+
+    # --- foreground mode ------------------------------------------------------------------------------------
+    def serve_forever(self, on_ready: Any = None) -> None:
+        """Serve until SIGINT or SIGTERM, then stop cleanly."""
+        loop = new_event_loop()
+        asyncio.set_event_loop(loop)
+        stop = asyncio.Event()
+
+        async def main() -> None:
+            await self.server.start()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            if on_ready is not None:
+                on_ready(self)
+            await stop.wait()
+            await self.server.stop()
+
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
+            self._close_namespaces()

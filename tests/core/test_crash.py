@@ -1,0 +1,54 @@
+"""Nothing acknowledged is lost: kill -9 a process in the middle of sending, then count what survived."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import shardbus
+
+WRITER = textwrap.dedent(
+    """
+    import sys, threading
+    import shardbus
+    ns = shardbus.Namespace.open(sys.argv[1])
+    ns.create_queue("q", enable_partitioning=True)
+    lock = threading.Lock()
+
+    def work(t):
+        i = 0
+        while True:
+            key = None if i % 3 else f"k{t}-{i}"
+            ns.send("q", shardbus.Message(f"{t}-{i}", partition_key=key))
+            with lock:  # acknowledged: report it
+                print(f"{t}-{i}", flush=True)
+            i += 1
+
+    for t in range(4):
+        threading.Thread(target=work, args=(t,), daemon=True).start()
+    threading.Event().wait()
+    """
+)
+
+
+def test_kill_9_during_sends_loses_no_acknowledged_message(tmp_path):
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(data)], stdout=subprocess.PIPE, text=True)
+    acked: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(acked) < 400 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        acked.append(line.strip())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(acked) >= 400, "the writer did not get going"
+    with shardbus.Namespace.open(data) as ns:
+        stored = {m.body.decode() for m in ns.browse("q")}
+    missing = set(acked) - stored
+    assert not missing, f"{len(missing)} acknowledged messages lost"
