@@ -161,9 +161,7 @@ class Composite:
         while n > self._MIN_LEN:
             v = values[n - 1]
             d = defaults[n - 1]
-            if v is None or (
-                self._TRIM_DEFAULTS and v == d and (v.__class__ is bool) == (d.__class__ is bool)
-            ):
+            if v is None or (self._TRIM_DEFAULTS and v == d and (v.__class__ is bool) == (d.__class__ is bool)):
                 n -= 1
             else:
                 break
@@ -283,6 +281,8 @@ class Error(Composite):
 
 
 _define(Error, 0x1D, "amqp:error:list", [SYMBOL, STRING, FIELDS], mandatory=(0,))
+# Always write all three fields: the Azure SDK reads condition, description and info by index.
+Error._MIN_LEN = 3
 
 ERROR = _Kind(e_any, None, lambda v: decode_composite(v, (Error,)))
 

@@ -250,8 +250,10 @@ class ServiceBusConnection:
             self._check_access(path)
             if client_sends:
                 entity = self._ns._sender_entity(path)
-                props = {Symbol("com.microsoft:max-message-batch-size"): Int(self._ns.quotas.max_message_size_bytes)}
-                self.amqp.attach_reply(link, max_message_size=self._ns.quotas.max_message_size_bytes, properties=props)
+                # No link limit (the engine would detach on it); the service rejects just the oversized
+                # delivery, which the core does. The batch-size property sets the SDK's batch limit instead.
+                limit = Int(self._ns.quotas.max_message_size_bytes)
+                self.amqp.attach_reply(link, properties={Symbol("com.microsoft:max-message-batch-size"): limit})
                 self._senders[link] = entity
                 self.amqp.flow(link, link_credit=SENDER_CREDIT)
             else:

@@ -1,0 +1,54 @@
+"""A real broker on a free port for the SDK tests, and helpers to make uniquely named entities."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from shardbus.server import Broker
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = Broker(data_dir=tmp_path_factory.mktemp("data"), port=0).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def ns(broker):
+    return broker.namespace
+
+
+@pytest.fixture
+def conn_str(broker) -> str:
+    return broker.connection_string
+
+
+@pytest.fixture
+def queue(ns):
+    """Factory: a new queue with a unique name; returns the name."""
+
+    def make(**props) -> str:
+        name = f"q{next(_names)}"
+        ns.create_queue(name, **props)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def topic(ns):
+    """Factory: a new topic with subscriptions; returns the topic name."""
+
+    def make(subscriptions=("s1",), **props) -> str:
+        name = f"t{next(_names)}"
+        ns.create_topic(name, **props)
+        for sub in subscriptions:
+            ns.create_subscription(name, sub)
+        return name
+
+    return make
