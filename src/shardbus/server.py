@@ -32,8 +32,12 @@ class Broker:
         key: str = DEFAULT_KEY,
         namespace: str = DEFAULT_NAMESPACE,
         config: Path | str | dict[str, Any] | None = None,
+        extra_namespaces: dict[str, dict[str, Any]] | None = None,
         **namespace_options: Any,
     ) -> None:
+        """``namespace_options`` open the default namespace (tier, premium_partitions, quotas);
+        ``extra_namespaces`` maps more namespace names to their options. Clients pick a namespace by the host
+        name they connect with (its first label); localhost and bare IP addresses get the default one."""
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port
@@ -56,6 +60,9 @@ class Broker:
                 apply_config(ns, cfg)
             if configs and namespace == DEFAULT_NAMESPACE and DEFAULT_NAMESPACE not in self.namespaces:
                 self.default_namespace = configs[0].name
+            for name, options in (extra_namespaces or {}).items():
+                if name not in self.namespaces:
+                    self.namespaces[name] = Namespace.open(self.data_dir, name=name, **options)
             if self.default_namespace not in self.namespaces:
                 self.namespaces[self.default_namespace] = Namespace.open(
                     self.data_dir, name=self.default_namespace, **namespace_options

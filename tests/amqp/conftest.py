@@ -18,8 +18,15 @@ class Pair:
     grant ``server_credit`` on attached receiving links, accept unsettled deliveries, answer detach/end/close.
     """
 
-    def __init__(self, client: Connection | None = None, server: Connection | None = None, *,
-                 auto: bool = True, server_credit: int = 100, client_auto: bool = True) -> None:
+    def __init__(
+        self,
+        client: Connection | None = None,
+        server: Connection | None = None,
+        *,
+        auto: bool = True,
+        server_credit: int = 100,
+        client_auto: bool = True,
+    ) -> None:
         self.client = client or Connection(Role.CLIENT, "client", hostname="localhost")
         self.server = server or Connection(Role.SERVER, "server")
         self.auto = auto

@@ -128,7 +128,7 @@ def test_array_of_described() -> None:
 
 def test_array_variants_round_trip() -> None:
     for arr in [
-        Array(Long, [1, -2**40]),
+        Array(Long, [1, -(2**40)]),
         Array(int, [1, 2**40]),
         Array(uuid.UUID, [uuid.UUID(int=5)]),
         Array(Timestamp, [datetime(2020, 1, 1, tzinfo=UTC), 5]),

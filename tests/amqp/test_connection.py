@@ -51,14 +51,25 @@ def test_full_conversation_anonymous(pair: Any) -> None:
     c = pair.client
     c.open()
     sess = c.begin()
-    snd = c.attach(sess, "snd", SENDER, source=Source(address="me"), target=Target(address="q1"),
-                   snd_settle_mode=SndSettleMode.UNSETTLED)
+    snd = c.attach(
+        sess,
+        "snd",
+        SENDER,
+        source=Source(address="me"),
+        target=Target(address="q1"),
+        snd_settle_mode=SndSettleMode.UNSETTLED,
+    )
     rcv = c.attach(sess, "rcv", RECEIVER, source=Source(address="q1"), target=Target(address="me"))
     pair.pump()
     assert c.is_open and pair.server.is_open
     assert pair.server.authenticated_as is not None and pair.server.authenticated_as.mechanism == "ANONYMOUS"
-    assert [type(e) for e in pair.server_events[:5]] == [E.SaslInit, E.ConnectionOpened, E.SessionBeginRequested,
-                                                         E.LinkAttachRequested, E.LinkAttachRequested]
+    assert [type(e) for e in pair.server_events[:5]] == [
+        E.SaslInit,
+        E.ConnectionOpened,
+        E.SessionBeginRequested,
+        E.LinkAttachRequested,
+        E.LinkAttachRequested,
+    ]
     assert snd.attached and rcv.attached and snd.credit == 100
     assert rcv.remote_attach is not None and rcv.remote_attach.initial_delivery_count == 0
 
@@ -144,10 +155,31 @@ def _sdk_like_prelude() -> bytes:
         + AMQP_HEADER
         + _frame(Open(container_id="SBSender-1", hostname="localhost", max_frame_size=1048576, channel_max=65535))
         + _frame(Begin(next_outgoing_id=0, incoming_window=65536, outgoing_window=65536), 1)
-        + _frame(Attach(name="cbs-rsp", handle=2, role=RECEIVER, snd_settle_mode=0, rcv_settle_mode=0,
-                        source=Source(address="$cbs"), target=Target(address="$cbs")), 1)
-        + _frame(Attach(name="cbs-req", handle=1, role=SENDER, snd_settle_mode=0, rcv_settle_mode=0,
-                        source=Source(address="$cbs"), target=Target(address="$cbs"), initial_delivery_count=0), 1)
+        + _frame(
+            Attach(
+                name="cbs-rsp",
+                handle=2,
+                role=RECEIVER,
+                snd_settle_mode=0,
+                rcv_settle_mode=0,
+                source=Source(address="$cbs"),
+                target=Target(address="$cbs"),
+            ),
+            1,
+        )
+        + _frame(
+            Attach(
+                name="cbs-req",
+                handle=1,
+                role=SENDER,
+                snd_settle_mode=0,
+                rcv_settle_mode=0,
+                source=Source(address="$cbs"),
+                target=Target(address="$cbs"),
+                initial_delivery_count=0,
+            ),
+            1,
+        )
     )
 
 
@@ -158,8 +190,12 @@ def test_pipelined_before_open_in_one_chunk() -> None:
     assert [type(e) for e in evs] == [E.SaslInit]
     srv.accept_sasl()
     evs = srv.next_events()
-    assert [type(e) for e in evs] == [E.ConnectionOpened, E.SessionBeginRequested, E.LinkAttachRequested,
-                                      E.LinkAttachRequested]
+    assert [type(e) for e in evs] == [
+        E.ConnectionOpened,
+        E.SessionBeginRequested,
+        E.LinkAttachRequested,
+        E.LinkAttachRequested,
+    ]
     srv.open()
     session = evs[1].session
     srv.begin(session, incoming_window=2**31 - 1)
@@ -173,7 +209,7 @@ def test_pipelined_before_open_in_one_chunk() -> None:
     pos = out.index(AMQP_HEADER, 8) + 8
     codes = []
     while pos < len(out):
-        size, doff, ftype, ch = struct.unpack_from(">IBBH", out, pos)
+        size, doff, _ftype, ch = struct.unpack_from(">IBBH", out, pos)
         assert doff == 2
         code, fields = decode_frame(memoryview(out[pos + 8 : pos + size]))
         codes.append((code, ch))
@@ -192,8 +228,12 @@ def test_detach_after_end_is_tolerated(make_pair: Any) -> None:
     p.pump()
     ch = sess.local_channel
     # SDK shutdown order: end, then detach(closed=false) on the ended channel, then close; no waiting
-    raw = (_frame(End(), ch) + _frame(Detach(handle=rcv.handle, closed=False), ch)
-           + _frame(Flow(incoming_window=1, next_outgoing_id=0, outgoing_window=1), ch) + _frame(Close()))
+    raw = (
+        _frame(End(), ch)
+        + _frame(Detach(handle=rcv.handle, closed=False), ch)
+        + _frame(Flow(incoming_window=1, next_outgoing_id=0, outgoing_window=1), ch)
+        + _frame(Close())
+    )
     p.server.receive_data(raw)
     evs = p.server.next_events()
     assert [type(e) for e in evs] == [E.SessionEnded, E.ConnectionClosed]
@@ -235,7 +275,7 @@ def test_multi_frame_transfers_both_ways_and_batch_format_preserved(make_pair: A
         pos += size
     assert len(sizes) > 8 and max(sizes) <= 600
     p.client.receive_data(out)
-    d = [e for e in p.client.next_events() if isinstance(e, E.DeliveryReceived)][0]
+    d = next(e for e in p.client.next_events() if isinstance(e, E.DeliveryReceived))
     assert d.payload == big and d.settled
 
 
@@ -245,8 +285,9 @@ def test_aborted_multi_frame_delivery(make_pair: Any) -> None:
     snd = p.client.attach(sess, "s", SENDER, source=Source(), target=Target(address="q"))
     p.pump()
     ch = sess.local_channel
-    raw = (_frame(Transfer(handle=snd.handle, delivery_id=0, delivery_tag=b"a", message_format=0, more=True), ch, b"xx")
-           + _frame(Transfer(handle=snd.handle, aborted=True), ch))
+    raw = _frame(
+        Transfer(handle=snd.handle, delivery_id=0, delivery_tag=b"a", message_format=0, more=True), ch, b"xx"
+    ) + _frame(Transfer(handle=snd.handle, aborted=True), ch)
     p.server.receive_data(raw)
     evs = p.server.next_events()
     assert [type(e) for e in evs] == [E.DeliveryAborted]
@@ -283,8 +324,14 @@ def test_session_window_exhaustion_and_flow(make_pair: Any) -> None:
     assert sess.remote_incoming_window == 3
     p.client.send_transfer(snd, b"y", b"m", settled=True)
     # a peer that ignores the window gets its session ended with window-violation
-    raw = b"".join(_frame(Transfer(handle=snd.handle, delivery_id=10 + i, delivery_tag=b"t", message_format=0,
-                                   settled=True), sess.local_channel, b"m") for i in range(5))
+    raw = b"".join(
+        _frame(
+            Transfer(handle=snd.handle, delivery_id=10 + i, delivery_tag=b"t", message_format=0, settled=True),
+            sess.local_channel,
+            b"m",
+        )
+        for i in range(5)
+    )
     srv.receive_data(p.client.data_to_send() + raw)
     ended = [e for e in srv.next_events() if isinstance(e, E.SessionEnded)]
     assert ended and ended[0].error.condition == Condition.WINDOW_VIOLATION and not ended[0].by_peer
@@ -326,8 +373,9 @@ def test_link_credit_enforced_for_sender_and_echo(make_pair: Any) -> None:
 def test_unattached_handle_ends_session(make_pair: Any) -> None:
     p = make_pair()
     sess = _open_session(p)
-    p.server.receive_data(_frame(Transfer(handle=9, delivery_id=0, delivery_tag=b"t", message_format=0),
-                                 sess.local_channel, b"x"))
+    p.server.receive_data(
+        _frame(Transfer(handle=9, delivery_id=0, delivery_tag=b"t", message_format=0), sess.local_channel, b"x")
+    )
     evs = p.server.next_events()
     assert isinstance(evs[0], E.SessionEnded) and evs[0].error.condition == Condition.UNATTACHED_HANDLE
     assert not p.server.is_done
@@ -373,14 +421,20 @@ def test_refused_attach_then_detach_like_service_bus(make_pair: Any) -> None:
     [
         (AMQP_HEADER + b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x10\xff", Condition.DECODE_ERROR),
         (AMQP_HEADER + b"\x00\x10\x00\x00\x02\x00\x00\x00", Condition.FRAMING_ERROR),
-        (AMQP_HEADER + _frame(Begin(next_outgoing_id=0, incoming_window=1, outgoing_window=1)),
-         Condition.ILLEGAL_STATE),
+        (
+            AMQP_HEADER + _frame(Begin(next_outgoing_id=0, incoming_window=1, outgoing_window=1)),
+            Condition.ILLEGAL_STATE,
+        ),
         (AMQP_HEADER + _frame(Open(container_id="x"), 3), Condition.NOT_ALLOWED),
         (AMQP_HEADER + _frame(Open(container_id="x", max_frame_size=100)), Condition.INVALID_FIELD),
-        (AMQP_HEADER + _frame(Open(container_id="x")) + b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x12\x45",
-         Condition.INVALID_FIELD),
-        (AMQP_HEADER + _frame(Open(container_id="x")) + _frame(Disposition(role=True, first=0), 4),
-         Condition.NOT_FOUND),
+        (
+            AMQP_HEADER + _frame(Open(container_id="x")) + b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x12\x45",
+            Condition.INVALID_FIELD,
+        ),
+        (
+            AMQP_HEADER + _frame(Open(container_id="x")) + _frame(Disposition(role=True, first=0), 4),
+            Condition.NOT_FOUND,
+        ),
         (AMQP_HEADER + _frame(Open(container_id="x")) + _frame(Open(container_id="x")), Condition.ILLEGAL_STATE),
     ],
 )
@@ -452,8 +506,9 @@ def test_local_misuse_raises() -> None:
 def test_rejected_outcome_and_settle_modes(make_pair: Any) -> None:
     p = make_pair(auto=True)
     sess = _open_session(p)
-    snd = p.client.attach(sess, "s", SENDER, source=Source(), target=Target(address="q"),
-                          snd_settle_mode=SndSettleMode.SETTLED)
+    snd = p.client.attach(
+        sess, "s", SENDER, source=Source(), target=Target(address="q"), snd_settle_mode=SndSettleMode.SETTLED
+    )
     p.pump()
     p.client.send_transfer(snd, b"t", b"x")
     p.pump()
@@ -468,8 +523,9 @@ def test_rejected_outcome_and_settle_modes(make_pair: Any) -> None:
     p.pump()
     ids = [p.client.send_transfer(snd2, b"%d" % i, b"x") for i in range(3)]
     p.pump()
-    p.server.disposition(lk, ids[0], ids[2], settled=True,
-                         state=Rejected(Error("amqp:link:message-size-exceeded", "big")))
+    p.server.disposition(
+        lk, ids[0], ids[2], settled=True, state=Rejected(Error("amqp:link:message-size-exceeded", "big"))
+    )
     p.pump()
     disp = p.of("client", E.DispositionReceived)[-1]
     assert len(disp.deliveries) == 3 and disp.state.error.condition == "amqp:link:message-size-exceeded"
@@ -533,8 +589,11 @@ def test_valid_stream_drives_cleanly(client_stream: bytes) -> None:
                 srv.begin(ev.session)
             elif isinstance(ev, E.LinkAttachRequested):
                 srv.attach_reply(ev.link)
-            elif isinstance(ev, (E.LinkDetached, E.SessionEnded, E.ConnectionClosed)) and ev.reply_needed:
-                {E.LinkDetached: lambda: srv.detach(ev.link), E.SessionEnded: lambda: srv.end(ev.session),
-                 E.ConnectionClosed: srv.close}[type(ev)]()
+            elif isinstance(ev, E.LinkDetached) and ev.reply_needed:
+                srv.detach(ev.link)
+            elif isinstance(ev, E.SessionEnded) and ev.reply_needed:
+                srv.end(ev.session)
+            elif isinstance(ev, E.ConnectionClosed) and ev.reply_needed:
+                srv.close()
     assert E.DeliveryReceived in kinds and kinds[-1] is E.ConnectionClosed
     assert srv.error is None and srv.is_done

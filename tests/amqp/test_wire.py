@@ -98,7 +98,11 @@ def test_frame_reader_skips_extended_header_and_enforces_limits() -> None:
     r.feed(b"\x00\x00\x02\x01\x02\x00\x00\x00")
     with pytest.raises(FramingError):
         r.next_frame()
-    for bad in (b"\x00\x00\x00\x04\x02\x00\x00\x00", b"\x00\x00\x00\x08\x01\x00\x00\x00", b"\x00\x00\x00\x08\x03\x00\x00\x00"):
+    for bad in (
+        b"\x00\x00\x00\x04\x02\x00\x00\x00",
+        b"\x00\x00\x00\x08\x01\x00\x00\x00",
+        b"\x00\x00\x00\x08\x03\x00\x00\x00",
+    ):
         r = FrameReader()
         r.feed(bad)
         with pytest.raises(FramingError):
@@ -108,22 +112,64 @@ def test_frame_reader_skips_extended_header_and_enforces_limits() -> None:
 # ------------------------------------------------------------------------------------- performatives
 
 ALL = [
-    Open(container_id="c", hostname="h", max_frame_size=65536, channel_max=10, idle_time_out=120000,
-         offered_capabilities=[Symbol("x")], properties={Symbol("product"): "p"}),
+    Open(
+        container_id="c",
+        hostname="h",
+        max_frame_size=65536,
+        channel_max=10,
+        idle_time_out=120000,
+        offered_capabilities=[Symbol("x")],
+        properties={Symbol("product"): "p"},
+    ),
     Begin(remote_channel=1, next_outgoing_id=0, incoming_window=5, outgoing_window=6, handle_max=7),
-    Attach(name="l", handle=1, role=RECEIVER, snd_settle_mode=0, rcv_settle_mode=1,
-           source=Source(address="a", filter={Symbol("com.microsoft:session-filter"): "s"},
-                         default_outcome=Released(), outcomes=[Symbol("amqp:accepted:list")]),
-           target=Target(address="t", capabilities=[Symbol("c")]), unsettled={b"tag": Accepted()},
-           initial_delivery_count=0, max_message_size=1048576, properties={Symbol("k"): "v"}),
+    Attach(
+        name="l",
+        handle=1,
+        role=RECEIVER,
+        snd_settle_mode=0,
+        rcv_settle_mode=1,
+        source=Source(
+            address="a",
+            filter={Symbol("com.microsoft:session-filter"): "s"},
+            default_outcome=Released(),
+            outcomes=[Symbol("amqp:accepted:list")],
+        ),
+        target=Target(address="t", capabilities=[Symbol("c")]),
+        unsettled={b"tag": Accepted()},
+        initial_delivery_count=0,
+        max_message_size=1048576,
+        properties={Symbol("k"): "v"},
+    ),
     Attach(name="txn", handle=2, role=SENDER, source=Source(), target=Coordinator([Symbol("amqp:local-transactions")])),
-    Flow(next_incoming_id=1, incoming_window=2, next_outgoing_id=3, outgoing_window=4, handle=5,
-         delivery_count=6, link_credit=7, available=8, drain=True, echo=True, properties={Symbol("p"): 1}),
-    Transfer(handle=1, delivery_id=2, delivery_tag=b"t", message_format=BATCH_MESSAGE_FORMAT, settled=False,
-             more=True, rcv_settle_mode=1, state=TransactionalState(b"tx", Accepted()), resume=True,
-             aborted=True, batchable=True),
-    Disposition(role=RECEIVER, first=1, last=5, settled=True,
-                state=Modified(True, False, {Symbol("a"): 1}), batchable=True),
+    Flow(
+        next_incoming_id=1,
+        incoming_window=2,
+        next_outgoing_id=3,
+        outgoing_window=4,
+        handle=5,
+        delivery_count=6,
+        link_credit=7,
+        available=8,
+        drain=True,
+        echo=True,
+        properties={Symbol("p"): 1},
+    ),
+    Transfer(
+        handle=1,
+        delivery_id=2,
+        delivery_tag=b"t",
+        message_format=BATCH_MESSAGE_FORMAT,
+        settled=False,
+        more=True,
+        rcv_settle_mode=1,
+        state=TransactionalState(b"tx", Accepted()),
+        resume=True,
+        aborted=True,
+        batchable=True,
+    ),
+    Disposition(
+        role=RECEIVER, first=1, last=5, settled=True, state=Modified(True, False, {Symbol("a"): 1}), batchable=True
+    ),
     Disposition(role=SENDER, first=1, state=Received(1, 2)),
     Disposition(role=SENDER, first=1, state=Rejected(Error("com.microsoft:dead-letter", "d", {Symbol("r"): "x"}))),
     Disposition(role=SENDER, first=1, state=Declared(b"txn")),
@@ -223,8 +269,14 @@ def _sample_message() -> AmqpMessage:
         header=Header(durable=True, ttl=60000, delivery_count=2),
         delivery_annotations={Symbol("x-opt-lock-token"): uuid.UUID(int=3)},
         message_annotations={Symbol("x-opt-sequence-number"): Long(7), Symbol("x-opt-enqueued-time"): Timestamp(5)},
-        properties=Properties(message_id="m1", correlation_id=uuid.UUID(int=9), content_type=Symbol("text/plain"),
-                              group_id="s1", creation_time=Timestamp(1), group_sequence=UInt(3)),
+        properties=Properties(
+            message_id="m1",
+            correlation_id=uuid.UUID(int=9),
+            content_type=Symbol("text/plain"),
+            group_id="s1",
+            creation_time=Timestamp(1),
+            group_sequence=UInt(3),
+        ),
         application_properties={"a": 1, "b": "x", "c": None},
         body=[b"part1", b"part2"],
         body_type=BodyType.DATA,
@@ -242,8 +294,12 @@ def test_message_round_trip_and_multiple_data_sections() -> None:
 
 
 def test_message_value_and_sequence_bodies() -> None:
-    for m in (AmqpMessage.with_value({"k": [1, 2]}), AmqpMessage.with_value(None),
-              AmqpMessage(body=[[1], ["a"]], body_type=BodyType.SEQUENCE), AmqpMessage()):
+    for m in (
+        AmqpMessage.with_value({"k": [1, 2]}),
+        AmqpMessage.with_value(None),
+        AmqpMessage(body=[[1], ["a"]], body_type=BodyType.SEQUENCE),
+        AmqpMessage(),
+    ):
         assert decode_message(m.encode()) == m
 
 
@@ -259,8 +315,14 @@ def test_message_sections_in_any_order() -> None:
 
 @pytest.mark.parametrize(
     "wire",
-    [b"\x00\x53\x75\xa1\x01x", b"\x00\x53\x77\x40\x00\x53\x75\xa0\x00", b"\x00\x53\x99\x40", b"\x41",
-     b"\x00\x53\x73\x41", b"\x00\x53\x75\xa0\x05ab"],
+    [
+        b"\x00\x53\x75\xa1\x01x",
+        b"\x00\x53\x77\x40\x00\x53\x75\xa0\x00",
+        b"\x00\x53\x99\x40",
+        b"\x41",
+        b"\x00\x53\x73\x41",
+        b"\x00\x53\x75\xa0\x05ab",
+    ],
 )
 def test_bad_messages(wire: bytes) -> None:
     with pytest.raises(DecodeError):
@@ -275,14 +337,17 @@ def test_set_message_annotations_splices_only_that_section() -> None:
     back = decode_message(stamped)
     assert back.message_annotations == {"x-opt-sequence-number": 42}
     assert [s.code for s in scan_sections(stamped)][:3] == [0x70, 0x71, 0x72]
-    again = set_message_annotations(stamped, {Symbol("x-opt-locked-until"): Timestamp(9)},
-                                    remove=(Symbol("x-opt-sequence-number"),))
+    again = set_message_annotations(
+        stamped, {Symbol("x-opt-locked-until"): Timestamp(9)}, remove=(Symbol("x-opt-sequence-number"),)
+    )
     assert decode_message(again).message_annotations == {"x-opt-locked-until": 9}
 
 
 def test_batch_build_and_split() -> None:
-    inner = [AmqpMessage.with_data(b"%d" % i, properties=Properties(message_id=f"id{i}", group_id="g")).encode()
-             for i in range(3)]
+    inner = [
+        AmqpMessage.with_data(b"%d" % i, properties=Properties(message_id=f"id{i}", group_id="g")).encode()
+        for i in range(3)
+    ]
     env = build_batch(inner, message_annotations={Symbol("x-opt-partition-key"): "g"})
     assert split_batch(env) == inner
     decoded = decode_message(env)
@@ -299,9 +364,15 @@ def test_sdk_message_decodes_with_ours_and_back() -> None:
     from azure.servicebus._pyamqp._decode import decode_payload
     from azure.servicebus._pyamqp._encode import encode_payload
 
-    sbm = ServiceBusMessage(b"body", session_id="s1", application_properties={"k": 5, "s": "v"},
-                            content_type="application/json", subject="subj", time_to_live=None,
-                            partition_key="s1")
+    sbm = ServiceBusMessage(
+        b"body",
+        session_id="s1",
+        application_properties={"k": 5, "s": "v"},
+        content_type="application/json",
+        subject="subj",
+        time_to_live=None,
+        partition_key="s1",
+    )
     from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
     raw = bytes(encode_payload(bytearray(), PyamqpTransport.to_outgoing_amqp_message(sbm.raw_amqp_message)))
@@ -329,8 +400,12 @@ def test_our_frames_decode_with_sdk_decoder() -> None:
     lock = uuid.uuid4()
     msg = _sample_message()
     payload = msg.encode()
-    code, fields = decode_frame(memoryview(Transfer(handle=1, delivery_id=0, delivery_tag=lock.bytes_le,
-                                                    message_format=0, settled=False).encode() + payload))
+    code, fields = decode_frame(
+        memoryview(
+            Transfer(handle=1, delivery_id=0, delivery_tag=lock.bytes_le, message_format=0, settled=False).encode()
+            + payload
+        )
+    )
     assert code == 0x14
     assert uuid.UUID(bytes_le=bytes(fields[2])) == lock
     sdk_msg = decode_payload(fields[-1])
@@ -339,12 +414,23 @@ def test_our_frames_decode_with_sdk_decoder() -> None:
     assert sdk_msg.data == [b"part1", b"part2"]
     assert sdk_msg.properties.correlation_id == uuid.UUID(int=9)
     # outcome echo the SDK receiver expects
-    code, fields = decode_frame(memoryview(Disposition(role=SENDER, first=4, settled=True,
-                                                       state=Modified(True, False)).encode()))
+    code, fields = decode_frame(
+        memoryview(Disposition(role=SENDER, first=4, settled=True, state=Modified(True, False)).encode())
+    )
     assert fields[4] == {"modified": [True, False]}
-    code, fields = decode_frame(memoryview(Attach(
-        name="n", handle=0, role=SENDER, source=Source(address="q", filter={"com.microsoft:session-filter": "s"}),
-        target=Target(address="t"), initial_delivery_count=0, properties={}).encode()))
+    code, fields = decode_frame(
+        memoryview(
+            Attach(
+                name="n",
+                handle=0,
+                role=SENDER,
+                source=Source(address="q", filter={"com.microsoft:session-filter": "s"}),
+                target=Target(address="t"),
+                initial_delivery_count=0,
+                properties={},
+            ).encode()
+        )
+    )
     assert fields[9] == 0 and fields[5][7] == {b"com.microsoft:session-filter": b"s"}
 
 
@@ -358,14 +444,32 @@ def test_sdk_frames_decode_with_ours() -> None:
     frames = [
         P.OpenFrame("SBSender-x", "localhost", 1048576, 65535, n, n, n, n, n, {"product": "azsdk-python-servicebus"}),
         P.BeginFrame(n, 0, 65536, 65536, 4294967295, n, n, n),
-        P.AttachFrame("n", 1, True, 0, 1,
-                      SdkSource(address="amqps://localhost:5672/q", filters={"com.microsoft:session-filter": "s"}),
-                      SdkTarget(address="receiver-link-n"), n, n, n, 1048576, n, n,
-                      {"com.microsoft:receiver-name": "SB"}),
+        P.AttachFrame(
+            "n",
+            1,
+            True,
+            0,
+            1,
+            SdkSource(address="amqps://localhost:5672/q", filters={"com.microsoft:session-filter": "s"}),
+            SdkTarget(address="receiver-link-n"),
+            n,
+            n,
+            n,
+            1048576,
+            n,
+            n,
+            {"com.microsoft:receiver-name": "SB"},
+        ),
         P.FlowFrame(0, 65536, 0, 65536, 1, 0, 10000, n, False, False, n),
-        P.TransferFrame(handle=1, delivery_id=0, delivery_tag=b"\x00\x00\x00\x01",
-                        message_format=BATCH_MESSAGE_FORMAT, settled=False, more=False,
-                        payload=b"\x00\x53\x75\xa0\x01x"),
+        P.TransferFrame(
+            handle=1,
+            delivery_id=0,
+            delivery_tag=b"\x00\x00\x00\x01",
+            message_format=BATCH_MESSAGE_FORMAT,
+            settled=False,
+            more=False,
+            payload=b"\x00\x53\x75\xa0\x01x",
+        ),
         P.DispositionFrame(True, 3, n, False, n, False),
         P.DetachFrame(1, True, n),
         P.EndFrame(n),

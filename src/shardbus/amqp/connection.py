@@ -58,13 +58,13 @@ from .link import Link, LinkState
 from .performatives import (
     Attach,
     Begin,
-    Detach,
-    Disposition,
-    Flow,
     Close,
     Composite,
+    Detach,
+    Disposition,
     End,
     Error,
+    Flow,
     InvalidField,
     Open,
     Performative,
@@ -239,10 +239,10 @@ class Connection:
         if self.idle_timeout and now - self._last_received > self.idle_timeout:
             self._fail(Condition.RESOURCE_LIMIT_EXCEEDED, "idle timeout: no frames received")
             return
-        if self.remote_idle_timeout and self.open_sent and not self.close_sent:
-            if now - self._last_sent >= self.remote_idle_timeout / 2:
-                self._out += framing.heartbeat_frame()
-                self._last_sent = now
+        heartbeat_due = self.remote_idle_timeout and now - self._last_sent >= self.remote_idle_timeout / 2
+        if heartbeat_due and self.open_sent and not self.close_sent:
+            self._out += framing.heartbeat_frame()
+            self._last_sent = now
 
     def next_deadline(self) -> float | None:
         """When ``tick`` should next be called (monotonic seconds), or None if no timer is needed."""
@@ -725,8 +725,12 @@ class Connection:
         t = type(perf)
         if session is not None and t in _SESSION_FRAMES:
             try:
-                session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events,
-                                  lambda p: self._session_send(session, p))
+                session._on_frame(
+                    perf,
+                    body[offset:] if t is Transfer else b"",
+                    self._events,
+                    lambda p: self._session_send(session, p),
+                )
             except LinkViolation as exc:
                 d = session._link_violation(exc, self._events)
                 if d is not None:
@@ -838,4 +842,3 @@ class Connection:
                 self._events.append(ConnectionClosed(None, by_peer=True, reply_needed=False))
             return
         self._finish(None, by_peer=True)
-

@@ -294,15 +294,15 @@ class Session:
                 ref.link.unsettled.pop(ref.delivery_tag, None)
         return out
 
-    def _local_disposition(self, link: Link, first: int, last: int | None, settled: bool, state: Any,
-                           batchable: bool) -> Disposition:
+    def _local_disposition(
+        self, link: Link, first: int, last: int | None, settled: bool, state: Any, batchable: bool
+    ) -> Disposition:
         if self.state is not SessionState.MAPPED:
             raise LocalProtocolError(f"session is {self.state.value}")
         if settled:
             mine = self.outgoing_unsettled if link.role == SENDER else self.incoming_unsettled
             self._settle_range(mine, first, first if last is None else last, True)
-        return Disposition(role=link.role, first=first, last=last, settled=settled, state=state,
-                           batchable=batchable)
+        return Disposition(role=link.role, first=first, last=last, settled=settled, state=state, batchable=batchable)
 
     # ------------------------------------------------------------------------------------ frames in
 
@@ -312,8 +312,9 @@ class Session:
             raise SessionViolation(Condition.UNATTACHED_HANDLE, f"no link attached with handle {handle}")
         return link
 
-    def _on_frame(self, perf: Composite, payload: bytes, events: list[Event],
-                  send: Callable[[Composite], None]) -> None:
+    def _on_frame(
+        self, perf: Composite, payload: bytes, events: list[Event], send: Callable[[Composite], None]
+    ) -> None:
         """Handle a frame for this session (not begin/end, which the connection routes itself)."""
         if self.state is SessionState.END_SENT or self.state is SessionState.END_RCVD:
             return  # discarding: the peer has not seen our end yet, or has ended and is winding down
@@ -376,8 +377,7 @@ class Session:
             send(self._flow(link))
         events.append(FlowReceived(self, link, f))
 
-    def _on_transfer(self, t: Transfer, payload: bytes, events: list[Event],
-                     send: Callable[[Composite], None]) -> None:
+    def _on_transfer(self, t: Transfer, payload: bytes, events: list[Event], send: Callable[[Composite], None]) -> None:
         if self.incoming_window <= 0:
             raise SessionViolation(Condition.WINDOW_VIOLATION, "transfer beyond the incoming window")
         link = self._link_for(t.handle)
@@ -410,8 +410,9 @@ class Session:
         # the peer's role says whose deliveries these are: peer receiver => deliveries we sent
         mine = self.outgoing_unsettled if d.role == RECEIVER else self.incoming_unsettled
         refs = self._settle_range(mine, d.first, last, bool(d.settled))
-        events.append(DispositionReceived(self, d.role, d.first, last, bool(d.settled), d.state,
-                                          bool(d.batchable), refs))
+        events.append(
+            DispositionReceived(self, d.role, d.first, last, bool(d.settled), d.state, bool(d.batchable), refs)
+        )
 
     def _link_violation(self, exc: LinkViolation, events: list[Event]) -> Detach | None:
         """Detach the offending link with the violation's error (link-level recovery)."""

@@ -23,6 +23,7 @@ target, then a detach with the condition), which the SDK turns into the right ex
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -98,22 +99,15 @@ class _ReceiveLink:
 
 
 class ServiceBusConnection:
-    def __init__(
-        self,
-        directory: NamespaceDirectory,
-        schedule: Callable[[Callable[[], None]], None],
-        call_later: Callable[[float, Callable[[], None]], Any],
-        on_output: Callable[[], None],
-        peer: str = "",
-    ) -> None:
+    """The ``EventHandler`` an ``amqp.transport.AmqpProtocol`` drives for one client connection."""
+
+    def __init__(self, directory: NamespaceDirectory, loop: asyncio.AbstractEventLoop) -> None:
         self.amqp = Connection(Role.SERVER, f"shardbus-{uuid.uuid4()}", max_frame_size=1048576)
         self.directory = directory
         self.namespace: Namespace | None = None
         self.keys: dict[str, str] = {}
-        self.schedule = schedule  # run a callback on the connection's thread (thread-safe)
-        self.call_later = call_later
-        self.on_output = on_output  # tells the transport there is output to flush
-        self.peer = peer
+        self.loop = loop
+        self.protocol: Any = None
         self.authorized: list[sas.SasClaims] = []
         self.full_access = False
         self._receivers: dict[Any, _ReceiveLink] = {}
@@ -124,46 +118,39 @@ class ServiceBusConnection:
         self.closed = False
 
     # ------------------------------------------------------------------------------------------------------
-    # driving the engine
+    # EventHandler
     # ------------------------------------------------------------------------------------------------------
-    def receive_data(self, data: bytes) -> None:
-        self.amqp.receive_data(data)
-        self._process()
+    def handle_event(self, protocol: Any, event: ev.Event) -> None:
+        self.protocol = protocol
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            return
+        try:
+            handler(self, event)
+        except ShardbusError as exc:  # a refusal already answered on the wire; nothing else to do
+            log.info("connection %s: %s", self.amqp.container_id, exc)
 
-    def connection_lost(self) -> None:
-        if not self.amqp.is_done:
-            self.amqp.receive_data(b"")
-        self._process()
+    def connection_lost(self, protocol: Any) -> None:
         self._cleanup()
 
-    def _process(self) -> None:
-        for event in self.amqp.next_events():
-            handler = _HANDLERS.get(type(event))
-            if handler is None:
-                continue
-            try:
-                handler(self, event)
-            except ShardbusError as exc:
-                log.info("connection %s: %s", self.peer, exc)
-            except Exception:  # a bug handling one event closes this connection only
-                log.exception("connection %s: internal error", self.peer)
-                self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
-        self.on_output()
+    def _flush(self) -> None:
+        if self.protocol is not None:
+            self.protocol.flush()
 
     def _later(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the connection's thread, then flush what it produced."""
+        """Run ``fn`` on the connection's event loop (from any thread), then write what it produced."""
 
         def run() -> None:
             if self.closed or self.amqp.is_done:
                 return
             try:
                 fn()
-            except Exception:
-                log.exception("connection %s: internal error", self.peer)
+            except Exception:  # a bug in one connection closes that connection only
+                log.exception("connection %s: internal error", self.amqp.container_id)
                 self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
-            self._process()
+            self._flush()
 
-        self.schedule(run)
+        self.loop.call_soon_threadsafe(run)
 
     # ------------------------------------------------------------------------------------------------------
     # connection, SASL, sessions
@@ -502,7 +489,7 @@ class ServiceBusConnection:
         delay = 1.0 if due is None else min(1.0, max(0.01, due / 1000 - time.time()))
         if state.timer is not None:
             state.timer.cancel()
-        state.timer = self.call_later(delay, lambda: self._pump(link))
+        state.timer = self.loop.call_later(delay, lambda: self._later(lambda: self._pump(link)))
 
     def _on_disposition(self, e: ev.DispositionReceived) -> None:
         if not e.role:

@@ -1,8 +1,8 @@
-"""The network listener: an asyncio server that gives each TCP connection its own ``ServiceBusConnection``.
+"""The network listener: every TCP connection gets an engine ``AmqpProtocol`` driving a ``ServiceBusConnection``.
 
-asyncio's Protocol interface (not streams) keeps the per-read cost low; uvloop is used when installed. One
-connection's failure never reaches another: every callback is wrapped, and a connection that breaks the
-protocol is closed with an AMQP error by the engine itself.
+One connection's failure never reaches another: the engine turns a peer's protocol violation into a ``close``
+with an AMQP error for that connection only, and a bug while handling one connection's event closes that
+connection with ``amqp:internal-error``.
 """
 
 from __future__ import annotations
@@ -10,69 +10,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
-from typing import Any
 
+from ..amqp.transport import AmqpProtocol
 from .connection import NamespaceDirectory, ServiceBusConnection
 
 log = logging.getLogger("shardbus.listener")
 
 
-class _Protocol(asyncio.Protocol):
+class _ServerProtocol(AmqpProtocol):
     def __init__(self, server: AmqpServer) -> None:
+        handler = ServiceBusConnection(server.directory, server.loop)
+        super().__init__(handler.amqp, handler)
         self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.handler: ServiceBusConnection | None = None
-        self._flush_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None:  # small replies (dispositions) must not wait for Nagle's algorithm
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        loop = self.server.loop
-        peer = str(transport.get_extra_info("peername"))
-        self.handler = ServiceBusConnection(
-            self.server.directory,
-            schedule=loop.call_soon_threadsafe,
-            call_later=loop.call_later,
-            on_output=self.flush,
-            peer=peer,
-        )
         self.server.connections.add(self)
+        super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         try:
-            self.handler.receive_data(data)  # type: ignore[union-attr]
-        except Exception:
-            log.exception("connection %s failed", self.handler.peer if self.handler else "?")
-            self.abort()
-
-    def flush(self) -> None:
-        handler, transport = self.handler, self.transport
-        if handler is None or transport is None or transport.is_closing():
-            return
-        out = handler.amqp.data_to_send()
-        if out:
-            transport.write(out)
-        if handler.amqp.is_done:
-            transport.close()
+            super().data_received(data)
+        except Exception:  # already answered with amqp:internal-error by the engine adapter
+            log.exception("connection failed while handling input")
+            self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        if self.handler is not None:
-            try:
-                self.handler.connection_lost()
-            except Exception:
-                log.exception("cleanup of connection %s failed", self.handler.peer)
-        self.transport = None
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+        super().connection_lost(exc)
 
 
 class AmqpServer:
@@ -83,13 +53,13 @@ class AmqpServer:
         self.host = host
         self.port = port
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
-        self.connections: set[_Protocol] = set()
+        self.connections: set[_ServerProtocol] = set()
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            lambda: _Protocol(self), self.host, self.port, reuse_address=True, backlog=1024
+            lambda: _ServerProtocol(self), self.host, self.port, reuse_address=True, backlog=1024
         )
         sockets = self._server.sockets or []
         if sockets and self.port == 0:
@@ -99,7 +69,8 @@ class AmqpServer:
         if self._server is not None:
             self._server.close()
             for conn in list(self.connections):
-                conn.abort()
+                if conn.transport is not None:
+                    conn.transport.abort()
             await self._server.wait_closed()
 
 
@@ -111,6 +82,3 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return uvloop.new_event_loop()
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
         return asyncio.new_event_loop()
-
-
-Callback = Callable[[], Any]

@@ -1,0 +1,429 @@
+"""asyncio adapter: drives a sans-IO ``Connection`` over a socket (server and client), plus a small client.
+
+``AmqpProtocol`` is an ``asyncio.Protocol`` (callbacks, no per-connection task: cheapest way to run many
+connections). On every ``data_received`` it feeds the bytes to the connection, hands each event to the handler,
+then writes ``data_to_send()`` and closes the socket once the connection is done. It keeps one timer for the
+connection's idle-timeout bookkeeping. A handler that acts later (after awaiting something) calls ``flush()``.
+
+``AmqpClient`` is a minimal asyncio client on top: connect with SASL ANONYMOUS/PLAIN, open a session, attach
+senders and receivers, send a message and await its outcome, grant credit and receive deliveries. It is meant for
+our own tools, tests and benchmarks, not as a full-featured SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from . import events as E
+from .connection import Connection, Role
+from .link import Link
+from .performatives import RECEIVER, SENDER, Error, SndSettleMode, Source, Target
+from .session import Session
+
+__all__ = [
+    "AmqpClient",
+    "AmqpProtocol",
+    "ClientReceiver",
+    "ClientSender",
+    "ClientSession",
+    "EventHandler",
+    "install_uvloop",
+    "serve",
+]
+
+
+def install_uvloop() -> bool:
+    """Use uvloop's event loop policy when it is importable; returns whether it was installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+class EventHandler(Protocol):
+    """What an application plugs into ``AmqpProtocol``: called for each event, in order."""
+
+    def handle_event(self, protocol: AmqpProtocol, event: E.Event) -> None: ...
+
+    def connection_lost(self, protocol: AmqpProtocol) -> None: ...
+
+
+class AmqpProtocol(asyncio.Protocol):
+    """Runs one ``Connection`` over an asyncio transport."""
+
+    def __init__(self, connection: Connection, handler: EventHandler) -> None:
+        self.conn = connection
+        self.handler = handler
+        self.transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # ---------------------------------------------------------------------------- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.receive_data(data)
+        self._dispatch()
+        self.flush()
+
+    def eof_received(self) -> bool | None:
+        self.conn.receive_data(b"")
+        self._dispatch()
+        self.flush()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.conn.is_done:
+            self.conn.receive_data(b"")
+            self._dispatch()
+        self.handler.connection_lost(self)
+
+    # ---------------------------------------------------------------------------------------- helpers
+
+    def _dispatch(self) -> None:
+        for ev in self.conn.next_events():
+            try:
+                self.handler.handle_event(self, ev)
+            except Exception as exc:  # an application bug must not leave the peer hanging
+                self.conn.close(Error("amqp:internal-error", f"{type(exc).__name__}: {exc}"))
+                raise
+
+    def flush(self) -> None:
+        """Write pending output, close the socket when the connection is done, re-arm the timer."""
+        if self.transport is None or self._closed:
+            return
+        data = self.conn.data_to_send()
+        if data:
+            self.transport.write(data)
+        if self.conn.is_done:
+            self._closed = True
+            self.transport.close()
+            return
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        deadline = self.conn.next_deadline()
+        if deadline is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        # Connection deadlines are time.monotonic(); asyncio's loop.time() is monotonic too.
+        self._timer = loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.conn.tick()
+        self._dispatch()
+        self.flush()
+
+
+async def serve(
+    handler_factory: Callable[[], EventHandler],
+    host: str = "127.0.0.1",
+    port: int = 5672,
+    *,
+    connection_factory: Callable[[], Connection] | None = None,
+) -> asyncio.Server:
+    """Listen for AMQP connections; each gets a server ``Connection`` and a handler from the factories."""
+    loop = asyncio.get_running_loop()
+
+    def make() -> AmqpProtocol:
+        conn = connection_factory() if connection_factory else Connection(Role.SERVER, f"shardbus-{uuid.uuid4()}")
+        return AmqpProtocol(conn, handler_factory())
+
+    return await loop.create_server(make, host, port)
+
+
+# ================================================================================================ client
+
+
+class AmqpClientError(Exception):
+    """The peer refused or closed something the client was waiting for."""
+
+
+class ClientSender:
+    """A sending link of ``AmqpClient``."""
+
+    def __init__(self, session: ClientSession, link: Link) -> None:
+        self._session = session
+        self.link = link
+        self._tags = itertools.count(1)
+        self._credit = asyncio.Event()
+
+    async def send(
+        self, payload: bytes, *, message_format: int = 0, settled: bool = False, timeout: float | None = 60
+    ) -> Any:
+        """Send one encoded message; wait for credit, then (unless pre-settled) for the outcome."""
+        client = self._session.client
+        while self.link.credit <= 0 or self.link.session.remote_incoming_window <= 0:
+            client._check_alive()
+            self._credit.clear()
+            await asyncio.wait_for(self._credit.wait(), timeout)
+        tag = next(self._tags).to_bytes(4, "big")
+        did = client._conn.send_transfer(self.link, tag, payload, settled=settled, message_format=message_format)
+        if settled:
+            client._flush()
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        client._outcomes[(id(self.link.session), did)] = fut
+        client._flush()
+        return await asyncio.wait_for(fut, timeout)
+
+    async def close(self) -> None:
+        """Detach (closed=true) and wait for the peer's answer."""
+        await self._session.client._detach(self.link)
+
+
+class ClientReceiver:
+    """A receiving link of ``AmqpClient``. Deliveries arrive in ``receive()`` order."""
+
+    def __init__(self, session: ClientSession, link: Link) -> None:
+        self._session = session
+        self.link = link
+        self.deliveries: asyncio.Queue[E.DeliveryReceived] = asyncio.Queue()
+
+    def grant(self, credit: int, drain: bool = False) -> None:
+        """Set the link credit (absolute)."""
+        client = self._session.client
+        client._conn.flow(self.link, link_credit=credit, drain=drain)
+        client._flush()
+
+    async def receive(self, timeout: float | None = 60) -> E.DeliveryReceived:
+        """The next delivery (grant credit first)."""
+        return await asyncio.wait_for(self.deliveries.get(), timeout)
+
+    def settle(self, delivery: E.DeliveryReceived, state: Any) -> None:
+        """Settle a delivery with an outcome (e.g. ``Accepted()``)."""
+        client = self._session.client
+        client._conn.settle(self.link, delivery.delivery_id, state)
+        client._flush()
+
+    async def close(self) -> None:
+        """Detach (closed=true) and wait for the peer's answer."""
+        await self._session.client._detach(self.link)
+
+
+class ClientSession:
+    """A session of ``AmqpClient``."""
+
+    def __init__(self, client: AmqpClient, session: Session) -> None:
+        self.client = client
+        self.session = session
+
+    async def _attach(self, name: str, role: bool, source: Any, target: Any, **kw: Any) -> Link:
+        c = self.client
+        link = c._conn.attach(self.session, name, role, source=source, target=target, **kw)
+        fut = asyncio.get_running_loop().create_future()
+        c._attach_waiters[id(link)] = fut
+        c._flush()
+        attach = await asyncio.wait_for(fut, c.timeout)
+        if attach.source is None and attach.target is None:
+            raise AmqpClientError(f"peer refused link {name!r}")
+        return link
+
+    async def sender(self, address: str, *, name: str | None = None, settled: bool = False) -> ClientSender:
+        """Attach a sending link to ``address``."""
+        mode = SndSettleMode.SETTLED if settled else SndSettleMode.UNSETTLED
+        link = await self._attach(
+            name or f"sender-{uuid.uuid4()}",
+            SENDER,
+            Source(address=None),
+            Target(address=address),
+            snd_settle_mode=mode,
+        )
+        sender = ClientSender(self, link)
+        self.client._senders[id(link)] = sender
+        return sender
+
+    async def receiver(
+        self, address: str, *, name: str | None = None, credit: int = 0, filters: dict[Any, Any] | None = None
+    ) -> ClientReceiver:
+        """Attach a receiving link from ``address``; optionally grant ``credit`` right away."""
+        link = await self._attach(
+            name or f"receiver-{uuid.uuid4()}", RECEIVER, Source(address=address, filter=filters), Target(address=None)
+        )
+        receiver = ClientReceiver(self, link)
+        self.client._receivers[id(link)] = receiver
+        if credit:
+            receiver.grant(credit)
+        return receiver
+
+
+class AmqpClient:
+    """Minimal asyncio AMQP 1.0 client built on ``Connection`` and ``AmqpProtocol``."""
+
+    def __init__(self, conn: Connection, timeout: float = 60) -> None:
+        self._conn = conn
+        self.timeout = timeout
+        self._protocol: AmqpProtocol | None = None
+        self._opened: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._closed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._begin_waiters: dict[int, asyncio.Future[Any]] = {}
+        self._attach_waiters: dict[int, asyncio.Future[Any]] = {}
+        self._detach_waiters: dict[int, asyncio.Future[Any]] = {}
+        self._outcomes: dict[tuple[int, int], asyncio.Future[Any]] = {}
+        self._senders: dict[int, ClientSender] = {}
+        self._receivers: dict[int, ClientReceiver] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str = "127.0.0.1",
+        port: int = 5672,
+        *,
+        sasl_mechanism: str | None = "ANONYMOUS",
+        username: str | None = None,
+        password: str | None = None,
+        hostname: str | None = None,
+        container_id: str | None = None,
+        timeout: float = 60,
+        **connection_options: Any,
+    ) -> AmqpClient:
+        """Open a TCP connection, run SASL and the open handshake."""
+        conn = Connection(
+            Role.CLIENT,
+            container_id or f"shardbus-client-{uuid.uuid4()}",
+            hostname=hostname or host,
+            sasl_mechanism=sasl_mechanism,
+            username=username,
+            password=password,
+            **connection_options,
+        )
+        client = cls(conn, timeout)
+        conn.open()
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(lambda: AmqpProtocol(conn, client), host, port)
+        client._protocol = protocol
+        await asyncio.wait_for(asyncio.shield(client._opened), timeout)
+        return client
+
+    # ------------------------------------------------------------------------------------ public API
+
+    async def session(self, **begin_options: Any) -> ClientSession:
+        """Begin a session and wait for the peer's answer."""
+        s = self._conn.begin(**begin_options)
+        fut = asyncio.get_running_loop().create_future()
+        self._begin_waiters[id(s)] = fut
+        self._flush()
+        await asyncio.wait_for(fut, self.timeout)
+        return ClientSession(self, s)
+
+    async def close(self, error: Error | None = None) -> None:
+        """Close the connection and wait for the peer's close (or the socket to go)."""
+        if not self._conn.close_sent:
+            self._conn.close(error)
+            self._flush()
+        with contextlib.suppress(asyncio.TimeoutError, AmqpClientError):
+            await asyncio.wait_for(asyncio.shield(self._closed), self.timeout)
+        if self._protocol and self._protocol.transport:
+            self._protocol.transport.close()
+
+    # --------------------------------------------------------------------------------- EventHandler
+
+    def handle_event(self, protocol: AmqpProtocol, ev: E.Event) -> None:
+        conn = self._conn
+        if isinstance(ev, E.DeliveryReceived):
+            r = self._receivers.get(id(ev.link))
+            if r is not None:
+                r.deliveries.put_nowait(ev)
+        elif isinstance(ev, E.DispositionReceived):
+            for ref in ev.deliveries:
+                fut = self._outcomes.pop((id(ev.session), ref.delivery_id), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(ev.state)
+        elif isinstance(ev, E.FlowReceived):
+            if ev.link is not None:
+                s = self._senders.get(id(ev.link))
+                if s is not None:
+                    s._credit.set()
+            for sender in self._senders.values():
+                if sender.link.session is ev.session:
+                    sender._credit.set()
+        elif isinstance(ev, E.ConnectionOpened):
+            if not self._opened.done():
+                self._opened.set_result(ev.open)
+        elif isinstance(ev, E.SessionBegun):
+            self._resolve(self._begin_waiters, id(ev.session), ev.begin)
+        elif isinstance(ev, E.LinkAttached):
+            self._resolve(self._attach_waiters, id(ev.link), ev.attach)
+        elif isinstance(ev, E.LinkDetached):
+            if ev.reply_needed:
+                conn.detach(ev.link, closed=ev.closed)
+            self._fail(self._attach_waiters.pop(id(ev.link), None), ev.error)
+            self._resolve(self._detach_waiters, id(ev.link), ev.error)
+            self._senders.pop(id(ev.link), None)
+            self._receivers.pop(id(ev.link), None)
+        elif isinstance(ev, E.SessionEnded):
+            if ev.reply_needed:
+                conn.end(ev.session)
+        elif isinstance(ev, E.ConnectionClosed):
+            if ev.reply_needed:
+                conn.close()
+            self._shutdown(ev.error)
+        elif isinstance(ev, E.LinkAttachRequested):
+            conn.detach(ev.link, error=Error("amqp:not-allowed", "client accepts no incoming links"))
+        elif isinstance(ev, E.SessionBeginRequested):
+            conn.end(ev.session, Error("amqp:not-allowed", "client accepts no incoming sessions"))
+
+    def connection_lost(self, protocol: AmqpProtocol) -> None:
+        self._shutdown(self._conn.error)
+
+    # ------------------------------------------------------------------------------------- internals
+
+    def _flush(self) -> None:
+        if self._protocol is not None:
+            self._protocol.flush()
+
+    def _check_alive(self) -> None:
+        if self._conn.is_done:
+            raise AmqpClientError(f"connection closed: {self._conn.error}")
+
+    async def _detach(self, link: Link) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._detach_waiters[id(link)] = fut
+        self._conn.detach(link)
+        self._flush()
+        await asyncio.wait_for(fut, self.timeout)
+
+    @staticmethod
+    def _resolve(waiters: dict[int, asyncio.Future[Any]], key: int, value: Any) -> None:
+        fut = waiters.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(value)
+
+    @staticmethod
+    def _fail(fut: asyncio.Future[Any] | None, error: Any) -> None:
+        if fut is not None and not fut.done():
+            fut.set_exception(AmqpClientError(f"detached: {error}"))
+
+    def _shutdown(self, error: Any) -> None:
+        exc = AmqpClientError(f"connection closed: {error}")
+        for fut in itertools.chain(
+            [self._opened],
+            self._begin_waiters.values(),
+            self._attach_waiters.values(),
+            self._detach_waiters.values(),
+            self._outcomes.values(),
+        ):
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved: nobody may be awaiting it any more
+        for sender in self._senders.values():
+            sender._credit.set()
+        if not self._closed.done():
+            self._closed.set_result(error)

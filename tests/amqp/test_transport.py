@@ -1,0 +1,131 @@
+"""The asyncio adapter and AmqpClient against a tiny in-process broker over loopback TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+from shardbus.amqp import events as E
+from shardbus.amqp.message import AmqpMessage, decode_message
+from shardbus.amqp.performatives import Accepted, Error
+from shardbus.amqp.transport import AmqpClient, AmqpProtocol, serve
+
+
+class QueueBroker:
+    """Stores messages sent to an address; delivers them to receivers of that address on credit."""
+
+    queues: dict[str, collections.deque[bytes]] = collections.defaultdict(collections.deque)
+
+    def __init__(self) -> None:
+        self.receivers: list[Any] = []
+
+    def handle_event(self, proto: AmqpProtocol, ev: E.Event) -> None:
+        c = proto.conn
+        if isinstance(ev, E.SaslInit):
+            if ev.mechanism == "PLAIN" and ev.password != "secret":
+                c.reject_sasl()
+            else:
+                c.accept_sasl()
+        elif isinstance(ev, E.ConnectionOpened):
+            c.open()
+        elif isinstance(ev, E.SessionBeginRequested):
+            c.begin(ev.session, incoming_window=2**31 - 1)
+        elif isinstance(ev, E.LinkAttachRequested):
+            if ev.attach.target is not None and getattr(ev.attach.target, "address", None) == "missing":
+                c.detach(ev.link, error=Error("amqp:not-found", "no entity"))
+                return
+            c.attach_reply(ev.link)
+            if ev.link.is_sender:
+                self.receivers.append(ev.link)
+            else:
+                c.flow(ev.link, link_credit=1000)
+        elif isinstance(ev, E.DeliveryReceived):
+            self.queues[ev.link.remote_target.address].append(ev.payload)
+            if not ev.settled:
+                c.settle(ev.link, ev.delivery_id, Accepted())
+        elif isinstance(ev, E.LinkDetached) and ev.reply_needed:
+            c.detach(ev.link)
+        elif isinstance(ev, E.SessionEnded) and ev.reply_needed:
+            c.end(ev.session)
+        elif isinstance(ev, E.ConnectionClosed) and ev.reply_needed:
+            c.close()
+        self._deliver(proto)
+
+    def _deliver(self, proto: AmqpProtocol) -> None:
+        for link in self.receivers:
+            if not link.attached:
+                continue
+            q = self.queues[link.remote_source.address]
+            while q and link.credit > 0:
+                proto.conn.send_transfer(link, b"%016d" % link.delivery_count, q.popleft(), settled=False)
+
+    def connection_lost(self, proto: AmqpProtocol) -> None:
+        pass
+
+
+async def test_client_server_round_trip_over_tcp() -> None:
+    server = await serve(QueueBroker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = await AmqpClient.connect("127.0.0.1", port, timeout=5)
+        session = await client.session()
+        sender = await session.sender("q1")
+        outcomes = [await sender.send(AmqpMessage.with_data(b"m%d" % i).encode()) for i in range(5)]
+        assert all(isinstance(o, Accepted) for o in outcomes)
+        await sender.send(AmqpMessage.with_data(b"big" * 400_000).encode())  # multi-frame (1 MiB frames)
+        receiver = await session.receiver("q1", credit=10)
+        got = [await receiver.receive(timeout=5) for _ in range(6)]
+        for d in got:
+            receiver.settle(d, Accepted())
+        assert [decode_message(d.payload).data for d in got[:5]] == [b"m%d" % i for i in range(5)]
+        assert len(decode_message(got[5].payload).data) == 1_200_000
+        await receiver.close()
+        await sender.close()
+        await client.close()
+        assert client._conn.is_done
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_client_plain_auth_and_refused_link() -> None:
+    server = await serve(QueueBroker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        bad = None
+        try:
+            await AmqpClient.connect("127.0.0.1", port, sasl_mechanism="PLAIN", username="u", password="x", timeout=5)
+        except Exception as exc:
+            bad = exc
+        assert bad is not None
+        client = await AmqpClient.connect(
+            "127.0.0.1", port, sasl_mechanism="PLAIN", username="u", password="secret", timeout=5
+        )
+        session = await client.session()
+        refused = None
+        try:
+            await session.sender("missing")
+        except Exception as exc:
+            refused = exc
+        assert refused is not None
+        await client.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_server_survives_garbage_connection() -> None:
+    server = await serve(QueueBroker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"AMQP\x00\x01\x00\x00" + b"\x00\x00\x00\x0c\x02\x00\x00\x00\xde\xad\xbe\xef")
+        data = await asyncio.wait_for(r.read(), 5)  # server closes after its close frame
+        assert data.startswith(b"AMQP\x00\x01\x00\x00") and b"amqp:decode-error" in data
+        w.close()
+        client = await AmqpClient.connect("127.0.0.1", port, timeout=5)  # still serving
+        await client.close()
+    finally:
+        server.close()
+        await server.wait_closed()
