@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -455,10 +454,10 @@ class Namespace:
     def create_queue(self, name: str, **properties: Any) -> QueueDescription:
         """Create a queue. Properties are those of ``QueueDescription`` (lock_duration, max_delivery_count,
         enable_partitioning, requires_session, requires_duplicate_detection, ...)."""
-        return self._create_sender_entity(_build(QueueDescription, name, properties))
+        return self._create_sender_entity(QueueDescription.build(check_entity_name(name, "queue"), properties))
 
     def create_topic(self, name: str, **properties: Any) -> TopicDescription:
-        return self._create_sender_entity(_build(TopicDescription, name, properties))
+        return self._create_sender_entity(TopicDescription.build(check_entity_name(name, "topic"), properties))
 
     def get_queue(self, name: str) -> QueueDescription:
         return self._queue(name).description
@@ -528,7 +527,7 @@ class Namespace:
         otherwise."""
         with self._lock:
             topic = self._topic(topic_name)
-            desc = _build(SubscriptionDescription, name, properties)
+            desc = SubscriptionDescription.build(name, properties)
             desc.topic_name = topic.path
             desc.validate(self.tier)
             self._check_forwarding(desc, desc.path)
@@ -713,16 +712,3 @@ def _strip(name: str) -> str:
             rest = name[len(scheme) :]
             return rest.split("/", 1)[1] if "/" in rest else ""
     return name.strip("/")
-
-
-def _build(cls: type, name: str, properties: dict[str, Any]) -> Any:
-    known = {f.name for f in fields(cls)}
-    unknown = set(properties) - known
-    if unknown:
-        raise ArgumentError(
-            f"Unknown {cls.__name__} propert{'ies' if len(unknown) > 1 else 'y'}: "
-            f"{', '.join(sorted(unknown))}"
-        )
-    if cls is not SubscriptionDescription:
-        check_entity_name(name, cls.kind.value)
-    return cls(name=name, **properties)

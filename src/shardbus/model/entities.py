@@ -126,15 +126,23 @@ class _Description:
         obj.status = EntityStatus.parse(obj.status)
         return obj
 
-    def updated(self, changes: dict[str, Any]) -> Any:
-        """A copy with ``changes`` applied; changing an immutable property is an InvalidOperation."""
-        known = {f.name for f in fields(self)}
-        unknown = set(changes) - known
+    @classmethod
+    def _reject_unknown(cls, properties: dict[str, Any]) -> None:
+        unknown = set(properties) - {f.name for f in fields(cls)}
         if unknown:
             raise ArgumentError(
-                f"Unknown {self.kind.value} propert{'ies' if len(unknown) > 1 else 'y'}: "
-                f"{', '.join(sorted(unknown))}"
+                f"Unknown {cls.kind.value} propert{'ies' if len(unknown) > 1 else 'y'}: {', '.join(sorted(unknown))}"
             )
+
+    @classmethod
+    def build(cls, name: str, properties: dict[str, Any]) -> Any:
+        """A new description from keyword properties (unknown ones are an ArgumentError)."""
+        cls._reject_unknown(properties)
+        return cls(name=name, **properties)
+
+    def updated(self, changes: dict[str, Any]) -> Any:
+        """A copy with ``changes`` applied; changing an immutable property is an InvalidOperation."""
+        self._reject_unknown(changes)
         for prop in self.immutable:
             if prop in changes and changes[prop] != getattr(self, prop):
                 raise InvalidOperation(
