@@ -12,6 +12,7 @@ The Python API (no network needed)::
 """
 
 from .entity.receiver import Receiver
+from .entity.sessions import SessionReceiver
 from .model.entities import (
     EntityStatus,
     QueueDescription,
@@ -51,6 +52,7 @@ __all__ = [
     "ReceiveMode",
     "Receiver",
     "Rule",
+    "SessionReceiver",
     "RuntimeProperties",
     "SqlFilter",
     "SqlRuleAction",

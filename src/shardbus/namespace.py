@@ -21,6 +21,7 @@ from typing import Any
 
 from .entity.entity import QUEUE_SLOT, QueueEntity, SubscriptionEntity, Target, TopicEntity
 from .entity.receiver import Receiver
+from .entity.sessions import SessionReceiver, list_sessions
 from .model.entities import (
     DEFAULT_RULE_NAME,
     EntityKind,
@@ -41,7 +42,7 @@ from .model.errors import (
     QuotaExceeded,
 )
 from .model.filters import EmptyRuleAction, Rule, TrueFilter
-from .model.message import Message, ReceiveMode, SubQueue
+from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
 from .model.routing import decode_sequence_number
 from .model.tiers import MB, Quotas, Tier, TierRules
 from .partition.broker import PartitionBroker, PartitionConfig, SlotSettings
@@ -691,6 +692,23 @@ class Namespace:
         return Receiver(
             target, ReceiveMode(mode), sub_queue if sub_queue is not None else suffix_queue, self._clock
         )
+
+    def session_receiver(
+        self,
+        path: str,
+        session_id: str | None = None,
+        mode: ReceiveMode | str = ReceiveMode.PEEK_LOCK,
+        max_wait: float | None = None,
+    ) -> SessionReceiver:
+        """Accept a session of a session-enabled queue or subscription: ``session_id``, or the next available
+        one (waiting up to ``max_wait`` s, then OperationTimeout). The session is locked until closed."""
+        target, _ = self.resolve(path)
+        return SessionReceiver(target, session_id, ReceiveMode(mode), max_wait, self._clock)
+
+    def list_sessions(self, path: str, updated_after: datetime | None = None) -> list[str]:
+        """Session ids with messages or state (with ``updated_after``: whose state changed since)."""
+        target, _ = self.resolve(path)
+        return list_sessions(target, None if updated_after is None else datetime_to_ms(updated_after))
 
     def peek_messages(
         self, path: str, max_count: int = 1, from_sequence_number: int | None = None

@@ -17,6 +17,13 @@ sub-queue of one slot, in one of these states:
 A lock on a DEFERRED message returns it to DEFERRED, not ACTIVE, when released. Every transition is a method of
 ``PartitionBroker`` below and nothing else changes a message's state.
 
+Sessions: in a session-enabled slot every session (all messages with one SessionId, which the partition key rule
+pins to one partition) has its own ready heap, so its messages come out strictly in sequence order. A receiver
+first takes the *session lock* (a named session, or the next free one with messages); it then locks that
+session's messages, whose locks last exactly as long as the session lock. Renewing the session renews them;
+when the session lock expires every message it held ends its lock as an expiry does (counting a delivery), and
+the holder's next call fails with SessionLockLost. Session state (bytes) is stored with the partition.
+
 Durability: the in-memory state is the working copy; the store is the log. A send becomes visible to receivers
 only after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first
 stored. Other transitions change memory at once and queue their write behind earlier ones. Locks are memory
@@ -48,6 +55,8 @@ from ..model.errors import (
     MessageSizeExceeded,
     PartitionUnavailable,
     QuotaExceeded,
+    SessionCannotBeLocked,
+    SessionLockLost,
 )
 from ..model.message import Message, MessageState, SubQueue
 from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token
@@ -98,17 +107,33 @@ class Entry:
         self.size = size
 
 
+class SessionQueue:
+    """One session of a session-enabled queue or subscription: its ready messages and its lock."""
+
+    __slots__ = ("holder", "id", "locked", "locked_until", "ready", "updated_ms")
+
+    def __init__(self, session_id: str) -> None:
+        self.id = session_id
+        self.ready: list[int] = []  # heap of sequence numbers of this session's ACTIVE, unlocked messages
+        self.holder: uuid.UUID | None = None  # the session lock token
+        self.locked_until = 0
+        self.locked: set[uuid.UUID] = set()  # lock tokens of messages locked under this session lock
+        self.updated_ms = 0  # when its state last changed
+
+
 class MessageQueue:
     """Indexes of one sub-queue of one slot."""
 
-    __slots__ = ("entries", "key", "lock_heap", "ready", "scheduled")
+    __slots__ = ("entries", "key", "lock_heap", "ready", "scheduled", "session_locks", "sessions")
 
-    def __init__(self, key: tuple[int, int]) -> None:
+    def __init__(self, key: tuple[int, int], session_mode: bool = False) -> None:
         self.key = key
         self.entries: dict[int, Entry] = {}
-        self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages
+        self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
         self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
         self.scheduled: list[tuple[int, int]] = []  # (enqueue time, seq)
+        self.sessions: dict[str, SessionQueue] | None = {} if session_mode else None
+        self.session_locks: list[tuple[int, str, uuid.UUID]] = []  # (locked_until, session id, token)
 
 
 def _ms(clock: Callable[[], float]) -> int:
@@ -258,8 +283,34 @@ class PartitionBroker:
         key = (slot, queue)
         q = self._queues.get(key)
         if q is None:
-            q = self._queues[key] = MessageQueue(key)
+            settings = self._slots.get(slot)
+            session_mode = queue == SubQueue.MAIN and settings is not None and settings.requires_session
+            q = self._queues[key] = MessageQueue(key, session_mode)
         return q
+
+    def _push_ready(self, q: MessageQueue, entry: Entry) -> None:
+        """Make an ACTIVE, unlocked message receivable (in its session's heap on session entities)."""
+        session_id = entry.msg.session_id
+        if q.sessions is not None and session_id is not None:
+            session = q.sessions.get(session_id)
+            if session is None:
+                session = q.sessions[session_id] = SessionQueue(session_id)
+            heapq.heappush(session.ready, entry.seq)
+        else:
+            heapq.heappush(q.ready, entry.seq)
+
+    def _drop_lock(self, q: MessageQueue, entry: Entry) -> None:
+        """Forget a message's lock (whatever ends it)."""
+        msg = entry.msg
+        token = msg.lock_token
+        if token is not None:
+            self._locks.pop(token, None)
+            if q.sessions is not None and msg.session_id is not None:
+                session = q.sessions.get(msg.session_id)
+                if session is not None:
+                    session.locked.discard(token)
+        msg.lock_token = None
+        msg.locked_until_ms = None
 
     def _load_row(self, slot: int, row: Row, now: int) -> None:
         msg = unpack_message(row.data)
@@ -277,7 +328,7 @@ class PartitionBroker:
         q.entries[row.seq] = entry
         self._size += entry.size
         if state is MessageState.ACTIVE:
-            heapq.heappush(q.ready, row.seq)
+            self._push_ready(q, entry)
         elif state is MessageState.SCHEDULED:
             heapq.heappush(q.scheduled, (scheduled, row.seq))
 
@@ -388,7 +439,7 @@ class PartitionBroker:
             if entry.msg.state is MessageState.SCHEDULED:
                 heapq.heappush(q.scheduled, (_scheduled_ms(entry.msg), entry.seq))
             else:
-                heapq.heappush(q.ready, entry.seq)
+                self._push_ready(q, entry)
                 touched.add(slot)
         return touched
 
@@ -406,11 +457,7 @@ class PartitionBroker:
                 found = False
                 for (slot, queue), q in self._queues.items():
                     entry = q.entries.get(seq)
-                    if (
-                        queue == SubQueue.MAIN
-                        and entry is not None
-                        and entry.msg.state is MessageState.SCHEDULED
-                    ):
+                    if queue == SubQueue.MAIN and entry is not None and entry.msg.state is MessageState.SCHEDULED:
                         del q.entries[seq]
                         self._size -= entry.size
                         deletes.setdefault(slot, []).append(seq)
@@ -461,7 +508,18 @@ class PartitionBroker:
             return out
 
     def _process_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> None:
-        """Apply what time has made due: expired locks end, scheduled messages become active."""
+        """Apply what time has made due: expired locks and session locks end, scheduled messages become active."""
+        session_locks = q.session_locks
+        while session_locks and session_locks[0][0] <= now:
+            _, session_id, token = heapq.heappop(session_locks)
+            session = q.sessions.get(session_id) if q.sessions is not None else None
+            if session is None or session.holder != token or session.locked_until > now:
+                continue  # released or renewed since
+            for message_token in list(session.locked):
+                entry = self._locks.get(message_token)
+                if entry is not None:
+                    self._unlock(q, entry, settings, count_delivery=True, writes=writes)
+            session.holder = None
         lock_heap = q.lock_heap
         while lock_heap and lock_heap[0][0] <= now:
             _, seq, token = heapq.heappop(lock_heap)
@@ -475,7 +533,7 @@ class PartitionBroker:
             entry = q.entries.get(seq)
             if entry is not None and entry.msg.state is MessageState.SCHEDULED:
                 entry.msg.state = MessageState.ACTIVE
-                heapq.heappush(q.ready, seq)
+                self._push_ready(q, entry)
 
     def next_due_ms(self, slot: int, queue: int) -> int | None:
         """When something in this sub-queue next becomes available without a send (lock expiry, schedule)."""
@@ -483,7 +541,7 @@ class PartitionBroker:
             q = self._queues.get((slot, queue))
             if q is None or not self._healthy:
                 return None
-            times = [h[0][0] for h in (q.lock_heap, q.scheduled) if h]
+            times = [h[0][0] for h in (q.lock_heap, q.scheduled, q.session_locks) if h]
             return min(times) if times else None
 
     def _unlock(
@@ -491,9 +549,7 @@ class PartitionBroker:
     ) -> None:
         """End a lock without settling: back to ACTIVE (or DEFERRED), or to the dead-letter queue."""
         msg = entry.msg
-        self._locks.pop(msg.lock_token, None)
-        msg.lock_token = None
-        msg.locked_until_ms = None
+        self._drop_lock(q, entry)
         if not count_delivery:
             msg.delivery_count -= 1
         elif entry.queue == SubQueue.MAIN and msg.delivery_count >= settings.max_delivery_count:
@@ -506,7 +562,7 @@ class PartitionBroker:
             )
             return
         if msg.state is MessageState.ACTIVE:
-            heapq.heappush(q.ready, entry.seq)
+            self._push_ready(q, entry)
         if count_delivery:
             writes.append(("update", entry.slot, [self._update_of(entry)]))
 
@@ -520,10 +576,7 @@ class PartitionBroker:
     ) -> None:
         msg = entry.msg
         del q.entries[entry.seq]
-        if msg.lock_token is not None:
-            self._locks.pop(msg.lock_token, None)
-        msg.lock_token = None
-        msg.locked_until_ms = None
+        self._drop_lock(q, entry)
         msg.state = MessageState.ACTIVE
         msg.dead_letter_reason = reason
         msg.dead_letter_error_description = description
@@ -548,6 +601,11 @@ class PartitionBroker:
     def _locked_entry(self, slot: int, token: uuid.UUID, now: int) -> Entry:
         entry = self._locks.get(token)
         if entry is None or entry.slot != slot or entry.msg.locked_until_ms <= now:
+            if entry is not None and entry.msg.session_id is not None and self._is_session_slot(slot):
+                raise SessionLockLost(
+                    f"The session lock of session '{entry.msg.session_id}' was lost: it expired or was released. "
+                    "Accept the session again."
+                )
             raise MessageLockLost(
                 "The lock supplied is invalid. Either the lock expired, or the message has already been removed "
                 "from the queue, or was received by a different receiver instance."
@@ -562,9 +620,9 @@ class PartitionBroker:
             entries = [self._locked_entry(slot, t, now) for t in tokens]
             deletes: list[int] = []
             for entry in entries:
-                self._locks.pop(entry.msg.lock_token, None)
-                entry.msg.lock_token = None
-                del self._queues[(slot, entry.queue)].entries[entry.seq]
+                q = self._queues[(slot, entry.queue)]
+                self._drop_lock(q, entry)
+                del q.entries[entry.seq]
                 self._size -= entry.size
                 deletes.append(entry.seq)
             return self._write([("delete", slot, deletes)])
@@ -590,10 +648,8 @@ class PartitionBroker:
         with self._lock:
             self._check()
             entry = self._locked_entry(slot, token, _ms(self._clock))
-            self._locks.pop(token, None)
+            self._drop_lock(self._queues[(slot, entry.queue)], entry)
             msg = entry.msg
-            msg.lock_token = None
-            msg.locked_until_ms = None
             msg.state = MessageState.DEFERRED
             return self._write([("update", slot, [self._update_of(entry)])])
 
@@ -613,19 +669,32 @@ class PartitionBroker:
             self._check()
             now = _ms(self._clock)
             entry = self._locked_entry(slot, token, now)
+            if entry.msg.session_id is not None and self._is_session_slot(slot):
+                raise InvalidOperation("Messages of a session are locked by the session: renew the session lock.")
             until = now + self._slots[slot].lock_duration_ms
             entry.msg.locked_until_ms = until
             heapq.heappush(self._queues[(slot, entry.queue)].lock_heap, (until, entry.seq, token))
             return until
 
     def receive_deferred(
-        self, slot: int, queue: int, local_seqs: list[int], lock: bool
+        self,
+        slot: int,
+        queue: int,
+        local_seqs: list[int],
+        lock: bool,
+        session: tuple[str, uuid.UUID] | None = None,
     ) -> tuple[list[Message], Future | None]:
-        """Fetch deferred messages by sequence number, locking them (peek-lock) or removing them."""
+        """Fetch deferred messages by sequence number, locking them (peek-lock) or removing them. On a session
+        entity ``session`` (id, session lock token) must hold the messages' session."""
         with self._lock:
             self._check()
             now = _ms(self._clock)
             q = self._queue(slot, queue)
+            held = None
+            if session is not None:
+                _, held = self._held_session(slot, session[0], session[1], now)
+            elif q.sessions is not None:
+                raise InvalidOperation("Deferred messages of a session entity are received through their session.")
             entries = []
             for seq in local_seqs:
                 entry = q.entries.get(seq)
@@ -633,6 +702,7 @@ class PartitionBroker:
                     entry is None
                     or entry.msg.state is not MessageState.DEFERRED
                     or entry.msg.lock_token is not None
+                    or (held is not None and entry.msg.session_id != held.id)
                 ):
                     raise MessageNotFound(
                         f"Failed to lock one or more specified messages: the message with sequence number "
@@ -646,10 +716,14 @@ class PartitionBroker:
                 for entry in entries:
                     token = new_lock_token(self.id)
                     entry.msg.lock_token = token
-                    entry.msg.locked_until_ms = now + lock_ms
                     entry.msg.delivery_count += 1
                     self._locks[token] = entry
-                    heapq.heappush(q.lock_heap, (now + lock_ms, entry.seq, token))
+                    if held is not None:  # a session's messages are locked by the session lock
+                        entry.msg.locked_until_ms = held.locked_until
+                        held.locked.add(token)
+                    else:
+                        entry.msg.locked_until_ms = now + lock_ms
+                        heapq.heappush(q.lock_heap, (now + lock_ms, entry.seq, token))
                     out.append(entry.msg.copy())
             else:
                 for entry in entries:
@@ -660,16 +734,186 @@ class PartitionBroker:
             return out, future
 
     # ------------------------------------------------------------------------------------------------------
+    # sessions
+    # ------------------------------------------------------------------------------------------------------
+    def _is_session_slot(self, slot: int) -> bool:
+        settings = self._slots.get(slot)
+        return settings is not None and settings.requires_session
+
+    def _session_queue(self, slot: int) -> MessageQueue:
+        q = self._queue(slot, SubQueue.MAIN)
+        if q.sessions is None:
+            raise InvalidOperation(
+                f"'{self._slots[slot].path}' does not require sessions: it cannot be received from with sessions."
+            )
+        return q
+
+    def _held_session(
+        self, slot: int, session_id: str, token: uuid.UUID, now: int
+    ) -> tuple[MessageQueue, SessionQueue]:
+        q = self._session_queue(slot)
+        session = q.sessions.get(session_id)
+        if session is None or session.holder != token or session.locked_until <= now:
+            raise SessionLockLost(
+                f"The session lock of session '{session_id}' was lost: it expired or is held by another receiver."
+            )
+        return q, session
+
+    def accept_session(self, slot: int, session_id: str | None) -> tuple[str, uuid.UUID, int] | None:
+        """Lock a session: the named one, or (``None``) the free session with the oldest ready message.
+        Returns (session id, session lock token, locked-until ms), or None when no session is free."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            q = self._session_queue(slot)
+            settings = self._slots[slot]
+            writes: list[Op] = []
+            self._process_due(q, settings, now, writes)
+            if writes:
+                self._write(writes)
+            if session_id is None:
+                free = [s for s in q.sessions.values() if s.ready and (s.holder is None or s.locked_until <= now)]
+                if not free:
+                    return None
+                session = min(free, key=lambda s: s.ready[0])
+            else:
+                session = q.sessions.get(session_id)
+                if session is None:
+                    session = q.sessions[session_id] = SessionQueue(session_id)
+                elif session.holder is not None and session.locked_until > now:
+                    raise SessionCannotBeLocked(
+                        f"The requested session '{session_id}' cannot be accepted. It may be locked by another "
+                        "receiver."
+                    )
+            token = new_lock_token(self.id)
+            session.holder = token
+            session.locked_until = now + settings.lock_duration_ms
+            heapq.heappush(q.session_locks, (session.locked_until, session.id, token))
+            return session.id, token, session.locked_until
+
+    def lock_session_messages(self, slot: int, session_id: str, token: uuid.UUID, max_count: int) -> list[Message]:
+        """Lock up to ``max_count`` of a held session's messages, in order; their locks end with the session's."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            settings = self._slots[slot]
+            q = self._session_queue(slot)
+            writes: list[Op] = []
+            self._process_due(q, settings, now, writes)
+            q, session = self._held_session(slot, session_id, token, now)
+            out: list[Message] = []
+            ready, entries = session.ready, q.entries
+            while ready and len(out) < max_count:
+                seq = heapq.heappop(ready)
+                entry = entries.get(seq)
+                if entry is None:
+                    continue
+                msg = entry.msg
+                if msg.lock_token is not None or msg.state is not MessageState.ACTIVE:
+                    continue
+                if msg.expires_at_ms is not None and msg.expires_at_ms <= now:
+                    self._expire(q, entry, settings, writes)
+                    continue
+                message_token = new_lock_token(self.id)
+                msg.lock_token = message_token
+                msg.locked_until_ms = session.locked_until
+                msg.delivery_count += 1
+                self._locks[message_token] = entry
+                session.locked.add(message_token)
+                out.append(msg.copy())
+            if writes:
+                self._write(writes)
+            return out
+
+    def renew_session_lock(self, slot: int, session_id: str, token: uuid.UUID) -> int:
+        """Extend a held session lock (and its messages' locks) by the lock duration from now."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            q, session = self._held_session(slot, session_id, token, now)
+            session.locked_until = until = now + self._slots[slot].lock_duration_ms
+            for message_token in session.locked:
+                entry = self._locks.get(message_token)
+                if entry is not None:
+                    entry.msg.locked_until_ms = until
+            heapq.heappush(q.session_locks, (until, session_id, token))
+            return until
+
+    def release_session(self, slot: int, session_id: str, token: uuid.UUID) -> None:
+        """Give a session back (its receiver closed): unsettled messages return without counting a delivery."""
+        with self._lock:
+            if not self._healthy:
+                return
+            q = self._queues.get((slot, SubQueue.MAIN))
+            session = q.sessions.get(session_id) if q is not None and q.sessions is not None else None
+            if session is None or session.holder != token:
+                return
+            writes: list[Op] = []
+            for message_token in list(session.locked):
+                entry = self._locks.get(message_token)
+                if entry is not None:
+                    self._unlock(q, entry, self._slots[slot], count_delivery=False, writes=writes)
+            session.holder = None
+            if writes:
+                self._write(writes)
+        self._notify((slot,))
+
+    def session_lock_holder(self, slot: int, session_id: str) -> tuple[uuid.UUID, int] | None:
+        with self._lock:
+            q = self._queues.get((slot, SubQueue.MAIN))
+            session = q.sessions.get(session_id) if q is not None and q.sessions is not None else None
+            if session is None or session.holder is None:
+                return None
+            return session.holder, session.locked_until
+
+    def get_session_state(self, slot: int, session_id: str) -> bytes | None:
+        with self._lock:
+            self._check()
+            return self._session_states.get((slot, session_id))
+
+    def set_session_state(self, slot: int, session_id: str, token: uuid.UUID, state: bytes | None) -> Future:
+        """Store (or with ``None`` clear) a held session's state; it survives restarts."""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            _, session = self._held_session(slot, session_id, token, now)
+            if state is None:
+                self._session_states.pop((slot, session_id), None)
+            else:
+                self._session_states[(slot, session_id)] = bytes(state)
+            session.updated_ms = now
+            return self._write([("session_state", slot, session_id, None if state is None else bytes(state))])
+
+    def list_sessions(self, slot: int, updated_after_ms: int | None = None) -> list[str]:
+        """Sessions with messages or state; with ``updated_after_ms``, those whose state changed after it."""
+        with self._lock:
+            self._check()
+            q = self._session_queue(slot)
+            if updated_after_ms is not None:
+                return sorted(s.id for s in q.sessions.values() if s.updated_ms > updated_after_ms)
+            ids = {e.msg.session_id for e in q.entries.values() if e.msg.session_id is not None}
+            ids.update(sid for (s, sid) in self._session_states if s == slot)
+            return sorted(ids)
+
+    # ------------------------------------------------------------------------------------------------------
     # browsing and counting
     # ------------------------------------------------------------------------------------------------------
-    def peek(self, slot: int, queue: int, from_local_seq: int, max_count: int) -> list[Message]:
-        """The oldest messages from ``from_local_seq`` on, in any state (locked ones too), without locking."""
+    def peek(
+        self, slot: int, queue: int, from_local_seq: int, max_count: int, session_id: str | None = None
+    ) -> list[Message]:
+        """The oldest messages from ``from_local_seq`` on, in any state (locked ones too), without locking;
+        only one session's with ``session_id``."""
         with self._lock:
             self._check()
             q = self._queues.get((slot, queue))
             if q is None or max_count <= 0:
                 return []
-            seqs = heapq.nsmallest(max_count, (s for s in q.entries if s >= from_local_seq))
+            entries = q.entries
+            if session_id is None:
+                candidates = (s for s in entries if s >= from_local_seq)
+            else:
+                candidates = (s for s, e in entries.items() if s >= from_local_seq and e.msg.session_id == session_id)
+            seqs = heapq.nsmallest(max_count, candidates)
             out = []
             for s in seqs:
                 copy = q.entries[s].msg.copy()
