@@ -24,6 +24,7 @@ target, then a detach with the condition), which the SDK turns into the right ex
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -34,13 +35,15 @@ from typing import Any
 from ..amqp import events as ev
 from ..amqp.codec import DecodeError
 from ..amqp.connection import Connection, Role
+from ..amqp.link import LinkState
 from ..amqp.message import BATCH_MESSAGE_FORMAT, AmqpMessage, Properties, decode_message, split_batch
 from ..amqp.message import BodyType as WireBody
 from ..amqp.performatives import Accepted, Error, Modified, Rejected, Released, SndSettleMode
-from ..amqp.types import Int, Symbol
+from ..amqp.types import Int, Long, Symbol
 from ..entity.entity import QueueEntity, Target, TopicEntity
 from ..entity.receiver import Receiver
-from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError, Unauthorized
+from ..entity.sessions import SessionReceiver, accept_session
+from ..model.errors import EntityNotFound, InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
 from ..model.message import Message, ReceiveMode
 from ..namespace import Namespace
 from . import sas
@@ -51,6 +54,9 @@ from .mapping import encode_delivery, to_message
 log = logging.getLogger("shardbus.amqp")
 
 CBS = "$cbs"
+SESSION_FILTER = "com.microsoft:session-filter"
+DEFAULT_SESSION_WAIT_MS = 60_000  # how long a next-available session attach waits when the client names no limit
+DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
 MANAGEMENT_SUFFIX = "/$management"
 DEAD_LETTER_CONDITION = "com.microsoft:dead-letter"
 WINDOW = 0x7FFFFFFF
@@ -115,6 +121,7 @@ class ServiceBusConnection:
         self._cbs_out: dict[Any, Any] = {}  # session -> our sending $cbs link
         self._mgmt_out: dict[tuple[Any, str], Any] = {}  # (session, node) -> our sending management link
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
+        self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
         self.closed = False
 
     # ------------------------------------------------------------------------------------------------------
@@ -263,21 +270,62 @@ class ServiceBusConnection:
 
     def _attach_receiver(self, link: Any, attach: Any, path: str) -> None:
         source = attach.source
-        filters = getattr(source, "filter", None) or {}
-        if any(str(k) == "com.microsoft:session-filter" for k in filters):
-            raise InvalidOperation("Session receivers are not supported by this shardbus version yet.")
+        filters = {str(k): v for k, v in (getattr(source, "filter", None) or {}).items()}
         target, sub_queue = self._ns.resolve(path)
         settled = attach.snd_settle_mode == SndSettleMode.SETTLED
         mode = ReceiveMode.RECEIVE_AND_DELETE if settled else ReceiveMode.PEEK_LOCK
-        receiver = Receiver(target, mode, sub_queue, self._ns._clock)
+        if SESSION_FILTER not in filters:
+            self._reply_receiver(link, attach, Receiver(target, mode, sub_queue, self._ns._clock))
+            return
+        session_id = filters[SESSION_FILTER]
+        if isinstance(session_id, bytes):
+            session_id = session_id.decode("utf-8")
+        if session_id is not None:
+            self._reply_session(link, attach, SessionReceiver(target, session_id, mode, 0, self._ns._clock))
+            return
+        properties = {str(k): v for k, v in (attach.properties or {}).items()}
+        timeout_ms = properties.get("com.microsoft:timeout") or DEFAULT_SESSION_WAIT_MS
+        self._await_session(link, attach, target, mode, time.monotonic() + timeout_ms / 1000)
+
+    def _await_session(self, link: Any, attach: Any, target: Target, mode: ReceiveMode, deadline: float) -> None:
+        """Next-available session: accept the first free one, or keep the attach waiting until the deadline."""
+        if link.state is not LinkState.ATTACH_RCVD or self.closed:
+            return
+        try:
+            accepted = accept_session(target, None)
+        except ShardbusError as exc:
+            self._refuse(link, exc)
+            return
+        if accepted is not None:
+            self._reply_session(link, attach, SessionReceiver.holding(target, accepted, mode, self._ns._clock))
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self._refuse(link, OperationTimeout(f"No session with messages is available in '{target.path}'."))
+            return
+        retry = lambda: self._later(lambda: self._await_session(link, attach, target, mode, deadline))  # noqa: E731
+        target.add_listener(retry)
+        self.loop.call_later(min(remaining, 0.5), lambda: (target.remove_listener(retry), retry()))
+
+    def _reply_receiver(self, link: Any, attach: Any, receiver: Any, **reply: Any) -> None:
         self.amqp.attach_reply(
             link,
             snd_settle_mode=attach.snd_settle_mode,
             rcv_settle_mode=attach.rcv_settle_mode,
             initial_delivery_count=0,
             max_message_size=attach.max_message_size or 0,
+            **reply,
         )
-        self._receivers[link] = _ReceiveLink(receiver, source.address)
+        self._receivers[link] = _ReceiveLink(receiver, attach.source.address)
+
+    def _reply_session(self, link: Any, attach: Any, receiver: SessionReceiver) -> None:
+        # The SDK needs the source echoed byte for byte, the session id in the filter, and a properties map.
+        source = dataclasses.replace(attach.source, filter={Symbol(SESSION_FILTER): receiver.session_id})
+        ticks = Long(receiver.locked_until_ms * 10_000 + DOTNET_EPOCH_TICKS)
+        self._reply_receiver(
+            link, attach, receiver, source=source, properties={Symbol("com.microsoft:locked-until-utc"): ticks}
+        )
+        self._sessions[(id(receiver.target), receiver.session_id)] = receiver
 
     def _on_detach(self, e: ev.LinkDetached) -> None:
         link = e.link
@@ -298,6 +346,8 @@ class ServiceBusConnection:
             state.receiver.target.remove_listener(state.listening)
         if state.timer is not None:
             state.timer.cancel()
+        if isinstance(state.receiver, SessionReceiver):
+            self._sessions.pop((id(state.receiver.target), state.receiver.session_id), None)
         state.receiver.close()
 
     # ------------------------------------------------------------------------------------------------------
@@ -389,7 +439,9 @@ class ServiceBusConnection:
         message_id = request.properties.message_id if request.properties else None
         body = request.body if request.body_type == WireBody.VALUE and isinstance(request.body, dict) else {}
         body = {str(k): v for k, v in body.items()}
-        context = ManagementContext(self._ns, node, self._management_receiver, app)
+        context = ManagementContext(
+            self._ns, node, self._management_receiver, lambda t, sid: self._sessions.get((id(t), sid)), app
+        )
 
         def respond(reply: ManagementReply) -> None:
             out = self._mgmt_out.get(reply_key) or self._mgmt_out.get((link.session, path.lower()))
@@ -501,29 +553,25 @@ class ServiceBusConnection:
             token = uuid.UUID(bytes_le=ref.delivery_tag)
             self._settle_delivery(ref, state.receiver, token, e.state, e.settled)
 
-    def _settle_delivery(self, ref: Any, receiver: Receiver, token: uuid.UUID, outcome: Any, settled: bool) -> None:
-        partition = receiver._partition(token)
-        slot = receiver.target.slot
+    def _settle_delivery(self, ref: Any, receiver: Any, token: uuid.UUID, outcome: Any, settled: bool) -> None:
+        reason = description = None
+        if isinstance(outcome, Accepted):
+            kind = "complete"
+        elif isinstance(outcome, Released):
+            kind = "release"
+        elif isinstance(outcome, Modified):
+            kind = "defer" if outcome.undeliverable_here else "abandon"
+        elif isinstance(outcome, Rejected):
+            kind = "dead_letter"
+            err = outcome.error
+            info = {str(k): v for k, v in ((err.info if err else None) or {}).items()}
+            reason = info.get("DeadLetterReason")
+            description = info.get("DeadLetterErrorDescription") or (err.description if err else None)
+            outcome = Rejected()  # the echo carries no error: an error would mean the dead-lettering failed
+        else:
+            return
         try:
-            if isinstance(outcome, Accepted):
-                future = partition.complete(slot, [token])
-            elif isinstance(outcome, Released):
-                partition.release(slot, token)
-                future = None
-            elif isinstance(outcome, Modified):
-                if outcome.undeliverable_here:
-                    future = partition.defer(slot, token)
-                else:
-                    future = partition.abandon(slot, token)
-            elif isinstance(outcome, Rejected):
-                err = outcome.error
-                info = {str(k): v for k, v in ((err.info if err else None) or {}).items()}
-                reason = info.get("DeadLetterReason")
-                description = info.get("DeadLetterErrorDescription") or (err.description if err else None)
-                future = partition.dead_letter(slot, token, reason, description)
-                outcome = Rejected()
-            else:
-                return
+            future = receiver.submit_settle(kind, token, reason, description)
         except ShardbusError as exc:
             if not settled:
                 self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=Rejected(error=_error(exc)))

@@ -16,9 +16,10 @@ from typing import Any
 from ..amqp.types import Array, Long, Timestamp
 from ..entity.entity import Target
 from ..entity.receiver import Receiver
-from ..model.errors import ArgumentError, InvalidOperation, MessageNotFound
+from ..entity.sessions import SessionReceiver, list_sessions
+from ..model.errors import ArgumentError, MessageNotFound, SessionLockLost
 from ..model.message import SubQueue
-from ..model.routing import decode_sequence_number
+from ..model.routing import decode_sequence_number, partition_for_key
 from ..namespace import Namespace
 from .conditions import condition_of
 from .mapping import decode_to_message, encode_delivery
@@ -47,11 +48,13 @@ class ManagementContext:
         namespace: Namespace,
         node: str,
         receivers: Callable[[Target, int], Receiver],
+        sessions: Callable[[Target, str], SessionReceiver | None],
         application_properties: dict[str, Any],
     ) -> None:
         self.namespace = namespace
         self.node = node
         self._receivers = receivers
+        self._sessions = sessions
         self.application_properties = application_properties
 
     def target(self) -> tuple[Target, SubQueue]:
@@ -60,6 +63,24 @@ class ManagementContext:
     def receiver(self) -> Receiver:
         target, sub_queue = self.target()
         return self._receivers(target, sub_queue)
+
+    def session(self, body: dict[str, Any]) -> SessionReceiver | None:
+        """The session this connection holds for the request's ``session-id`` (None when it names none)."""
+        session_id = body.get("session-id")
+        if session_id is None:
+            return None
+        if isinstance(session_id, bytes):
+            session_id = session_id.decode("utf-8")
+        target, _ = self.target()
+        held = self._sessions(target, str(session_id))
+        if held is None:
+            raise SessionLockLost(
+                f"The session '{session_id}' is not locked by a receiver on this connection: accept it first."
+            )
+        return held
+
+    def settler(self, body: dict[str, Any]) -> Receiver | SessionReceiver:
+        return self.session(body) or self.receiver()
 
 
 def _ints(value: Any, key: str) -> list[int]:
@@ -75,17 +96,18 @@ def _tokens(body: dict[str, Any]) -> list[uuid.UUID]:
     return [t if isinstance(t, uuid.UUID) else uuid.UUID(bytes=bytes(t)) for t in tokens]
 
 
-def _no_sessions(body: dict[str, Any]) -> None:
-    if body.get("session-id") is not None:
-        raise InvalidOperation("Session operations are not supported by this shardbus version yet.")
-
-
 def peek_message(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
-    _no_sessions(body)
     target, sub_queue = ctx.target()
     start = int(body.get("from-sequence-number") or 0)
     count = int(body.get("message-count") or 1)
-    messages = target.peek(start, count, sub_queue)
+    session_id = body.get("session-id")
+    if session_id is not None:
+        session_id = session_id.decode() if isinstance(session_id, bytes) else str(session_id)
+        partition = target.partitions[partition_for_key(session_id, len(target.partitions))]
+        local = max(decode_sequence_number(start)[1], 1)
+        messages = partition.peek(target.slot, sub_queue, local, count, session_id)
+    else:
+        messages = target.peek(start, count, sub_queue)
     if not messages:
         return ManagementReply(204, "No Content")
     return ManagementReply(body={"messages": [{"message": encode_delivery(m, peek=True)} for m in messages]})
@@ -98,10 +120,11 @@ def renew_lock(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
 
 
 def receive_by_sequence_number(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
-    _no_sessions(body)
     target, sub_queue = ctx.target()
     seqs = _ints(body.get("sequence-numbers"), "sequence-numbers")
     peek_lock = int(body.get("receiver-settle-mode", 1)) == 1
+    session = ctx.session(body)
+    held = None if session is None else (session.session_id, session.token)
     found = []
     by_partition: dict[int, list[int]] = {}
     for seq in seqs:
@@ -110,7 +133,9 @@ def receive_by_sequence_number(ctx: ManagementContext, body: dict[str, Any]) -> 
             raise MessageNotFound(f"No message with sequence number {seq} exists in '{target.path}'.")
         by_partition.setdefault(pid, []).append(local)
     for pid, locals_ in by_partition.items():
-        messages, future = target.partitions[pid].receive_deferred(target.slot, sub_queue, locals_, lock=peek_lock)
+        messages, future = target.partitions[pid].receive_deferred(
+            target.slot, sub_queue, locals_, lock=peek_lock, session=held
+        )
         if future is not None:
             future.result()  # deletes of receive-and-delete are short; keep the reply after them
         found.extend(messages)
@@ -128,27 +153,69 @@ def receive_by_sequence_number(ctx: ManagementContext, body: dict[str, Any]) -> 
 _DISPOSITIONS = {"completed", "abandoned", "defered", "deferred", "suspended"}
 
 
+_OUTCOMES = {
+    "completed": "complete",
+    "abandoned": "abandon",
+    "defered": "defer",  # sic: the SDK's spelling
+    "deferred": "defer",
+    "suspended": "dead_letter",
+}
+
+
 def update_disposition(ctx: ManagementContext, body: dict[str, Any]) -> Future:
-    _no_sessions(body)
     status = str(body.get("disposition-status", "")).lower()
-    if status not in _DISPOSITIONS:
+    outcome = _OUTCOMES.get(status)
+    if outcome is None:
         raise ArgumentError(f"Unknown disposition-status '{status}'.")
-    receiver = ctx.receiver()
-    futures: list[Future] = []
-    for token in _tokens(body):
-        partition = receiver._partition(token)
-        slot = receiver.target.slot
-        if status == "completed":
-            futures.append(partition.complete(slot, [token]))
-        elif status == "abandoned":
-            futures.append(partition.abandon(slot, token))
-        elif status == "suspended":
-            reason = body.get("deadletter-reason") or None
-            description = body.get("deadletter-description") or None
-            futures.append(partition.dead_letter(slot, token, reason, description))
-        else:
-            futures.append(partition.defer(slot, token))
-    return _after(futures, lambda: ManagementReply())
+    settler = ctx.settler(body)
+    reason = body.get("deadletter-reason") or None
+    description = body.get("deadletter-description") or None
+    futures = [settler.submit_settle(outcome, token, reason, description) for token in _tokens(body)]
+    return _after([f for f in futures if f is not None], lambda: ManagementReply())
+
+
+def renew_session_lock(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    session = _required_session(ctx, body)
+    return ManagementReply(body={"expiration": Timestamp(session.renew_session_lock())})
+
+
+def get_session_state(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    session = _required_session(ctx, body)
+    return ManagementReply(body={"session-state": session.get_state()})
+
+
+def set_session_state(ctx: ManagementContext, body: dict[str, Any]) -> Future:
+    session = _required_session(ctx, body)
+    state = body.get("session-state")
+    if isinstance(state, str):
+        state = state.encode("utf-8")
+    return _after(
+        [session.partition.set_session_state(session.slot, session.session_id, session.token, state)],
+        lambda: ManagementReply(),
+    )
+
+
+# The SDK's "all sessions" marker: .NET DateTime.MaxValue in ms.
+ALL_SESSIONS = 253402300800000
+
+
+def get_message_sessions(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    target, _ = ctx.target()
+    last_updated = body.get("last-updated-time")
+    updated_after = None if last_updated in (None, ALL_SESSIONS) else int(last_updated)
+    skip = int(body.get("skip") or 0)
+    top = int(body.get("top") or 100)
+    page = list_sessions(target, updated_after)[skip : skip + top]
+    if not page:
+        return ManagementReply(204, "No Content")
+    return ManagementReply(body={"sessions-ids": Array(str, page)})
+
+
+def _required_session(ctx: ManagementContext, body: dict[str, Any]) -> SessionReceiver:
+    session = ctx.session(body)
+    if session is None:
+        raise ArgumentError("The request needs 'session-id'.")
+    return session
 
 
 def schedule_message(ctx: ManagementContext, body: dict[str, Any]) -> Future:
@@ -214,4 +281,8 @@ OPERATIONS: dict[str, Handler] = {
     PREFIX + "update-disposition": update_disposition,
     PREFIX + "schedule-message": schedule_message,
     PREFIX + "cancel-scheduled-message": cancel_scheduled_message,
+    PREFIX + "renew-session-lock": renew_session_lock,
+    PREFIX + "get-session-state": get_session_state,
+    PREFIX + "set-session-state": set_session_state,
+    PREFIX + "get-message-sessions": get_message_sessions,
 }

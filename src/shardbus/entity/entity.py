@@ -61,9 +61,7 @@ class Target:
     def check_receive(self, session: bool = False) -> None:
         status = self.description.status
         if not status.can_receive:
-            raise EntityDisabled(
-                f"Messaging entity '{self.path}' is currently disabled for receiving ({status})."
-            )
+            raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for receiving ({status}).")
         if self.description.requires_session and not session:
             raise InvalidOperation(
                 f"It is not possible for an entity that requires sessions to create a non-sessionful message "
@@ -193,9 +191,7 @@ class _Sender:
         """Route and store a batch (all-or-nothing, in one partition). Never blocks on I/O."""
         desc = self.description
         if not desc.status.can_send:
-            raise EntityDisabled(
-                f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status})."
-            )
+            raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status}).")
         if not messages:
             done: Future = Future()
             done.set_result([])
@@ -247,9 +243,7 @@ class _Sender:
                 inner.add_done_callback(done)
                 return
             result.set_exception(
-                PartitionUnavailable(
-                    f"No partition of '{self.path}' is available to take the message; retry later."
-                )
+                PartitionUnavailable(f"No partition of '{self.path}' is available to take the message; retry later.")
             )
 
         attempt(0)
@@ -285,9 +279,7 @@ class QueueEntity(_Sender, Target):
 
 
 class SubscriptionEntity(Target):
-    def __init__(
-        self, description: SubscriptionDescription, topic: TopicEntity, slot: int, rules: list[Rule]
-    ) -> None:
+    def __init__(self, description: SubscriptionDescription, topic: TopicEntity, slot: int, rules: list[Rule]) -> None:
         super().__init__(description.path, topic.partitions, slot)
         self._description = description
         self.topic = topic

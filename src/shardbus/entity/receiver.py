@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from ..model.errors import InvalidOperation, MessageLockLost, MessageNotFound, PartitionUnavailable
 from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number, partition_of_lock_token
+from ..partition.broker import PartitionBroker
 from .entity import Target
 
 LockRef = Message | uuid.UUID
@@ -132,9 +133,7 @@ class Receiver:
                 pending.append(
                     (
                         group,
-                        self._partition(group[0].lock_token).complete(
-                            self.target.slot, [m.lock_token for m in group]
-                        ),
+                        self._partition(group[0].lock_token).complete(self.target.slot, [m.lock_token for m in group]),
                     )
                 )
             except (MessageLockLost, PartitionUnavailable):
@@ -176,7 +175,7 @@ class Receiver:
         return self.target.peek(from_sequence_number, max_count, self.sub_queue)
 
     # --- settling ------------------------------------------------------------------------------------------
-    def _partition(self, token: uuid.UUID):  # -> PartitionBroker
+    def _partition(self, token: uuid.UUID) -> PartitionBroker:
         pid = partition_of_lock_token(token)
         if pid >= len(self.target.partitions):
             raise MessageLockLost("The lock supplied is invalid for this entity.")
@@ -188,31 +187,31 @@ class Receiver:
         for ref in refs:
             token = _token(ref)
             by_partition.setdefault(partition_of_lock_token(token), []).append(token)
-        return [
-            self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()
-        ]
+        return [self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()]
 
     def complete(self, *refs: LockRef) -> None:
         for f in self.submit_complete(refs):
             f.result()
 
-    def abandon(self, ref: LockRef) -> None:
+    def submit_settle(
+        self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
+    ) -> Future | None:
+        """Settle one message without waiting: ``outcome`` is complete, abandon, defer, dead_letter or release
+        (which needs no write, so returns None)."""
         token = _token(ref)
-        self._partition(token).abandon(self.target.slot, token).result()
+        return settle(self._partition(token), self.target.slot, outcome, token, reason, description)
+
+    def abandon(self, ref: LockRef) -> None:
+        self.submit_settle("abandon", ref).result()
 
     def release(self, ref: LockRef) -> None:
-        token = _token(ref)
-        self._partition(token).release(self.target.slot, token)
+        self.submit_settle("release", ref)
 
     def defer(self, ref: LockRef) -> None:
-        token = _token(ref)
-        self._partition(token).defer(self.target.slot, token).result()
+        self.submit_settle("defer", ref).result()
 
-    def dead_letter(
-        self, ref: LockRef, reason: str | None = None, error_description: str | None = None
-    ) -> None:
-        token = _token(ref)
-        self._partition(token).dead_letter(self.target.slot, token, reason, error_description).result()
+    def dead_letter(self, ref: LockRef, reason: str | None = None, error_description: str | None = None) -> None:
+        self.submit_settle("dead_letter", ref, reason, error_description).result()
 
     def renew_lock(self, ref: LockRef) -> int:
         """Renew a message lock; returns the new locked-until time in ms (and updates the message)."""
@@ -239,3 +238,26 @@ class Receiver:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def settle(
+    partition: PartitionBroker,
+    slot: int,
+    outcome: str,
+    token: uuid.UUID,
+    reason: str | None = None,
+    description: str | None = None,
+) -> Future | None:
+    """The one dispatch from a settlement outcome to the partition's transition."""
+    if outcome == "complete":
+        return partition.complete(slot, [token])
+    if outcome == "abandon":
+        return partition.abandon(slot, token)
+    if outcome == "defer":
+        return partition.defer(slot, token)
+    if outcome == "dead_letter":
+        return partition.dead_letter(slot, token, reason, description)
+    if outcome == "release":
+        partition.release(slot, token)
+        return None
+    raise InvalidOperation(f"Unknown settlement outcome '{outcome}'.")

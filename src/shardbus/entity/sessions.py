@@ -27,7 +27,7 @@ from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
 from ..partition.broker import PartitionBroker
 from .entity import Target
-from .receiver import LockRef, _token
+from .receiver import LockRef, _token, settle
 
 _rotation = itertools.count()
 
@@ -61,6 +61,8 @@ def accept_session(target: Target, session_id: str | None) -> tuple[PartitionBro
 class SessionReceiver:
     """Holds one session lock and receives that session's messages in order."""
 
+    sub_queue = SubQueue.MAIN  # sessions live in the main queue; dead-letter queues have none
+
     def __init__(
         self,
         target: Target,
@@ -84,6 +86,20 @@ class SessionReceiver:
             target.wait(generation, min(remaining, 0.5))
         self.partition, self.session_id, self.token, self.locked_until_ms = accepted
         self.closed = False
+
+    @classmethod
+    def holding(
+        cls,
+        target: Target,
+        accepted: tuple[PartitionBroker, str, uuid.UUID, int],
+        mode: ReceiveMode,
+        clock: Callable[[], float] = time.time,
+    ) -> SessionReceiver:
+        """A receiver for a session already accepted with ``accept_session`` (front ends that wait their own way)."""
+        receiver = cls.__new__(cls)
+        receiver.target, receiver.mode, receiver._clock, receiver.closed = target, mode, clock, False
+        receiver.partition, receiver.session_id, receiver.token, receiver.locked_until_ms = accepted
+        return receiver
 
     @property
     def slot(self) -> int:
@@ -136,7 +152,7 @@ class SessionReceiver:
         return self.partition.peek(self.slot, SubQueue.MAIN, max(local, 1), max_count, self.session_id)
 
     # --- settling ------------------------------------------------------------------------------------------
-    def _settle(self, operation: Callable[[], Future]) -> Future:
+    def _settle(self, operation: Callable[[], Future | None]) -> Future | None:
         """Run a settlement; a lock that is gone because the session lock is gone is reported as such."""
         try:
             return operation()
@@ -156,14 +172,21 @@ class SessionReceiver:
         for f in self.submit_complete(refs):
             f.result()
 
+    def submit_settle(
+        self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
+    ) -> Future | None:
+        """As ``Receiver.submit_settle``, for this session's messages."""
+        token = _token(ref)
+        return self._settle(lambda: settle(self.partition, self.slot, outcome, token, reason, description))
+
     def abandon(self, ref: LockRef) -> None:
-        self._settle(lambda: self.partition.abandon(self.slot, _token(ref))).result()
+        self.submit_settle("abandon", ref).result()
 
     def defer(self, ref: LockRef) -> None:
-        self._settle(lambda: self.partition.defer(self.slot, _token(ref))).result()
+        self.submit_settle("defer", ref).result()
 
     def dead_letter(self, ref: LockRef, reason: str | None = None, error_description: str | None = None) -> None:
-        self._settle(lambda: self.partition.dead_letter(self.slot, _token(ref), reason, error_description)).result()
+        self.submit_settle("dead_letter", ref, reason, error_description).result()
 
     # --- the session ---------------------------------------------------------------------------------------
     def renew_session_lock(self) -> int:
