@@ -46,14 +46,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="shardbus", description="Azure Service Bus partitioned entities, self-hosted."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the broker in the foreground")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=5672)
-    serve.add_argument("--data-dir", default="./shardbus-data")
+    serve = sub.add_parser(
+        "serve", help="run the broker in the foreground", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=5672, help="AMQP port (0: any free port)")
+    serve.add_argument("--data-dir", default="./shardbus-data", help="data directory")
     serve.add_argument("--config", default=None, help="the official emulator's Config.json (plus extensions)")
     serve.add_argument("--key", default=DEFAULT_KEY, help="the SharedAccessKey of RootManageSharedAccessKey")
-    serve.add_argument("--namespace", default=DEFAULT_NAMESPACE)
-    serve.add_argument("--log-level", default="WARNING")
+    serve.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="the default namespace")
+    serve.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     serve.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -108,6 +108,7 @@ class Broker:
             ready.set()
             loop.run_forever()
             loop.run_until_complete(self.server.stop())
+            self._close_namespaces()  # queued writes finish while the loop can still take their callbacks
             loop.close()
 
         self._thread = threading.Thread(target=run, name="shardbus-amqp", daemon=True)
@@ -133,7 +134,7 @@ class Broker:
 
     def _close_namespaces(self) -> None:
         for ns in self.namespaces.values():
-            ns.close()
+            ns.close()  # idempotent
 
     # --- foreground mode ------------------------------------------------------------------------------------
     def serve_forever(self, on_ready: Any = None) -> None:
@@ -154,5 +155,5 @@ class Broker:
         try:
             loop.run_until_complete(main())
         finally:
+            self._close_namespaces()  # before the loop closes: late commit callbacks still have a loop
             loop.close()
-            self._close_namespaces()

@@ -157,7 +157,10 @@ class ServiceBusConnection:
                 self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
             self._flush()
 
-        self.loop.call_soon_threadsafe(run)
+        try:
+            self.loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop closed while the broker stops: nobody is left to answer
+            pass
 
     # ------------------------------------------------------------------------------------------------------
     # connection, SASL, sessions
@@ -355,6 +358,8 @@ class ServiceBusConnection:
     # ------------------------------------------------------------------------------------------------------
     def _on_delivery(self, e: ev.DeliveryReceived) -> None:
         link = e.link
+        if link.link_credit < SENDER_CREDIT // 2:  # keep credit-respecting clients sending
+            self.amqp.flow(link, link_credit=SENDER_CREDIT)
         if link in self._senders:
             self._on_send(e, self._senders[link])
             return
@@ -490,43 +495,60 @@ class ServiceBusConnection:
     # deliveries to the client
     # ------------------------------------------------------------------------------------------------------
     def _on_flow(self, e: ev.FlowReceived) -> None:
-        if e.link is not None and e.link in self._receivers:
-            self._pump(e.link)
+        if e.link is not None:
+            if e.link in self._receivers:
+                self._pump(e.link)
+            return
+        for link in [lk for lk in self._receivers if lk.session is e.session]:  # the session window reopened
+            self._pump(link)
 
     def _pump(self, link: Any) -> None:
+        """Deliver while the link has credit and the client's session window has room."""
         state = self._receivers.get(link)
         if state is None or self.amqp.is_done:
             return
         receiver = state.receiver
+        session = link.session
         sent = 0
         try:
-            while link.link_credit > 0 and sent < MAX_PUMP:
-                messages = receiver.take(min(link.link_credit, MAX_PUMP - sent))
+            while link.link_credit > 0 and session.remote_incoming_window > 0 and sent < MAX_PUMP:
+                room = min(link.link_credit, session.remote_incoming_window, MAX_PUMP - sent)
+                messages = receiver.take(room)
                 if not messages:
                     break
-                self._transfer(link, receiver, messages)
-                sent += len(messages)
+                sent += self._transfer(link, receiver, messages)
         except ShardbusError as exc:
             self.amqp.detach(link, closed=True, error=_error(exc))
             self._drop_receiver(link)
             return
-        if link.link_credit > 0 and sent < MAX_PUMP:
+        if link.link_credit <= 0 or session.remote_incoming_window <= 0:
+            return  # the client's next flow (link credit or session window) pumps again
+        if sent < MAX_PUMP:
             if link.drain:
                 self.amqp.drained(link)
             else:
                 self._wait_for_messages(link, state)
-        elif link.link_credit > 0:
+        else:
             self._later(lambda: self._pump(link))  # more to send: yield to other connections first
 
-    def _transfer(self, link: Any, receiver: Receiver, messages: list[Message]) -> None:
+    def _transfer(self, link: Any, receiver: Receiver | SessionReceiver, messages: list[Message]) -> int:
+        """Send what fits in the client's session window; give the rest back. Returns how many were sent."""
         settled = receiver.mode is ReceiveMode.RECEIVE_AND_DELETE
-        for m in messages:
-            token = m.lock_token
+        max_frame = self.amqp.remote_max_frame_size
+        sent: list[Message] = []
+        for i, m in enumerate(messages):
             payload = encode_delivery(m)
-            self.amqp.send_transfer(link, token.bytes_le, payload, settled=settled)
-        if settled:
-            for future in receiver.submit_complete(messages):
+            frames = len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
+            if frames > link.session.remote_incoming_window:
+                for rest in messages[i:]:
+                    receiver.submit_settle("release", rest)
+                break
+            self.amqp.send_transfer(link, m.lock_token.bytes_le, payload, settled=settled)
+            sent.append(m)
+        if settled and sent:
+            for future in receiver.submit_complete(sent):
                 future.add_done_callback(_log_failure)
+        return len(sent)
 
     def _wait_for_messages(self, link: Any, state: _ReceiveLink) -> None:
         target = state.receiver.target

@@ -1,0 +1,748 @@
+"""End-to-end AMQP throughput and broker CPU per message, each beside the same client against a null endpoint.
+
+Every measurement runs the same client twice in one run: against **shardbus** (a child process: durable SQLite
+stores, the default) and against a **null endpoint** (another child process: an AMQP server on our engine that
+answers the Service Bus handshake, accepts and discards every transfer and hands out pre-made messages; it stores
+nothing). The null endpoint is the client's own ceiling. Each line prints msg/s against both, ``ratio`` =
+shardbus / null, and the broker process's CPU per message (time on a CPU of every thread, read from
+``/proc/<pid>/task/*/schedstat`` before and after the timed run, after the broker has gone idle so that work it does
+after acknowledging, such as receive-and-delete's deletes, is counted); in brackets the event-loop thread's share
+and the rest (the partition stores' commit threads).
+
+Measurements (1 KB bodies):
+
+    sdk-batch-send-100 / -1000   azure-servicebus sync ``send_messages`` of a list of 100 / 1000 messages
+    sdk-receive-and-delete       ``receive_messages(max_message_count=100)`` in RECEIVE_AND_DELETE mode
+    sdk-peek-lock-complete       the same in PEEK_LOCK mode, then ``complete_message`` for each message
+    own-produce-unsettled        our ``AmqpClient``: unsettled transfers, a window of in-flight sends, each awaited
+    own-produce-presettled       pre-settled transfers, then one unsettled transfer as a fence (the queue has one
+                                 partition, so its outcome means everything before it is stored)
+    own-consume-presettled       a receive-and-delete link (snd-settle-mode settled), credit kept topped up
+    own-consume-unsettled        a peek-lock link; each delivery answered with an unsettled ``accepted``
+                                 disposition and counted when the broker's settled echo arrives
+
+Each line ends with ``target met``/``MISSED``: the issue's targets are ratio >= 0.80 for the SDK lines and
+broker_cpu < 25 us/msg for our own client's lines.
+
+Choices: the broker runs a **premium** namespace (one partition per entity), whose 100 MB message limit the broker
+advertises as the sender link's batch limit; with the standard tier's 256 KB limit the SDK refuses a list of
+1000 x 1 KB messages (``ValueError``), and we wanted the same 1 KB body everywhere. The null endpoint advertises
+the same limit. Our own producer spreads its messages over sender links of at most ``LINK_MESSAGES`` each,
+attached before the timed run: the broker grants a sender link 10,000 credits once and never tops them up, so a
+client that honours credit stalls after 10,000 transfers on one link (``--check-credit`` shows it). Receive counts
+stay below 65,536 per SDK receiver: past that the broker exhausts the SDK's session incoming window and closes the
+connection with amqp:internal-error.
+
+    python bench/amqp.py [--quick] [--scale F] [--only NAME[,NAME]] [--check-credit]
+                         [--profile [--top N] [--sort tottime|cumulative]] [--broker-gc-off]
+
+``--profile`` runs the broker's event-loop thread under cProfile (timer: thread CPU time, so waits for the GIL are
+not counted; the profiler makes the broker about three times slower, so read shares, not absolute numbers) and
+prints its top functions and the garbage collector's work per measurement. ``--broker-gc-off`` (diagnosis only)
+runs the broker with Python's cyclic garbage collector disabled, to show what its full collections cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import io
+import os
+import pstats
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from shardbus.amqp import events as E
+from shardbus.amqp.connection import Connection
+from shardbus.amqp.message import AmqpMessage, BodyType, Header, Properties, decode_message
+from shardbus.amqp.performatives import RECEIVER, Accepted, SndSettleMode, Source, Target
+from shardbus.amqp.transport import AmqpClient, AmqpProtocol, ClientReceiver, ClientSession, install_uvloop, serve
+from shardbus.amqp.types import Int, Long, Symbol, Timestamp
+from shardbus.endpoint import sas
+
+BODY = os.urandom(1024)
+KEY_NAME = "RootManageSharedAccessKey"
+KEY = "SAS_KEY_VALUE"
+BATCH_LIMIT = 100 * 1024 * 1024  # what a premium namespace advertises (com.microsoft:max-message-batch-size)
+LINK_MESSAGES = 5_000  # messages per sender link of our own producer (the broker never tops up sender credit)
+WINDOW = 256  # in-flight unsettled transfers of our own producer
+CREDIT = 500  # credit our own consumer keeps granted
+SDK_RECEIVE_BATCH = 100
+WARMUP = 100
+SDK_TARGET_RATIO = 0.80  # the SDK against shardbus reaches at least this share of its null-endpoint rate
+OWN_TARGET_US = 25.0  # broker CPU per durable message with our own client
+
+
+# =================================================================================================================
+# child processes
+# =================================================================================================================
+
+
+def _watch_parent() -> None:
+    """End this child when the bench process goes away, however it went (even SIGKILL)."""
+    parent = os.getppid()
+
+    def run() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+                os._exit(1)
+
+    threading.Thread(target=run, name="watch-parent", daemon=True).start()
+
+
+def run_broker(data_dir: str, queues: list[str], profile_dir: str | None, gc_off: bool = False) -> None:
+    """Child: a shardbus broker on a free port; prints ``READY <port>``. With ``profile_dir``, its event-loop thread
+    runs under cProfile and SIGUSR1 dumps (and restarts) the profile to ``profile_dir/<n>.prof``. ``gc_off``
+    (diagnosis only) disables Python's cyclic garbage collector in the broker process."""
+    from shardbus.server import Broker
+
+    _watch_parent()
+    if gc_off:
+        gc.disable()
+    broker = Broker(data_dir, port=0, tier="premium")
+    for q in queues:
+        broker.namespace.create_queue(q)
+    # Thread CPU time, not wall time: waits for the GIL (held by the store threads) would otherwise dominate.
+    profiler = cProfile.Profile(time.thread_time) if profile_dir else None
+    dumps = iter(range(1_000_000))
+    gc_runs = [0, 0, 0]
+    gc_seconds = [0.0, 0.0, 0.0]
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_started[0] = time.thread_time()
+        else:
+            gen = info["generation"]
+            gc_runs[gen] += 1
+            gc_seconds[gen] += time.thread_time() - gc_started[0]
+
+    def dump() -> None:
+        assert profiler is not None and profile_dir is not None
+        profiler.disable()
+        path = Path(profile_dir) / f"{next(dumps)}.prof"
+        gc_line = ", ".join(f"gen{g} {gc_runs[g]} runs {gc_seconds[g]:.3f} s" for g in range(3))
+        (Path(profile_dir) / f"{path.stem}.gc").write_text(f"{gc_line}; {len(gc.get_objects())} tracked objects")
+        gc_runs[:] = [0, 0, 0]
+        gc_seconds[:] = [0.0, 0.0, 0.0]
+        profiler.dump_stats(str(path) + ".tmp")
+        os.replace(str(path) + ".tmp", path)
+        profiler.clear()
+        profiler.enable()
+
+    def ready(b: Broker) -> None:
+        if profiler is not None:
+            gc.callbacks.append(on_gc)  # any thread; a collection holds the GIL from start to stop
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
+            profiler.enable()
+        print(f"READY {b.server.port}", flush=True)
+
+    broker.serve_forever(on_ready=ready)
+
+
+class NullEndpoint:
+    """Just enough Service Bus for the SDK and our client: SASL, open/begin, ``$cbs`` put-token answered 202,
+    attach replies echoing source and target, every transfer accepted and dropped, and on receiver links pre-made
+    1 KB messages (16-byte tags, ``x-opt-*`` annotations) with settle dispositions echoed. Stores nothing."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.cbs_out: dict[Any, Any] = {}  # session -> our sending $cbs link
+        self.receivers: set[Any] = set()  # our sending links (client receivers)
+        self.tags = 0
+
+    def handle_event(self, proto: AmqpProtocol, ev: E.Event) -> None:
+        c = proto.conn
+        t = type(ev)
+        if t is E.DeliveryReceived:
+            self._on_delivery(c, ev)  # type: ignore[arg-type]
+        elif t is E.DispositionReceived:
+            if ev.role and not ev.settled:  # type: ignore[attr-defined]
+                for ref in ev.deliveries:  # type: ignore[attr-defined]
+                    c.disposition(ref.link, ref.delivery_id, settled=True, state=ev.state)  # type: ignore[attr-defined]
+        elif t is E.FlowReceived:
+            link = ev.link  # type: ignore[attr-defined]
+            if link is None:  # a session flow may open the peer's incoming window again
+                for other in [lk for lk in self.receivers if lk.session is ev.session]:  # type: ignore[attr-defined]
+                    self._pump(c, other)
+            elif link in self.receivers:
+                self._pump(c, link)
+        elif t is E.SaslInit:
+            c.accept_sasl()
+        elif t is E.ConnectionOpened:
+            c.open()
+        elif t is E.SessionBeginRequested:
+            c.begin(ev.session, incoming_window=0x7FFFFFFF, outgoing_window=0x7FFFFFFF)  # type: ignore[attr-defined]
+        elif t is E.LinkAttachRequested:
+            self._on_attach(c, ev)  # type: ignore[arg-type]
+        elif t is E.LinkDetached:
+            self.receivers.discard(ev.link)  # type: ignore[attr-defined]
+            if ev.reply_needed:  # type: ignore[attr-defined]
+                c.detach(ev.link, closed=ev.closed)  # type: ignore[attr-defined]
+        elif t is E.SessionEnded:
+            if ev.reply_needed:  # type: ignore[attr-defined]
+                c.end(ev.session)  # type: ignore[attr-defined]
+        elif t is E.ConnectionClosed and ev.reply_needed:  # type: ignore[attr-defined]
+            c.close()
+
+    def connection_lost(self, proto: AmqpProtocol) -> None:
+        self.receivers.clear()
+
+    def _on_attach(self, c: Connection, ev: E.LinkAttachRequested) -> None:
+        link, attach = ev.link, ev.attach
+        client_sends = not attach.role
+        node = attach.target if client_sends else attach.source
+        address = str(getattr(node, "address", "") or "")
+        if address == "$cbs" or address.endswith("/$management"):
+            c.attach_reply(link)
+            if client_sends:
+                c.flow(link, link_credit=10_000)
+            else:
+                self.cbs_out[link.session] = link
+        elif client_sends:
+            c.attach_reply(link, properties={Symbol("com.microsoft:max-message-batch-size"): Int(BATCH_LIMIT)})
+            c.flow(link, link_credit=10_000)
+        else:
+            c.attach_reply(
+                link,
+                snd_settle_mode=attach.snd_settle_mode,
+                rcv_settle_mode=attach.rcv_settle_mode,
+                initial_delivery_count=0,
+                max_message_size=attach.max_message_size or 0,
+            )
+            self.receivers.add(link)
+
+    def _on_delivery(self, c: Connection, ev: E.DeliveryReceived) -> None:
+        link = ev.link
+        if not ev.settled:
+            c.settle(link, ev.delivery_id, Accepted())
+        if link.credit < 5_000 and link.attached:
+            c.flow(link, link_credit=10_000)
+        address = str(getattr(link.target, "address", "") or "")
+        if address == "$cbs":
+            request = decode_message(ev.payload)
+            out = self.cbs_out.get(link.session)
+            if out is not None:
+                reply = AmqpMessage(
+                    properties=Properties(correlation_id=request.properties.message_id if request.properties else None),
+                    application_properties={"status-code": Int(202), "status-description": "Accepted"},
+                )
+                c.send_transfer(out, uuid.uuid4().bytes, reply.encode(), settled=True, ignore_credit=True)
+
+    def _pump(self, c: Connection, link: Any) -> None:
+        settled = link.snd_settle_mode == SndSettleMode.SETTLED
+        payload = self.payload
+        n = min(link.credit, link.session.remote_incoming_window)
+        for _ in range(max(0, n)):
+            self.tags += 1
+            c.send_transfer(link, self.tags.to_bytes(16, "little"), payload, settled=settled)
+        if link.drain:
+            c.drained(link)
+
+
+def null_payload() -> bytes:
+    """A delivered message as the broker encodes one: header, the broker's annotations, a message-id, 1 KB body."""
+    now = int(time.time() * 1000)
+    return AmqpMessage(
+        header=Header(delivery_count=0),
+        message_annotations={
+            Symbol("x-opt-sequence-number"): Long(1),
+            Symbol("x-opt-enqueued-time"): Timestamp(now),
+            Symbol("x-opt-locked-until"): Timestamp(now + 24 * 3600 * 1000),
+        },
+        properties=Properties(message_id=str(uuid.uuid4())),
+        body=[BODY],
+        body_type=BodyType.DATA,
+    ).encode()
+
+
+def run_null() -> None:
+    """Child: the null endpoint on a free port; prints ``READY <port>``."""
+    _watch_parent()
+    install_uvloop()
+    payload = null_payload()
+
+    async def main() -> None:
+        server = await serve(lambda: NullEndpoint(payload), "127.0.0.1", 0)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"READY {server.sockets[0].getsockname()[1]}", flush=True)
+        await stop.wait()
+        server.close()
+
+    asyncio.run(main())
+
+
+# =================================================================================================================
+# the parent's view of a child
+# =================================================================================================================
+
+
+def _task_cpu(pid: int, tid: int | str) -> float:
+    """CPU seconds a thread has run (``/proc/<pid>/task/<tid>/schedstat``: nanoseconds on a CPU)."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+class Child:
+    """A child process (broker or null endpoint) on a free port, with its CPU readable from /proc."""
+
+    def __init__(self, name: str, args: list[str], profile_dir: Path | None = None) -> None:
+        self.name = name
+        self.profile_dir = profile_dir
+        self._dumps = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *args],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"{name} did not start (got {line!r})")
+        self.port = int(line.split()[1])
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"Endpoint=sb://localhost:{self.port};SharedAccessKeyName={KEY_NAME};SharedAccessKey={KEY};"
+            "UseDevelopmentEmulator=true"
+        )
+
+    def cpu(self) -> tuple[float, float]:
+        """(every thread, event-loop thread) CPU seconds so far. The broker's threads (event loop, store commit
+        pool, maintenance) live as long as it does, so the sum over live threads is the process's CPU."""
+        pid = self.proc.pid
+        total = 0.0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += _task_cpu(pid, tid)
+        return total, _task_cpu(pid, pid)
+
+    def cpu_when_idle(self, quiet: float = 0.3, limit: float = 15.0) -> tuple[float, float]:
+        """CPU once it has stopped growing for ``quiet`` seconds (work left after the client's last answer)."""
+        last = self.cpu()
+        still = time.monotonic()
+        deadline = still + limit
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self.cpu()
+            if now[0] - last[0] > 0.002:
+                last, still = now, time.monotonic()
+            elif time.monotonic() - still >= quiet:
+                break
+        return last
+
+    def dump_profile(self) -> Path | None:
+        if self.profile_dir is None:
+            return None
+        path = self.profile_dir / f"{self._dumps}.prof"
+        self._dumps += 1
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return path if path.exists() else None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class Timer:
+    """Marks the timed region of a run: wall time from ``start`` to ``stop``, CPU of the endpoint process from
+    ``start`` until it is idle after ``stop``."""
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        self.t0 = self.t1 = 0.0
+        self.c0 = self.c1 = (0.0, 0.0)
+
+    def start(self) -> None:
+        self.c0 = self.child.cpu_when_idle(quiet=0.2)
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self.t1 = time.perf_counter()
+        self.c1 = self.child.cpu_when_idle()
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+    @property
+    def cpu(self) -> tuple[float, float]:
+        return self.c1[0] - self.c0[0], self.c1[1] - self.c0[1]
+
+
+# =================================================================================================================
+# the azure-servicebus SDK (sync) as client
+# =================================================================================================================
+
+
+def sdk_send(child: Child, queue: str, n: int, batch: int, timer: Timer) -> None:
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+    with (
+        ServiceBusClient.from_connection_string(child.connection_string) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        sender.send_messages([ServiceBusMessage(BODY) for _ in range(WARMUP)])
+        timer.start()
+        for _ in range(n // batch):
+            sender.send_messages([ServiceBusMessage(BODY) for _ in range(batch)])
+        timer.stop()
+
+
+def sdk_receive(child: Child, queue: str, n: int, peek_lock: bool, timer: Timer) -> None:
+    from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+
+    mode = ServiceBusReceiveMode.PEEK_LOCK if peek_lock else ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    with (
+        ServiceBusClient.from_connection_string(child.connection_string) as client,
+        client.get_queue_receiver(queue, receive_mode=mode) as receiver,
+    ):
+
+        def take(count: int) -> int:
+            got = 0
+            while got < count:
+                msgs = receiver.receive_messages(max_message_count=min(SDK_RECEIVE_BATCH, count - got), max_wait_time=5)
+                if not msgs:
+                    raise RuntimeError(f"{child.name}: only {got} of {count} messages came back")
+                if peek_lock:
+                    for m in msgs:
+                        receiver.complete_message(m)
+                got += len(msgs)
+            return got
+
+        take(WARMUP)
+        timer.start()
+        take(n)
+        timer.stop()
+
+
+# =================================================================================================================
+# our own engine's client
+# =================================================================================================================
+
+
+class CountingClient(AmqpClient):
+    """``AmqpClient`` that also counts the settled dispositions the peer sends for deliveries we received."""
+
+    echoes = 0
+    echoed: asyncio.Event | None = None
+    target = 0
+
+    def handle_event(self, protocol: AmqpProtocol, ev: E.Event) -> None:
+        if type(ev) is E.DispositionReceived and not ev.role and ev.settled:  # type: ignore[attr-defined]
+            self.echoes += len(ev.deliveries) or 1  # type: ignore[attr-defined]
+            if self.echoed is not None and self.echoes >= self.target:
+                self.echoed.set()
+            return
+        super().handle_event(protocol, ev)
+
+
+async def own_connect(child: Child, queue: str) -> tuple[CountingClient, ClientSession]:
+    """Connect, put a SAS token for ``queue`` on ``$cbs`` (as the SDK does), open a session."""
+    client = await CountingClient.connect("127.0.0.1", child.port, hostname="localhost")
+    session = await client.session(incoming_window=0x7FFFFFFF)
+    cbs_in = await session.receiver("$cbs", credit=10)
+    cbs_out = await session.sender("$cbs")
+    audience = f"sb://localhost:{child.port}/{queue}"
+    request = AmqpMessage(
+        properties=Properties(message_id=uuid.uuid4()),
+        application_properties={
+            "name": audience,
+            "operation": "put-token",
+            "type": "servicebus.windows.net:sastoken",
+        },
+        body=sas.generate_token(audience, KEY_NAME, KEY),
+        body_type=BodyType.VALUE,
+    )
+    outcome = await cbs_out.send(request.encode())
+    if not isinstance(outcome, Accepted):
+        raise RuntimeError(f"{child.name}: put-token transfer got {outcome}")
+    reply = decode_message((await cbs_in.receive(timeout=30)).payload)
+    status = int((reply.application_properties or {}).get("status-code", 0))
+    if not 200 <= status < 300:
+        raise RuntimeError(f"{child.name}: put-token refused with {status}")
+    return client, session
+
+
+async def own_receiver(session: ClientSession, address: str, settled: bool) -> ClientReceiver:
+    """A receiver link whose snd-settle-mode says receive-and-delete (settled) or peek-lock (unsettled)."""
+    mode = SndSettleMode.SETTLED if settled else SndSettleMode.UNSETTLED
+    link = await session._attach(
+        f"receiver-{uuid.uuid4()}", RECEIVER, Source(address=address), Target(address=None), snd_settle_mode=mode
+    )
+    receiver = ClientReceiver(session, link)
+    session.client._receivers[id(link)] = receiver
+    return receiver
+
+
+SEND_PAYLOAD = AmqpMessage(
+    properties=Properties(message_id=str(uuid.uuid4())), body=[BODY], body_type=BodyType.DATA
+).encode()
+
+
+async def own_produce(child: Child, queue: str, n: int, settled: bool, timer: Timer) -> None:
+    client, session = await own_connect(child, queue)
+    try:
+        links = [await session.sender(queue) for _ in range(-(-(n + WARMUP + 1) // LINK_MESSAGES))]
+        for _ in range(WARMUP):
+            await links[0].send(SEND_PAYLOAD)
+        counter = iter(range(WARMUP, n + WARMUP))
+        timer.start()
+        if settled:
+            for k in counter:
+                await links[k // LINK_MESSAGES].send(SEND_PAYLOAD, settled=True)
+                if k % 64 == 0:
+                    await asyncio.sleep(0)  # let the transport write and flows come in
+            outcome = await links[-1].send(SEND_PAYLOAD)  # the fence: one partition stores in order
+            if not isinstance(outcome, Accepted):
+                raise RuntimeError(f"{child.name}: fence got {outcome}")
+        else:
+            failures: list[Any] = []
+
+            async def worker() -> None:
+                for k in counter:
+                    outcome = await links[k // LINK_MESSAGES].send(SEND_PAYLOAD)
+                    if not isinstance(outcome, Accepted):
+                        failures.append(outcome)
+
+            await asyncio.gather(*(worker() for _ in range(WINDOW)))
+            if failures:
+                raise RuntimeError(f"{child.name}: {len(failures)} sends failed, e.g. {failures[0]}")
+        timer.stop()
+    finally:
+        await client.close()
+
+
+async def own_consume(child: Child, queue: str, n: int, settled: bool, timer: Timer) -> None:
+    client, session = await own_connect(child, queue)
+    try:
+        receiver = await own_receiver(session, queue, settled)
+        conn = client._conn
+
+        async def take(count: int) -> None:
+            client.echoes = 0
+            client.target = count
+            client.echoed = asyncio.Event()
+            granted = min(CREDIT, count)
+            receiver.grant(granted)
+            for got in range(1, count + 1):
+                d = await receiver.receive(timeout=30)
+                if not settled:
+                    conn.disposition(receiver.link, d.delivery_id, settled=False, state=Accepted())
+                    client._flush()
+                if receiver.link.credit < CREDIT // 2:
+                    want = min(CREDIT, count - got - receiver.deliveries.qsize())
+                    if want > receiver.link.credit:
+                        receiver.grant(want)
+            if not settled:
+                await asyncio.wait_for(client.echoed.wait(), 60)
+
+        await take(WARMUP)
+        timer.start()
+        await take(n)
+        timer.stop()
+        receiver.grant(0)
+    finally:
+        await client.close()
+
+
+async def own_fill(child: Child, queue: str, n: int) -> None:
+    """Put ``n`` messages on a broker queue (setup for the receive measurements; not timed)."""
+    client, session = await own_connect(child, queue)
+    try:
+        links = [await session.sender(queue) for _ in range(-(-n // LINK_MESSAGES))]
+        counter = iter(range(n))
+
+        async def worker() -> None:
+            for k in counter:
+                outcome = await links[k // LINK_MESSAGES].send(SEND_PAYLOAD)
+                if not isinstance(outcome, Accepted):
+                    raise RuntimeError(f"fill: {outcome}")
+
+        await asyncio.gather(*(worker() for _ in range(WINDOW)))
+    finally:
+        await client.close()
+
+
+async def check_credit(child: Child, queue: str) -> str:
+    """How much credit does a sender link have left after 10,000 pre-settled transfers?"""
+    client, session = await own_connect(child, queue)
+    try:
+        sender = await session.sender(queue)
+        start = sender.link.credit
+        for k in range(10_000):
+            await sender.send(SEND_PAYLOAD, settled=True)
+            if k % 64 == 0:
+                await asyncio.sleep(0)
+        await asyncio.sleep(2)
+        return f"{child.name}: sender link credit {start} at attach, {sender.link.credit} after 10,000 transfers + 2 s"
+    finally:
+        await client.close()
+
+
+# =================================================================================================================
+# driver
+# =================================================================================================================
+
+
+class Measurement:
+    def __init__(self, name: str, n: int, run: Callable[[Child, str, int, Timer], None], fill: bool = False) -> None:
+        self.name = name
+        self.n = n
+        self.run = run
+        self.fill = fill
+        self.queue = name.replace("-", "")
+
+
+def measurements(scale: float) -> list[Measurement]:
+    def n(base: int, step: int) -> int:
+        return max(step, int(base * scale) // step * step)
+
+    def aio(fn: Callable[..., Any], **kw: Any) -> Callable[[Child, str, int, Timer], None]:
+        return lambda child, q, count, timer: asyncio.run(fn(child, q, count, timer=timer, **kw))
+
+    return [
+        Measurement("sdk-batch-send-100", n(20_000, 100), lambda c, q, k, t: sdk_send(c, q, k, 100, t)),
+        Measurement("sdk-batch-send-1000", n(20_000, 1000), lambda c, q, k, t: sdk_send(c, q, k, 1000, t)),
+        Measurement("sdk-receive-and-delete", n(10_000, 100), lambda c, q, k, t: sdk_receive(c, q, k, False, t), True),
+        Measurement("sdk-peek-lock-complete", n(2_000, 100), lambda c, q, k, t: sdk_receive(c, q, k, True, t), True),
+        Measurement("own-produce-unsettled", n(20_000, 100), aio(own_produce, settled=False)),
+        Measurement("own-produce-presettled", n(20_000, 100), aio(own_produce, settled=True)),
+        Measurement("own-consume-presettled", n(20_000, 100), aio(own_consume, settled=True), True),
+        Measurement("own-consume-unsettled", n(20_000, 100), aio(own_consume, settled=False), True),
+    ]
+
+
+def print_profile(path: Path | None, top: int, sort: str) -> None:
+    if path is None:
+        print("    (no profile)")
+        return
+    gc_file = path.with_suffix(".gc")
+    if gc_file.exists():
+        print(f"    garbage collector: {gc_file.read_text()}")
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats(sort).print_stats(top)
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    for line in lines[start:]:
+        if line.strip():
+            print("    " + line.replace(str(Path(__file__).resolve().parents[1]) + "/", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small N (smoke test)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every N")
+    parser.add_argument("--profile", action="store_true", help="cProfile the broker's event loop per measurement")
+    parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
+    parser.add_argument("--sort", default="tottime", help="profile order: tottime or cumulative")
+    parser.add_argument("--only", default="", help="comma-separated measurement names (prefixes)")
+    parser.add_argument("--check-credit", action="store_true", help="show sender-link credit after 10,000 sends")
+    parser.add_argument(
+        "--broker-gc-off", action="store_true", help="diagnosis: run the broker with Python's cyclic GC disabled"
+    )
+    parser.add_argument("--serve", nargs=2, metavar=("DIR", "QUEUES"), help=argparse.SUPPRESS)
+    parser.add_argument("--null", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        run_broker(args.serve[0], args.serve[1].split(","), args.profile_dir, args.broker_gc_off)
+        return
+    if args.null:
+        run_null()
+        return
+
+    scale = args.scale * (0.05 if args.quick else 1.0)
+    chosen = [
+        m for m in measurements(scale) if not args.only or any(m.name.startswith(o) for o in args.only.split(","))
+    ]
+    install_uvloop()
+    # SIGTERM (e.g. a test runner's timeout) unwinds through the finally below, which stops the children.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    folder = Path(tempfile.mkdtemp(prefix="shardbus-bench-amqp-"))
+    children: list[Child] = []
+    try:
+        profile_dir = folder / "profiles" if args.profile else None
+        broker_args = ["--serve", str(folder / "data"), ",".join(["credit", *(m.queue for m in chosen)])]
+        if args.broker_gc_off:
+            broker_args.append("--broker-gc-off")
+        if profile_dir is not None:
+            profile_dir.mkdir()
+            broker_args += ["--profile-dir", str(profile_dir)]
+        broker = Child("shardbus", broker_args, profile_dir)
+        children.append(broker)
+        null = Child("null", ["--null"])
+        children.append(null)
+        print(f"1 KB bodies; broker: premium namespace, durable SQLite store; {os.cpu_count()} CPUs", flush=True)
+        if args.check_credit:
+            for child in (null, broker):
+                print(asyncio.run(check_credit(child, "credit")))
+        for m in chosen:
+            results = {}
+            for child in (null, broker):
+                if m.fill and child is broker:
+                    asyncio.run(own_fill(child, m.queue, m.n + WARMUP))
+                    if args.profile:
+                        broker.dump_profile()  # discard the fill
+                timer = Timer(child)
+                m.run(child, m.queue, m.n, timer)
+                results[child.name] = timer
+            s, z = results["shardbus"], results["null"]
+            rate_s, rate_z = m.n / s.seconds, m.n / z.seconds
+            total, loop = s.cpu
+            ratio, per = rate_s / rate_z, total / m.n * 1e6
+            # The issue's targets: the SDK gets >= 80 % of its ceiling; our client costs the broker < 25 us/msg.
+            met = ratio >= SDK_TARGET_RATIO if m.name.startswith("sdk") else per < OWN_TARGET_US
+            print(
+                f"{m.name:<26} n={m.n:<6} shardbus={rate_s:>7,.0f} msg/s  null={rate_z:>7,.0f} msg/s  "
+                f"ratio={ratio:.2f}  broker_cpu={per:6.1f} us/msg "
+                f"(loop {loop / m.n * 1e6:.1f} + stores {(total - loop) / m.n * 1e6:.1f}; "
+                f"null {z.cpu[0] / m.n * 1e6:.1f})  target {'met' if met else 'MISSED'}",
+                flush=True,
+            )
+            if args.profile:
+                print_profile(broker.dump_profile(), args.top, args.sort)
+    finally:
+        for child in reversed(children):
+            child.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
