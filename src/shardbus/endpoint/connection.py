@@ -122,6 +122,7 @@ class ServiceBusConnection:
         self._mgmt_out: dict[tuple[Any, str], Any] = {}  # (session, node) -> our sending management link
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
+        self._pending_sends: list[tuple[Any, ev.DeliveryReceived, list[Message]]] = []
         self.closed = False
 
     # ------------------------------------------------------------------------------------------------------
@@ -380,25 +381,56 @@ class ServiceBusConnection:
             self.amqp.settle(e.link, e.delivery_id, state)
 
     def _on_send(self, e: ev.DeliveryReceived, entity: QueueEntity | TopicEntity) -> None:
+        """Decode now; store together with everything else this socket read brought (see ``_flush_sends``)."""
         try:
             if e.message_format == BATCH_MESSAGE_FORMAT:
                 messages = [to_message(decode_message(inner)) for inner in split_batch(e.payload)]
             else:
                 messages = [to_message(decode_message(e.payload))]
-            future = entity.submit_send(messages)
         except DecodeError as exc:
             self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
             return
-        except ShardbusError as exc:
-            self._settle(e, Rejected(error=_error(exc)))
-            return
+        if not self._pending_sends:
+            self.loop.call_soon(self._flush_sends)  # runs once every event of this read has been handled
+        self._pending_sends.append((entity, e, messages))
 
-        def done(f: Future) -> None:
-            exc = f.exception()
-            outcome = Accepted() if exc is None else Rejected(error=_error(exc))
-            self._later(lambda: self._settle(e, outcome))
+    def _flush_sends(self) -> None:
+        """Hand all pending sends to the core at once: one store operation per partition, one callback each."""
+        pending, self._pending_sends = self._pending_sends, []
+        by_entity: dict[int, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
+        for entity, event, messages in pending:
+            _, events, batches = by_entity.setdefault(id(entity), (entity, [], []))
+            events.append(event)
+            batches.append(messages)
+        for entity, events, batches in by_entity.values():
 
-        future.add_done_callback(done)
+            def done(indices: list[int], outcomes: list[Any], events: list[ev.DeliveryReceived] = events) -> None:
+                settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
+                self._later(lambda: self._acknowledge(settled))
+
+            entity.submit_many(batches, done)
+
+    def _acknowledge(self, results: list[tuple[ev.DeliveryReceived, BaseException | None]]) -> None:
+        """Settle stored sends: consecutive accepted deliveries of one link share a range disposition."""
+        run: list[ev.DeliveryReceived] = []
+
+        def flush_run() -> None:
+            if run:
+                self.amqp.disposition(run[0].link, run[0].delivery_id, run[-1].delivery_id, state=Accepted())
+                run.clear()
+
+        for e, exc in results:
+            if e.settled:
+                continue
+            if exc is not None:
+                flush_run()
+                self._settle(e, Rejected(error=_error(exc)))
+            elif run and (run[-1].link is not e.link or run[-1].delivery_id + 1 != e.delivery_id):
+                flush_run()
+                run.append(e)
+            else:
+                run.append(e)
+        flush_run()
 
     # ------------------------------------------------------------------------------------------------------
     # $cbs

@@ -21,6 +21,7 @@ from ..model.errors import ArgumentError, MessageNotFound, SessionLockLost
 from ..model.message import SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
 from ..namespace import Namespace
+from . import rules
 from .conditions import condition_of
 from .mapping import decode_to_message, encode_delivery
 
@@ -272,6 +273,39 @@ def _after(futures: list[Future], reply: Callable[[], ManagementReply]) -> Futur
     return result
 
 
+# --- rules: com.microsoft:add-rule / remove-rule / enumerate-rules on '<topic>/Subscriptions/<sub>' (rules.py)
+# A transactional request carries its txn-id as the request transfer's transactional-state (.NET
+# RequestResponseAmqpLink.RequestAsync(message, txnId), Java sendWithAck(message, TransactionalState));
+# the connection exposes it as ``ManagementContext.transaction_id`` (bytes, None outside a transaction).
+
+
+def add_rule(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    topic, subscription = rules.subscription_of(ctx.namespace, ctx.node)
+    rules.refuse_in_transaction(getattr(ctx, "transaction_id", None), "added", rules.rule_name_of(body))
+    ctx.namespace.create_rule(topic, subscription, rules.rule_from_request(body))
+    return ManagementReply()
+
+
+def remove_rule(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    topic, subscription = rules.subscription_of(ctx.namespace, ctx.node)
+    name = rules.rule_name_of(body)
+    rules.refuse_in_transaction(getattr(ctx, "transaction_id", None), "removed", name)
+    ctx.namespace.delete_rule(topic, subscription, name)
+    return ManagementReply()
+
+
+def enumerate_rules(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    topic, subscription = rules.subscription_of(ctx.namespace, ctx.node)
+    skip, top = rules.page_of(body)
+    listed = ctx.namespace.list_rules(topic, subscription)
+    page = listed[skip:] if top is None else listed[skip : skip + top]
+    if not page:
+        return ManagementReply(204, "No Content")
+    created = rules.rule_created_times(ctx.namespace, topic, subscription)
+    entries = [{"rule-description": rules.encode_rule(rule, created.get(rule.name))} for rule in page]
+    return ManagementReply(body={"rules": entries})
+
+
 Handler = Callable[[ManagementContext, dict[str, Any]], "ManagementReply | Future"]
 
 OPERATIONS: dict[str, Handler] = {
@@ -285,4 +319,7 @@ OPERATIONS: dict[str, Handler] = {
     PREFIX + "get-session-state": get_session_state,
     PREFIX + "set-session-state": set_session_state,
     PREFIX + "get-message-sessions": get_message_sessions,
+    PREFIX + "add-rule": add_rule,
+    PREFIX + "remove-rule": remove_rule,
+    PREFIX + "enumerate-rules": enumerate_rules,
 }

@@ -17,6 +17,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from ..model.entities import (
@@ -187,28 +188,99 @@ class _Sender:
     def _requires_session(self) -> bool:
         return False
 
-    def submit_send(self, messages: list[Message]) -> Future:
-        """Route and store a batch (all-or-nothing, in one partition). Never blocks on I/O."""
+    def _prepare(self, messages: list[Message]) -> tuple[str | None, list[Any]]:
+        """Check a batch against the entity and route it: (its partition key, the items to store)."""
         desc = self.description
         if not desc.status.can_send:
             raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status}).")
-        if not messages:
-            done: Future = Future()
-            done.set_result([])
-            return done
         if self._requires_session() and any(m.session_id is None for m in messages):
             raise InvalidOperation(
                 "The SessionId was not set on a message, and it cannot be sent to the entity. Entities that have "
                 "session support enabled can only receive messages that have the SessionId set to a valid value."
             )
-        dedup = desc.requires_duplicate_detection
-        key = batch_partition_key(messages, dedup, len(self.partitions) > 1)
+        key = batch_partition_key(messages, desc.requires_duplicate_detection, len(self.partitions) > 1)
         items = []
         for m in messages:
             items.extend(self._fan_out(m.copy()))
+        return key, items
+
+    def _submit_prepared(self, key: str | None, items: list[Any]) -> Future:
         if key is not None:
             return self.partitions[partition_for_key(key, len(self.partitions))].enqueue(items)
         return self._send_keyless(items)
+
+    def submit_send(self, messages: list[Message]) -> Future:
+        """Route and store a batch (all-or-nothing, in one partition). Never blocks on I/O."""
+        if not messages:
+            done: Future = Future()
+            done.set_result([])
+            return done
+        return self._submit_prepared(*self._prepare(messages))
+
+    def submit_many(self, batches: list[list[Message]], on_done: Callable[[list[int], list[Any]], None]) -> None:
+        """Store many independent batches (each all-or-nothing): those bound for the same partition share one
+        store operation, so a front end can hand over everything one socket read brought in. ``on_done(indices,
+        outcomes)`` reports each batch's outcome (None when stored, else the exception), once per group and from
+        whichever thread finished it. Keyless batches of one call go to one partition, chosen round-robin."""
+        groups: dict[int, tuple[list[int], list[list[Any]], list[str | None]]] = {}
+        keyless_partition: int | None = None
+        n = len(self.partitions)
+        for i, messages in enumerate(batches):
+            try:
+                key, items = self._prepare(messages)
+            except ShardbusError as exc:
+                on_done([i], [exc])
+                continue
+            if key is not None:
+                pid = partition_for_key(key, n)
+            else:
+                if keyless_partition is None:
+                    start = next(self._round_robin)
+                    healthy = [(start + k) % n for k in range(n) if self.partitions[(start + k) % n].healthy]
+                    keyless_partition = healthy[0] if healthy else start % n
+                pid = keyless_partition
+            indices, item_lists, keys = groups.setdefault(pid, ([], [], []))
+            indices.append(i)
+            item_lists.append(items)
+            keys.append(key)
+        for pid, (indices, item_lists, keys) in groups.items():
+            try:
+                future = self.partitions[pid].enqueue([item for items in item_lists for item in items])
+            except ShardbusError:
+                # Something in the group is refused (a message too large, a quota, a partition down): send
+                # the batches one by one, so each gets its own outcome and keyless ones can fail over.
+                for i, items, key in zip(indices, item_lists, keys, strict=True):
+                    self._submit_one(i, key, items, on_done)
+                continue
+            future.add_done_callback(partial(self._group_done, indices, item_lists, keys, on_done))
+
+    def _submit_one(self, index: int, key: str | None, items: list[Any], on_done: Callable[..., None]) -> None:
+        try:
+            future = self._submit_prepared(key, items)
+        except ShardbusError as exc:
+            on_done([index], [exc])
+            return
+        future.add_done_callback(lambda f: on_done([index], [f.exception()]))
+
+    def _group_done(
+        self,
+        indices: list[int],
+        item_lists: list[list[Any]],
+        keys: list[str | None],
+        on_done: Callable[..., None],
+        future: Future,
+    ) -> None:
+        exc = future.exception()
+        if exc is None:
+            on_done(indices, [None] * len(indices))
+        elif isinstance(exc, PartitionUnavailable):  # the store failed mid-write: keyless batches go elsewhere
+            for i, items, key in zip(indices, item_lists, keys, strict=True):
+                if key is None:
+                    self._submit_one(i, None, items, on_done)
+                else:
+                    on_done([i], [exc])
+        else:
+            on_done(indices, [exc] * len(indices))
 
     def _send_keyless(self, items: list[Any]) -> Future:
         """Round-robin; an unavailable partition (now, or failing while it writes) hands over to the next."""
