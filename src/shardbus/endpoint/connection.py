@@ -49,7 +49,7 @@ from ..namespace import Namespace
 from . import sas
 from .conditions import condition_of
 from .management import OPERATIONS, ManagementContext, ManagementReply
-from .mapping import encode_delivery, to_message
+from .mapping import decode_to_message, encode_delivery
 
 log = logging.getLogger("shardbus.amqp")
 
@@ -384,9 +384,9 @@ class ServiceBusConnection:
         """Decode now; store together with everything else this socket read brought (see ``_flush_sends``)."""
         try:
             if e.message_format == BATCH_MESSAGE_FORMAT:
-                messages = [to_message(decode_message(inner)) for inner in split_batch(e.payload)]
+                messages = [decode_to_message(inner) for inner in split_batch(e.payload)]
             else:
-                messages = [to_message(decode_message(e.payload))]
+                messages = [decode_to_message(e.payload)]
         except DecodeError as exc:
             self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
             return
@@ -630,29 +630,19 @@ class ServiceBusConnection:
             if not settled:
                 self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=Rejected(error=_error(exc)))
             return
-        if settled:
-            return
-        echo = outcome
-
-        def reply(state: Any) -> None:
-            self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=state)
-
-        if future is None:
-            reply(echo)
-            return
-
-        def done(f: Future) -> None:
-            exc = f.exception()
-            state = echo if exc is None else Rejected(error=_error(exc))
-            self._later(lambda: reply(state))
-
-        future.add_done_callback(done)
+        # The outcome is applied (the message is no longer deliverable) and its write is queued behind earlier
+        # ones, so the echo need not wait for the fsync. Should the write not reach the disk, the message comes
+        # back after a restart: at-least-once, as with the service.
+        if future is not None:
+            future.add_done_callback(_log_failure)
+        if not settled:
+            self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=outcome)
 
 
 def _log_failure(f: Future) -> None:
     exc = f.exception()
     if exc is not None:
-        log.warning("delete after receive-and-delete failed (the message will be delivered again): %s", exc)
+        log.warning("a settlement's store write failed (the message will be delivered again): %s", exc)
 
 
 _HANDLERS: dict[type, Callable[[ServiceBusConnection, Any], None]] = {

@@ -16,7 +16,20 @@ from typing import Any
 
 from ..amqp import codec
 from ..amqp import types as t
-from ..amqp.message import AmqpMessage, Header, Properties, decode_message, encode_message
+from ..amqp.message import (
+    AMQP_SEQUENCE,
+    AMQP_VALUE,
+    APPLICATION_PROPERTIES,
+    DATA,
+    FOOTER,
+    PROPERTIES,
+    AmqpMessage,
+    Header,
+    Properties,
+    decode_message,
+    encode_message,
+    scan_sections,
+)
 from ..amqp.message import BodyType as WireBody
 from ..model.message import BodyType, Message, MessageState, datetime_to_ms
 from ..store.records import register_type
@@ -102,8 +115,14 @@ def to_message(amqp: AmqpMessage) -> Message:
     return m
 
 
+_UNCHANGING = frozenset({PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER})
+
+
 def decode_to_message(payload: bytes) -> Message:
-    return to_message(decode_message(payload))
+    """Decode an inbound message, keeping the sender's encoding of its unchanging sections for deliveries."""
+    m = to_message(decode_message(payload))
+    m.wire_sections = b"".join(payload[s.start : s.end] for s in scan_sections(payload) if s.code in _UNCHANGING)
+    return m
 
 
 def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
@@ -142,6 +161,9 @@ def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
         app = dict(app or {})
         app[DEAD_LETTER_REASON] = m.dead_letter_reason
         app[DEAD_LETTER_DESCRIPTION] = m.dead_letter_error_description
+    header = Header(ttl=ttl, delivery_count=max(0, delivery_count))
+    if m.wire_sections is not None and app is m.application_properties:
+        return encode_message(AmqpMessage(header=header, message_annotations=annotations)) + m.wire_sections
     bt = m.body_type
     if bt == BodyType.DATA:
         body, wire_body = [m.body], WireBody.DATA
@@ -153,7 +175,7 @@ def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
         body, wire_body = None, WireBody.NONE
     return encode_message(
         AmqpMessage(
-            header=Header(ttl=ttl, delivery_count=max(0, delivery_count)),
+            header=header,
             message_annotations=annotations,
             properties=Properties(
                 message_id=m.message_id,

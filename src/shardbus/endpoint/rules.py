@@ -1,9 +1,9 @@
 """Subscription rules on the wire: ``com.microsoft:add-rule``, ``remove-rule`` and ``enumerate-rules``.
 
-The formats are the real service's, as its official clients speak them (see the report of this module's
-origin for sources: Microsoft's "AMQP 1.0 request/response operations" page, Azure.Messaging.ServiceBus
-``AmqpMessageConverter`` / ``Amqp/Framing/*Codec.cs``, azure-messaging-servicebus ``MessageUtils`` /
-``ManagementChannel``):
+The formats are the real service's, as its official clients speak them. Sources: Microsoft's "AMQP 1.0 in
+Azure Service Bus: request-response operations" page (Rule operations), Azure.Messaging.ServiceBus
+``Amqp/AmqpRuleManager.cs``, ``AmqpMessageConverter.GetRuleDescriptionMap`` and ``Amqp/Framing/*Codec.cs``,
+azure-messaging-servicebus ``ManagementChannel`` / ``MessageUtils`` / ``ServiceBusConstants``:
 
 **add-rule request** (amqp-value map): ``rule-name`` (string) and ``rule-description``, a *map* holding exactly
 one of ``sql-filter`` (map ``{expression}``) or ``correlation-filter`` (map ``{correlation-id, message-id, to,

@@ -459,6 +459,7 @@ def route_detailed(rules: Iterable[Rule], message: Message) -> Routing:
         result.copies.append(message.copy())
     for rule in action_rules:
         copy = message.copy()
+        copy.wire_sections = None  # the action changes it: a cached encoding would be stale
         rule.action.apply(copy)
         if copy.application_properties is None:
             copy.application_properties = {}

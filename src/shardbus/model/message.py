@@ -100,6 +100,9 @@ class Message:
     enqueued_sequence_number: int | None = field(default=None, repr=False)
     # Hops taken through auto-forwarding; the service dead-letters after its chain limit.
     forward_hops: int = field(default=0, repr=False)
+    # A front end's encoded form of the unchanging part of the message (kept in memory, never stored), so
+    # deliveries need not re-encode it. Anything that changes properties or body must clear it.
+    wire_sections: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.body, str):
