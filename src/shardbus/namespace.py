@@ -10,6 +10,7 @@ a folder ``entities/<id>/`` with one store per partition, ``p<NN>.db``.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .entity.entity import QUEUE_SLOT, QueueEntity, SubscriptionEntity, Target, TopicEntity
+from .entity.forwarding import Forwarder
 from .entity.receiver import Receiver
 from .entity.sessions import SessionReceiver, list_sessions
 from .model.entities import (
@@ -40,6 +42,7 @@ from .model.errors import (
     MessageNotFound,
     PartitionUnavailable,
     QuotaExceeded,
+    ShardbusError,
 )
 from .model.filters import EmptyRuleAction, Rule, TrueFilter
 from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
@@ -56,6 +59,7 @@ _SUBQUEUE_SUFFIXES = (
     ("/$deadletterqueue", SubQueue.DEAD_LETTER),
 )
 MAINTENANCE_INTERVAL = 0.1
+log = logging.getLogger("shardbus.namespace")
 
 
 def _ms(td: Any) -> int | None:
@@ -142,6 +146,8 @@ class Namespace:
             }
         )
         self.faults = FaultInjector(self)
+        self._wake = threading.Event()  # set when a target gains messages: the upkeep thread forwards them
+        self._forwarder = Forwarder(self._sender_entity, clock)
         self._entities: dict[str, QueueEntity | TopicEntity] = {}  # queues and topics by lower-cased name
         self._ids: dict[int, Any] = {}
         self._created: dict[int, tuple[float, float]] = {}
@@ -187,6 +193,7 @@ class Namespace:
                 for p in topic.partitions:
                     p.configure_slot(e.id, self._slot_settings(sub_desc, sub.path))
                 topic.add_subscription(sub)
+                self._watch(sub)
                 self._ids[e.id] = sub
         for entity in self._entities.values():
             for p in entity.partitions:
@@ -207,6 +214,7 @@ class Namespace:
                 return
             self._closed = True
         self._maintenance_stop.set()
+        self._wake.set()
         if self._maintenance is not None:
             self._maintenance.join(5)
         for entity in self._entities.values():
@@ -221,8 +229,13 @@ class Namespace:
         self.close()
 
     def _maintain(self) -> None:
+        """Upkeep thread: lock expiry, scheduled messages, duplicate-detection pruning, auto-forwarding."""
         last_prune = 0.0
-        while not self._maintenance_stop.wait(MAINTENANCE_INTERVAL):
+        while not self._maintenance_stop.is_set():
+            self._wake.wait(MAINTENANCE_INTERVAL)
+            self._wake.clear()
+            if self._maintenance_stop.is_set():
+                return
             now = time.monotonic()
             prune = now - last_prune > 60
             for entity in list(self._entities.values()):
@@ -235,6 +248,39 @@ class Namespace:
                         pass
             if prune:
                 last_prune = now
+            self._forward_all()
+
+    def _forwarding_sources(self) -> list[tuple[int, Target, SubQueue, str]]:
+        sources = []
+        for entity in list(self._entities.values()):
+            targets = [entity] if isinstance(entity, QueueEntity) else list(entity.subscriptions.values())
+            for target in targets:
+                desc = target.description
+                source_id = target.entity_id if isinstance(target, QueueEntity) else target.slot
+                if desc.forward_to:
+                    sources.append((source_id, target, SubQueue.MAIN, desc.forward_to))
+                if desc.forward_dead_lettered_messages_to:
+                    sources.append((source_id, target, SubQueue.DEAD_LETTER, desc.forward_dead_lettered_messages_to))
+        return sources
+
+    def _forward_all(self, rounds: int = 8) -> None:
+        for _ in range(rounds):
+            moved = 0
+            for source_id, target, sub_queue, destination in self._forwarding_sources():
+                if not all(p.healthy for p in target.partitions):
+                    continue  # an unavailable partition forwards once it is back
+                try:
+                    moved += self._forwarder.forward(source_id, target, sub_queue, destination)
+                except ShardbusError as exc:
+                    log.debug("forwarding from '%s' paused: %s", target.path, exc)
+                except Exception:  # forwarding must never stop the upkeep thread
+                    log.exception("forwarding from '%s' failed", target.path)
+            if not moved:
+                return
+
+    def _watch(self, target: Target) -> None:
+        """Wake the upkeep thread when a target gains messages (forwarding acts at once, not on the next tick)."""
+        target.add_listener(self._wake.set)
 
     # ------------------------------------------------------------------------------------------------------
     # partitions
@@ -282,6 +328,7 @@ class Namespace:
             default_ttl_ms=_ms(desc.default_message_time_to_live),
             dead_letter_on_expiration=desc.dead_lettering_on_message_expiration,
             requires_session=desc.requires_session,
+            forwards=bool(desc.forward_to),
         )
 
     def _open_queue(self, entity_id: int, desc: QueueDescription) -> QueueEntity:
@@ -289,6 +336,7 @@ class Namespace:
         for p in partitions:
             p.configure_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name))
         queue = QueueEntity(self._effective(desc), partitions)
+        self._watch(queue)
         self._ids[entity_id] = queue
         queue.entity_id = entity_id
         return queue
@@ -514,6 +562,9 @@ class Namespace:
             del self._entities[entity.path.lower()]
             for entity_id in ids:
                 self._ids.pop(entity_id, None)
+            self._forwarder.forget(entity)
+            for sub in getattr(entity, "subscriptions", {}).values():
+                self._forwarder.forget(sub)
             for p in entity.partitions:
                 p.stop("the entity was deleted")
             shutil.rmtree(self.root / "entities" / str(entity.entity_id), ignore_errors=True)
@@ -556,6 +607,7 @@ class Namespace:
             self._created[slot] = (created, created)
             sub = SubscriptionEntity(desc, topic, slot, [rule])
             topic.add_subscription(sub)
+            self._watch(sub)
             self._ids[slot] = sub
             return desc
 
@@ -588,6 +640,7 @@ class Namespace:
             self._wait([p.drop_slot(sub.slot) for p in sub.partitions])
             self.catalog.delete([sub.slot])
             sub.topic.remove_subscription(name)
+            self._forwarder.forget(sub)
             self._ids.pop(sub.slot, None)
 
     def create_rule(self, topic_name: str, subscription_name: str, rule: Rule) -> Rule:

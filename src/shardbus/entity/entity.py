@@ -40,6 +40,13 @@ from ..partition.broker import PartitionBroker
 QUEUE_SLOT = 0
 
 
+def _dedup_id(message: Message) -> str | None:
+    """What duplicate detection keys a message by: a forwarding transfer id first, else its MessageId."""
+    if message.transfer_id is not None:
+        return message.transfer_id
+    return None if message.message_id is None else str(message.message_id)
+
+
 class Target:
     """Something receivers read from: a queue, or one subscription of a topic."""
 
@@ -343,8 +350,7 @@ class QueueEntity(_Sender, Target):
         return self._description.requires_session
 
     def _fan_out(self, message: Message) -> list[tuple[str | None, list[tuple[int, Message]]]]:
-        dedup_id = str(message.message_id) if message.message_id is not None else None
-        return [(dedup_id, [(QUEUE_SLOT, message)])]
+        return [(_dedup_id(message), [(QUEUE_SLOT, message)])]
 
     def _on_partition_messages(self, slot: int) -> None:
         self.messages_available()
@@ -396,7 +402,7 @@ class TopicEntity(_Sender):
         return sub
 
     def _fan_out(self, message: Message) -> list[tuple[str | None, list[tuple[int, Message]]]]:
-        dedup_id = str(message.message_id) if message.message_id is not None else None
+        dedup_id = _dedup_id(message)
         first: list[tuple[int, Message]] = []
         extra: list[tuple[str | None, list[tuple[int, Message]]]] = []
         for sub in self.subscriptions.values():

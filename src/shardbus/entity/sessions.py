@@ -105,6 +105,9 @@ class SessionReceiver:
     def slot(self) -> int:
         return self.target.slot
 
+    def _partition(self, token: uuid.UUID) -> PartitionBroker:
+        return self.partition
+
     # --- receiving -------------------------------------------------------------------------------------------
     def take(self, max_count: int) -> list[Message]:
         """Lock up to ``max_count`` of the session's next messages without waiting."""

@@ -103,6 +103,8 @@ class Message:
     # A front end's encoded form of the unchanging part of the message (kept in memory, never stored), so
     # deliveries need not re-encode it. Anything that changes properties or body must clear it.
     wire_sections: bytes | None = field(default=None, repr=False)
+    # Set by auto-forwarding: the destination drops a second arrival with the same id (exactly-once hand-off).
+    transfer_id: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.body, str):

@@ -65,6 +65,10 @@ from ..store.committer import GroupCommitter
 from ..store.records import pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
+# Ids of auto-forwarded messages (see entity/forwarding.py) are always de-duplicated, whatever the entity's
+# settings, and remembered for a day: long enough for a forwarder to retry after any restart.
+TRANSFER_ID_PREFIX = "\x00transfer:"
+TRANSFER_ID_RETENTION_MS = 24 * 3600 * 1000
 TTL_EXPIRED_REASON = "TTLExpiredException"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
 
@@ -79,6 +83,7 @@ class SlotSettings:
     default_ttl_ms: int | None = None
     dead_letter_on_expiration: bool = False
     requires_session: bool = False
+    forwards: bool = False  # auto-forwarding moves its messages on
 
 
 @dataclass(slots=True)
@@ -354,7 +359,9 @@ class PartitionBroker:
             seq = self._next_seq
             try:
                 for dedup_id, copies in items:
-                    if dedup_id is not None and cfg.requires_duplicate_detection:
+                    if dedup_id is not None and (
+                        cfg.requires_duplicate_detection or dedup_id.startswith(TRANSFER_ID_PREFIX)
+                    ):
                         seen = self._dedup.get(dedup_id)
                         if seen is not None and seen >= window_start:
                             results.append(None)  # accepted and dropped, as the service does
@@ -572,7 +579,13 @@ class PartitionBroker:
         return Update(entry.seq, entry.queue, m.state, m.delivery_count, dead_letter)
 
     def _move_to_dead_letter(
-        self, q: MessageQueue, entry: Entry, reason: str | None, description: str | None, writes: list[Op]
+        self,
+        q: MessageQueue,
+        entry: Entry,
+        reason: str | None,
+        description: str | None,
+        writes: list[Op],
+        sub_queue: SubQueue = SubQueue.DEAD_LETTER,
     ) -> None:
         msg = entry.msg
         del q.entries[entry.seq]
@@ -581,8 +594,8 @@ class PartitionBroker:
         msg.dead_letter_reason = reason
         msg.dead_letter_error_description = description
         msg.dead_letter_source = None
-        entry.queue = SubQueue.DEAD_LETTER
-        dlq = self._queue(entry.slot, SubQueue.DEAD_LETTER)
+        entry.queue = sub_queue
+        dlq = self._queue(entry.slot, sub_queue)
         dlq.entries[entry.seq] = entry
         heapq.heappush(dlq.ready, entry.seq)
         writes.append(("update", entry.slot, [self._update_of(entry)]))
@@ -653,14 +666,24 @@ class PartitionBroker:
             msg.state = MessageState.DEFERRED
             return self._write([("update", slot, [self._update_of(entry)])])
 
-    def dead_letter(self, slot: int, token: uuid.UUID, reason: str | None, description: str | None) -> Future:
+    def dead_letter(
+        self,
+        slot: int,
+        token: uuid.UUID,
+        reason: str | None,
+        description: str | None,
+        sub_queue: SubQueue = SubQueue.DEAD_LETTER,
+    ) -> Future:
+        """Move a locked message to the dead-letter queue (or, for forwarding failures, the transfer
+        dead-letter queue). From the dead-letter queue only the transfer dead-letter queue is allowed."""
         with self._lock:
             self._check()
             entry = self._locked_entry(slot, token, _ms(self._clock))
-            if entry.queue != SubQueue.MAIN:
+            if entry.queue == sub_queue or (entry.queue != SubQueue.MAIN and sub_queue == SubQueue.DEAD_LETTER):
                 raise InvalidOperation("A message in a dead-letter queue cannot be dead-lettered again.")
             writes: list[Op] = []
-            self._move_to_dead_letter(self._queues[(slot, entry.queue)], entry, reason, description, writes)
+            q = self._queues[(slot, entry.queue)]
+            self._move_to_dead_letter(q, entry, reason, description, writes, sub_queue)
             return self._write(writes)
 
     def renew_lock(self, slot: int, token: uuid.UUID) -> int:
@@ -930,6 +953,8 @@ class PartitionBroker:
         with self._lock:
             self._check()
             props = RuntimeProperties()
+            settings = self._slots.get(slot)
+            forwards = settings is not None and settings.forwards
             for queue in SubQueue:
                 q = self._queues.get((slot, queue))
                 if q is None:
@@ -942,6 +967,8 @@ class PartitionBroker:
                         props.transfer_dead_letter_message_count += 1
                     elif entry.msg.state is MessageState.SCHEDULED:
                         props.scheduled_message_count += 1
+                    elif forwards:
+                        props.transfer_message_count += 1  # waiting to be forwarded
                     else:
                         props.active_message_count += 1
             return props
@@ -964,12 +991,18 @@ class PartitionBroker:
         with self._lock:
             if not self._healthy or not self._dedup:
                 return
-            cutoff = _ms(self._clock) - self.config.dedup_window_ms
-            stale = [k for k, seen in self._dedup.items() if seen < cutoff]
+            now = _ms(self._clock)
+            cutoff = now - self.config.dedup_window_ms
+            transfer_cutoff = now - TRANSFER_ID_RETENTION_MS
+            stale = [
+                k
+                for k, seen in self._dedup.items()
+                if seen < (transfer_cutoff if k.startswith(TRANSFER_ID_PREFIX) else cutoff)
+            ]
             if stale:
                 for key in stale:
                     del self._dedup[key]
-                self._write([("dedup_prune", cutoff)])
+                self._write([("dedup_delete", stale)])
 
     def tick(self) -> None:
         """Periodic upkeep: end expired locks and activate due scheduled messages, waking waiting receivers."""

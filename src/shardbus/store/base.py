@@ -43,6 +43,7 @@ class Update(NamedTuple):
 #   ("meta", key, value)                      small persistent counters (next sequence number)
 #   ("dedup", [(message_id, seen_ms), ...])   duplicate-detection history
 #   ("dedup_prune", before_ms)
+#   ("dedup_delete", [message_id, ...])
 #   ("session_state", slot, session_id, bytes | None)
 Op = tuple[Any, ...]
 

@@ -53,6 +53,7 @@ class SqliteStore:
             "meta": self._meta,
             "dedup": self._dedup,
             "dedup_prune": self._dedup_prune,
+            "dedup_delete": self._dedup_delete,
             "session_state": self._session_state,
         }
 
@@ -124,6 +125,9 @@ class SqliteStore:
 
     def _dedup_prune(self, before_ms: int) -> None:
         self._db.execute("DELETE FROM dedup WHERE seen < ?", (before_ms,))
+
+    def _dedup_delete(self, message_ids: list[str]) -> None:
+        self._db.executemany("DELETE FROM dedup WHERE message_id=?", [(m,) for m in message_ids])
 
     def _session_state(self, slot: int, session: str, state: bytes | None) -> None:
         if state is None:
