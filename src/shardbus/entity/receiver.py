@@ -36,7 +36,36 @@ def _token(ref: LockRef) -> uuid.UUID:
     return token
 
 
-class Receiver:
+class Settling:
+    """Blocking settlement calls, built on a receiver's ``submit_complete`` and ``submit_settle``."""
+
+    def submit_complete(self, refs: Iterable[LockRef]) -> list[Future]:
+        raise NotImplementedError
+
+    def submit_settle(
+        self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
+    ) -> Future | None:
+        raise NotImplementedError
+
+    def complete(self, *refs: LockRef) -> None:
+        for f in self.submit_complete(refs):
+            f.result()
+
+    def abandon(self, ref: LockRef) -> None:
+        self.submit_settle("abandon", ref).result()
+
+    def release(self, ref: LockRef) -> None:
+        """Give a message back without counting a delivery."""
+        self.submit_settle("release", ref)
+
+    def defer(self, ref: LockRef) -> None:
+        self.submit_settle("defer", ref).result()
+
+    def dead_letter(self, ref: LockRef, reason: str | None = None, error_description: str | None = None) -> None:
+        self.submit_settle("dead_letter", ref, reason, error_description).result()
+
+
+class Receiver(Settling):
     def __init__(
         self,
         target: Target,
@@ -189,10 +218,6 @@ class Receiver:
             by_partition.setdefault(partition_of_lock_token(token), []).append(token)
         return [self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()]
 
-    def complete(self, *refs: LockRef) -> None:
-        for f in self.submit_complete(refs):
-            f.result()
-
     def submit_settle(
         self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
     ) -> Future | None:
@@ -200,18 +225,6 @@ class Receiver:
         (which needs no write, so returns None)."""
         token = _token(ref)
         return settle(self._partition(token), self.target.slot, outcome, token, reason, description)
-
-    def abandon(self, ref: LockRef) -> None:
-        self.submit_settle("abandon", ref).result()
-
-    def release(self, ref: LockRef) -> None:
-        self.submit_settle("release", ref)
-
-    def defer(self, ref: LockRef) -> None:
-        self.submit_settle("defer", ref).result()
-
-    def dead_letter(self, ref: LockRef, reason: str | None = None, error_description: str | None = None) -> None:
-        self.submit_settle("dead_letter", ref, reason, error_description).result()
 
     def renew_lock(self, ref: LockRef) -> int:
         """Renew a message lock; returns the new locked-until time in ms (and updates the message)."""

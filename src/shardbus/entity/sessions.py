@@ -27,7 +27,7 @@ from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
 from ..partition.broker import PartitionBroker
 from .entity import Target
-from .receiver import LockRef, _token, settle
+from .receiver import LockRef, Settling, _token, settle
 
 _rotation = itertools.count()
 
@@ -58,7 +58,7 @@ def accept_session(target: Target, session_id: str | None) -> tuple[PartitionBro
     return None
 
 
-class SessionReceiver:
+class SessionReceiver(Settling):
     """Holds one session lock and receives that session's messages in order."""
 
     sub_queue = SubQueue.MAIN  # sessions live in the main queue; dead-letter queues have none
@@ -171,25 +171,12 @@ class SessionReceiver:
         tokens = [_token(r) for r in refs]
         return [self._settle(lambda: self.partition.complete(self.slot, tokens))]
 
-    def complete(self, *refs: LockRef) -> None:
-        for f in self.submit_complete(refs):
-            f.result()
-
     def submit_settle(
         self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
     ) -> Future | None:
         """As ``Receiver.submit_settle``, for this session's messages."""
         token = _token(ref)
         return self._settle(lambda: settle(self.partition, self.slot, outcome, token, reason, description))
-
-    def abandon(self, ref: LockRef) -> None:
-        self.submit_settle("abandon", ref).result()
-
-    def defer(self, ref: LockRef) -> None:
-        self.submit_settle("defer", ref).result()
-
-    def dead_letter(self, ref: LockRef, reason: str | None = None, error_description: str | None = None) -> None:
-        self.submit_settle("dead_letter", ref, reason, error_description).result()
 
     # --- the session ---------------------------------------------------------------------------------------
     def renew_session_lock(self) -> int:

@@ -489,20 +489,9 @@ class PartitionBroker:
             writes: list[Op] = []
             self._process_due(q, settings, now, writes)
             out: list[Message] = []
-            ready = q.ready
-            entries = q.entries
             lock_ms = settings.lock_duration_ms
-            while ready and len(out) < max_count:
-                seq = heapq.heappop(ready)
-                entry = entries.get(seq)
-                if entry is None:
-                    continue
-                msg = entry.msg
-                if msg.lock_token is not None or msg.state is not MessageState.ACTIVE:
-                    continue
-                if msg.expires_at_ms is not None and msg.expires_at_ms <= now and queue == SubQueue.MAIN:
-                    self._expire(q, entry, settings, writes)
-                    continue
+            while len(out) < max_count and (entry := self._next_lockable(q, q.ready, settings, now, writes)):
+                msg, seq = entry.msg, entry.seq
                 token = new_lock_token(self.id)
                 msg.lock_token = token
                 msg.locked_until_ms = until = now + lock_ms
@@ -513,6 +502,24 @@ class PartitionBroker:
             if writes:
                 self._write(writes)
             return out
+
+    def _next_lockable(
+        self, q: MessageQueue, ready: list[int], settings: SlotSettings, now: int, writes: list[Op]
+    ) -> Entry | None:
+        """Pop the oldest message of a ready heap that can be locked; expired ones met on the way expire."""
+        entries = q.entries
+        while ready:
+            entry = entries.get(heapq.heappop(ready))
+            if entry is None:
+                continue  # removed since it became ready
+            msg = entry.msg
+            if msg.lock_token is not None or msg.state is not MessageState.ACTIVE:
+                continue
+            if msg.expires_at_ms is not None and msg.expires_at_ms <= now and entry.queue == SubQueue.MAIN:
+                self._expire(q, entry, settings, writes)
+                continue
+            return entry
+        return None
 
     def _process_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> None:
         """Apply what time has made due: expired locks and session locks end, scheduled messages become active."""
@@ -825,18 +832,8 @@ class PartitionBroker:
             self._process_due(q, settings, now, writes)
             q, session = self._held_session(slot, session_id, token, now)
             out: list[Message] = []
-            ready, entries = session.ready, q.entries
-            while ready and len(out) < max_count:
-                seq = heapq.heappop(ready)
-                entry = entries.get(seq)
-                if entry is None:
-                    continue
+            while len(out) < max_count and (entry := self._next_lockable(q, session.ready, settings, now, writes)):
                 msg = entry.msg
-                if msg.lock_token is not None or msg.state is not MessageState.ACTIVE:
-                    continue
-                if msg.expires_at_ms is not None and msg.expires_at_ms <= now:
-                    self._expire(q, entry, settings, writes)
-                    continue
                 message_token = new_lock_token(self.id)
                 msg.lock_token = message_token
                 msg.locked_until_ms = session.locked_until
