@@ -24,6 +24,7 @@ from .entity.entity import QUEUE_SLOT, QueueEntity, SubscriptionEntity, Target, 
 from .entity.forwarding import Forwarder
 from .entity.receiver import Receiver
 from .entity.sessions import SessionReceiver, list_sessions
+from .entity.transactions import Transaction
 from .model.entities import (
     DEFAULT_RULE_NAME,
     EntityKind,
@@ -745,6 +746,12 @@ class Namespace:
         return Receiver(
             target, ReceiveMode(mode), sub_queue if sub_queue is not None else suffix_queue, self._clock
         )
+
+    def transaction(self) -> Transaction:
+        """Operations that commit together or not at all: ``with ns.transaction() as tx: tx.send(...);
+        tx.complete(receiver, message)``. The seeds' rules for partitioned entities apply (see
+        ``shardbus.entity.transactions``)."""
+        return Transaction(self._sender_entity)
 
     def session_receiver(
         self,

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from ..model.errors import InvalidOperation, MessageLockLost, MessageNotFound, PartitionUnavailable
 from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number, partition_of_lock_token
-from ..partition.broker import PartitionBroker
+from ..partition.broker import PartitionBroker, Settle
 from .entity import Target
 
 LockRef = Message | uuid.UUID
@@ -261,16 +261,6 @@ def settle(
     reason: str | None = None,
     description: str | None = None,
 ) -> Future | None:
-    """The one dispatch from a settlement outcome to the partition's transition."""
-    if outcome == "complete":
-        return partition.complete(slot, [token])
-    if outcome == "abandon":
-        return partition.abandon(slot, token)
-    if outcome == "defer":
-        return partition.defer(slot, token)
-    if outcome == "dead_letter":
-        return partition.dead_letter(slot, token, reason, description)
-    if outcome == "release":
-        partition.release(slot, token)
-        return None
-    raise InvalidOperation(f"Unknown settlement outcome '{outcome}'.")
+    """Settle one message in its partition; a release needs no write, so gives no future."""
+    future = partition.settle(slot, [Settle(outcome, token, reason, description)])
+    return None if outcome == "release" else future

@@ -86,6 +86,20 @@ class SlotSettings:
     forwards: bool = False  # auto-forwarding moves its messages on
 
 
+SETTLE_OUTCOMES = frozenset({"complete", "abandon", "release", "defer", "dead_letter"})
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """One settlement: what happens to the message a lock token holds."""
+
+    outcome: str  # one of SETTLE_OUTCOMES
+    token: uuid.UUID
+    reason: str | None = None
+    description: str | None = None
+    sub_queue: SubQueue = SubQueue.DEAD_LETTER  # where dead-lettering goes (transfer DLQ for forwarding)
+
+
 @dataclass(slots=True)
 class PartitionConfig:
     """Entity-wide settings each partition enforces on its own share."""
@@ -348,60 +362,67 @@ class PartitionBroker:
         """
         with self._lock:
             self._check()
-            cfg = self.config
-            now = _ms(self._clock)
-            window_start = now - cfg.dedup_window_ms
-            dedup_new: list[tuple[str, int]] = []
-            rows_by_slot: dict[int, list[Row]] = {}
-            visible: list[tuple[int, Entry]] = []
-            results: list[int | None] = []
-            added_size = 0
-            seq = self._next_seq
-            try:
-                for dedup_id, copies in items:
-                    if dedup_id is not None and (
-                        cfg.requires_duplicate_detection or dedup_id.startswith(TRANSFER_ID_PREFIX)
-                    ):
-                        seen = self._dedup.get(dedup_id)
-                        if seen is not None and seen >= window_start:
-                            results.append(None)  # accepted and dropped, as the service does
-                            continue
-                        self._dedup[dedup_id] = now
-                        dedup_new.append((dedup_id, now))
-                    results.append(encode_sequence_number(self.id, seq))
-                    for slot, msg in copies:
-                        entry, row = self._new_entry(slot, seq, msg, now)
-                        added_size += entry.size
-                        rows_by_slot.setdefault(slot, []).append(row)
-                        visible.append((slot, entry))
-                    seq += 1
-                if self._size + added_size > cfg.max_size_bytes:
-                    raise QuotaExceeded(
-                        f"The maximum entity size has been reached or exceeded for '{cfg.path}' "
-                        f"(partition {self.id}). "
-                        f"Size of entity in bytes: {self._size}, max entity size in bytes: {cfg.max_size_bytes}."
-                    )
-            except Exception:
-                for dedup_id, _ in dedup_new:  # nothing of a refused batch is remembered
-                    self._dedup.pop(dedup_id, None)
-                raise
-            self._next_seq = seq
-            self._size += added_size
-            ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
-            ops.append(("meta", "next_seq", seq))
-            if dedup_new:
-                ops.append(("dedup", dedup_new))
+            ops, on_commit = self._stage_enqueue(items, _ms(self._clock))
+            return self._write(ops, on_commit)
 
-            def make_visible() -> list[int | None]:
-                with self._lock:
-                    if self._healthy:
-                        touched = self._add_visible(visible)
-                    else:
-                        touched = set()
-                self._notify(touched)
-                return results
+    def _stage_enqueue(
+        self, items: list[tuple[str | None, list[tuple[int, Message]]]], now: int
+    ) -> tuple[list[Op], Callable[[], list[int | None]]]:
+        """Validate and number messages; return the store ops and the callback that makes them visible.
+        Raises (leaving nothing behind) when the batch is refused."""
+        cfg = self.config
+        window_start = now - cfg.dedup_window_ms
+        dedup_new: list[tuple[str, int]] = []
+        rows_by_slot: dict[int, list[Row]] = {}
+        visible: list[tuple[int, Entry]] = []
+        results: list[int | None] = []
+        added_size = 0
+        seq = self._next_seq
+        try:
+            for dedup_id, copies in items:
+                if dedup_id is not None and (
+                    cfg.requires_duplicate_detection or dedup_id.startswith(TRANSFER_ID_PREFIX)
+                ):
+                    seen = self._dedup.get(dedup_id)
+                    if seen is not None and seen >= window_start:
+                        results.append(None)  # accepted and dropped, as the service does
+                        continue
+                    self._dedup[dedup_id] = now
+                    dedup_new.append((dedup_id, now))
+                results.append(encode_sequence_number(self.id, seq))
+                for slot, msg in copies:
+                    entry, row = self._new_entry(slot, seq, msg, now)
+                    added_size += entry.size
+                    rows_by_slot.setdefault(slot, []).append(row)
+                    visible.append((slot, entry))
+                seq += 1
+            if self._size + added_size > cfg.max_size_bytes:
+                raise QuotaExceeded(
+                    f"The maximum entity size has been reached or exceeded for '{cfg.path}' "
+                    f"(partition {self.id}). "
+                    f"Size of entity in bytes: {self._size}, max entity size in bytes: {cfg.max_size_bytes}."
+                )
+        except Exception:
+            for dedup_id, _ in dedup_new:  # nothing of a refused batch is remembered
+                self._dedup.pop(dedup_id, None)
+            raise
+        self._next_seq = seq
+        self._size += added_size
+        ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
+        ops.append(("meta", "next_seq", seq))
+        if dedup_new:
+            ops.append(("dedup", dedup_new))
 
-            return self._write(ops, make_visible)
+        def make_visible() -> list[int | None]:
+            with self._lock:
+                if self._healthy:
+                    touched = self._add_visible(visible)
+                else:
+                    touched = set()
+            self._notify(touched)
+            return results
+
+        return ops, make_visible
 
     def _ttl_floor(self, slot: int) -> int | None:
         """The smaller of the entity's and the slot's default TTL (ms), None when neither limits it."""
@@ -632,46 +653,64 @@ class PartitionBroker:
             )
         return entry
 
-    def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future:
-        """Settle locked messages as done: they are removed. All tokens must be valid, or none is settled."""
+    def _check_settle(self, slot: int, settle: Settle, now: int) -> Entry:
+        """Validate one settlement without changing anything (so a group can be refused as a whole)."""
+        entry = self._locked_entry(slot, settle.token, now)
+        if settle.outcome == "dead_letter" and (
+            entry.queue == settle.sub_queue
+            or (entry.queue != SubQueue.MAIN and settle.sub_queue == SubQueue.DEAD_LETTER)
+        ):
+            raise InvalidOperation("A message in a dead-letter queue cannot be dead-lettered again.")
+        if settle.outcome not in SETTLE_OUTCOMES:
+            raise InvalidOperation(f"Unknown settlement outcome '{settle.outcome}'.")
+        return entry
+
+    def _settle_locked(self, slot: int, entry: Entry, settle: Settle, writes: list[Op]) -> None:
+        """The settlement transitions: complete (gone), abandon/release (back, counting a delivery or not),
+        defer, dead-letter. ``entry`` was validated by ``_check_settle``."""
+        q = self._queues[(slot, entry.queue)]
+        outcome = settle.outcome
+        if outcome == "complete":
+            self._drop_lock(q, entry)
+            del q.entries[entry.seq]
+            self._size -= entry.size
+            writes.append(("delete", slot, [entry.seq]))
+        elif outcome in ("abandon", "release"):
+            self._unlock(q, entry, self._slots[slot], outcome == "abandon", writes)
+        elif outcome == "defer":
+            self._drop_lock(q, entry)
+            entry.msg.state = MessageState.DEFERRED
+            writes.append(("update", slot, [self._update_of(entry)]))
+        else:
+            self._move_to_dead_letter(q, entry, settle.reason, settle.description, writes, settle.sub_queue)
+
+    def settle(self, slot: int, settles: list[Settle]) -> Future:
+        """Apply settlements of one slot: all valid, or none is applied."""
         with self._lock:
             self._check()
             now = _ms(self._clock)
-            entries = [self._locked_entry(slot, t, now) for t in tokens]
-            deletes: list[int] = []
-            for entry in entries:
-                q = self._queues[(slot, entry.queue)]
-                self._drop_lock(q, entry)
-                del q.entries[entry.seq]
-                self._size -= entry.size
-                deletes.append(entry.seq)
-            return self._write([("delete", slot, deletes)])
+            entries = [self._check_settle(slot, st, now) for st in settles]
+            writes: list[Op] = []
+            for entry, st in zip(entries, settles, strict=True):
+                self._settle_locked(slot, entry, st, writes)
+            future = self._write(writes)
+        if any(st.outcome in ("abandon", "release") for st in settles):
+            self._notify((slot,))  # something is receivable again
+        return future
+
+    def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future:
+        """Settle locked messages as done: they are removed. All tokens must be valid, or none is settled."""
+        return self.settle(slot, [Settle("complete", t) for t in tokens])
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
-        return self._end_lock(slot, token, count_delivery=True)
+        return self.settle(slot, [Settle("abandon", token)])
 
     def release(self, slot: int, token: uuid.UUID) -> None:
         """Give a message back without counting a delivery (AMQP ``released``, unrequested prefetch)."""
-        self._end_lock(slot, token, count_delivery=False)
-
-    def _end_lock(self, slot: int, token: uuid.UUID, count_delivery: bool) -> Future:
-        with self._lock:
-            self._check()
-            entry = self._locked_entry(slot, token, _ms(self._clock))
-            writes: list[Op] = []
-            self._unlock(self._queues[(slot, entry.queue)], entry, self._slots[slot], count_delivery, writes)
-            future = self._write(writes)
-        self._notify((slot,))
-        return future
+        self.settle(slot, [Settle("release", token)])
 
     def defer(self, slot: int, token: uuid.UUID) -> Future:
-        with self._lock:
-            self._check()
-            entry = self._locked_entry(slot, token, _ms(self._clock))
-            self._drop_lock(self._queues[(slot, entry.queue)], entry)
-            msg = entry.msg
-            msg.state = MessageState.DEFERRED
-            return self._write([("update", slot, [self._update_of(entry)])])
+        return self.settle(slot, [Settle("defer", token)])
 
     def dead_letter(
         self,
@@ -683,15 +722,24 @@ class PartitionBroker:
     ) -> Future:
         """Move a locked message to the dead-letter queue (or, for forwarding failures, the transfer
         dead-letter queue). From the dead-letter queue only the transfer dead-letter queue is allowed."""
+        return self.settle(slot, [Settle("dead_letter", token, reason, description, sub_queue)])
+
+    def transact(
+        self, items: list[tuple[str | None, list[tuple[int, Message]]]], settles: list[tuple[int, Settle]]
+    ) -> Future:
+        """Sends and settlements (per slot) committed together in one store transaction, or not at all.
+        The future's result is the sent messages' sequence numbers, as ``enqueue`` gives them."""
         with self._lock:
             self._check()
-            entry = self._locked_entry(slot, token, _ms(self._clock))
-            if entry.queue == sub_queue or (entry.queue != SubQueue.MAIN and sub_queue == SubQueue.DEAD_LETTER):
-                raise InvalidOperation("A message in a dead-letter queue cannot be dead-lettered again.")
+            now = _ms(self._clock)
+            entries = [self._check_settle(slot, st, now) for slot, st in settles]
+            ops, on_commit = self._stage_enqueue(items, now) if items else ([], list)
             writes: list[Op] = []
-            q = self._queues[(slot, entry.queue)]
-            self._move_to_dead_letter(q, entry, reason, description, writes, sub_queue)
-            return self._write(writes)
+            for entry, (slot, st) in zip(entries, settles, strict=True):
+                self._settle_locked(slot, entry, st, writes)
+            future = self._write(writes + ops, on_commit)
+        self._notify({slot for slot, st in settles if st.outcome in ("abandon", "release")})
+        return future
 
     def renew_lock(self, slot: int, token: uuid.UUID) -> int:
         """Extend a lock by the lock duration from now; returns the new locked-until time (ms)."""
