@@ -166,16 +166,25 @@ class ClientSender:
         self._credit = asyncio.Event()
 
     async def send(
-        self, payload: bytes, *, message_format: int = 0, settled: bool = False, timeout: float | None = 60
+        self,
+        payload: bytes,
+        *,
+        message_format: int = 0,
+        settled: bool = False,
+        state: Any = None,
+        timeout: float | None = 60,
     ) -> Any:
-        """Send one encoded message; wait for credit, then (unless pre-settled) for the outcome."""
+        """Send one encoded message (``state``: e.g. a transactional-state); wait for credit, then (unless
+        pre-settled) for the outcome."""
         client = self._session.client
         while self.link.credit <= 0 or self.link.session.remote_incoming_window <= 0:
             client._check_alive()
             self._credit.clear()
             await asyncio.wait_for(self._credit.wait(), timeout)
         tag = next(self._tags).to_bytes(4, "big")
-        did = client._conn.send_transfer(self.link, tag, payload, settled=settled, message_format=message_format)
+        did = client._conn.send_transfer(
+            self.link, tag, payload, settled=settled, message_format=message_format, state=state
+        )
         if settled:
             client._flush()
             return None

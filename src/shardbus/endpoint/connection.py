@@ -38,11 +38,26 @@ from ..amqp.connection import Connection, Role
 from ..amqp.link import LinkState
 from ..amqp.message import BATCH_MESSAGE_FORMAT, AmqpMessage, Properties, decode_message, split_batch
 from ..amqp.message import BodyType as WireBody
-from ..amqp.performatives import Accepted, Error, Modified, Rejected, Released, SndSettleMode
+from ..amqp.performatives import (
+    Accepted,
+    Coordinator,
+    Declare,
+    Declared,
+    Discharge,
+    Error,
+    InvalidField,
+    Modified,
+    Rejected,
+    Released,
+    SndSettleMode,
+    TransactionalState,
+    decode_composite,
+)
 from ..amqp.types import Int, Long, Symbol
 from ..entity.entity import QueueEntity, Target, TopicEntity
 from ..entity.receiver import Receiver
 from ..entity.sessions import SessionReceiver, accept_session
+from ..entity.transactions import Transaction
 from ..model.errors import EntityNotFound, InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
 from ..model.message import Message, ReceiveMode
 from ..namespace import Namespace
@@ -57,6 +72,8 @@ CBS = "$cbs"
 SESSION_FILTER = "com.microsoft:session-filter"
 DEFAULT_SESSION_WAIT_MS = 60_000  # how long a next-available session attach waits when the client names no limit
 DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
+TXN_UNKNOWN = Symbol("amqp:transaction:unknown-id")
+TXN_ROLLBACK = Symbol("amqp:transaction:rollback")
 MANAGEMENT_SUFFIX = "/$management"
 DEAD_LETTER_CONDITION = "com.microsoft:dead-letter"
 WINDOW = 0x7FFFFFFF
@@ -92,6 +109,16 @@ def _error(exc: BaseException) -> Error:
     return Error(condition=condition, description=str(exc) or type(exc).__name__)
 
 
+class _Txn:
+    """A declared AMQP transaction: its core transaction, and the first failure that dooms it."""
+
+    __slots__ = ("failure", "transaction")
+
+    def __init__(self, transaction: Transaction) -> None:
+        self.transaction = transaction
+        self.failure: str | None = None
+
+
 class _ReceiveLink:
     """State of a client receiver link: the core receiver and the wake-up hook."""
 
@@ -123,6 +150,8 @@ class ServiceBusConnection:
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
         self._pending_sends: list[tuple[Any, ev.DeliveryReceived, list[Message]]] = []
+        self._coordinators: set[Any] = set()
+        self._transactions: dict[bytes, _Txn] = {}
         self.closed = False
 
     # ------------------------------------------------------------------------------------------------------
@@ -224,6 +253,11 @@ class ServiceBusConnection:
     def _on_attach(self, e: ev.LinkAttachRequested) -> None:
         link, attach = e.link, e.attach
         client_sends = not attach.role  # the client's role: False = sender
+        if client_sends and isinstance(attach.target, Coordinator):
+            self.amqp.attach_reply(link)  # AMQP transactions: declare and discharge arrive on this link
+            self._coordinators.add(link)
+            self.amqp.flow(link, link_credit=SENDER_CREDIT)
+            return
         address = (attach.target if client_sends else attach.source) or None
         address_value = getattr(address, "address", None)
         path = entity_path(address_value)
@@ -362,7 +396,13 @@ class ServiceBusConnection:
         if link.link_credit < SENDER_CREDIT // 2:  # keep credit-respecting clients sending
             self.amqp.flow(link, link_credit=SENDER_CREDIT)
         if link in self._senders:
-            self._on_send(e, self._senders[link])
+            if isinstance(e.state, TransactionalState):
+                self._on_transactional_send(e, self._senders[link])
+            else:
+                self._on_send(e, self._senders[link])
+            return
+        if link in self._coordinators:
+            self._on_coordinator(e)
             return
         try:
             request = decode_message(e.payload)
@@ -374,7 +414,8 @@ class ServiceBusConnection:
         if path == CBS:
             self._on_put_token(link, request)
         elif path.lower().endswith(MANAGEMENT_SUFFIX):
-            self._on_management(link, path, request)
+            txn_id = e.state.txn_id if isinstance(e.state, TransactionalState) else None
+            self._on_management(link, path, request, txn_id)
 
     def _settle(self, e: ev.DeliveryReceived, state: Any) -> None:
         if not e.settled:
@@ -467,7 +508,7 @@ class ServiceBusConnection:
     # ------------------------------------------------------------------------------------------------------
     # $management
     # ------------------------------------------------------------------------------------------------------
-    def _on_management(self, link: Any, path: str, request: AmqpMessage) -> None:
+    def _on_management(self, link: Any, path: str, request: AmqpMessage, txn_id: bytes | None = None) -> None:
         app = {str(k): v for k, v in (request.application_properties or {}).items()}
         operation = str(app.get("operation", ""))
         node = path[: -len(MANAGEMENT_SUFFIX)]
@@ -479,6 +520,7 @@ class ServiceBusConnection:
         context = ManagementContext(
             self._ns, node, self._management_receiver, lambda t, sid: self._sessions.get((id(t), sid)), app
         )
+        context.transaction_id = txn_id
 
         def respond(reply: ManagementReply) -> None:
             out = self._mgmt_out.get(reply_key) or self._mgmt_out.get((link.session, path.lower()))
@@ -605,7 +647,103 @@ class ServiceBusConnection:
             if state is None or len(ref.delivery_tag) != 16:
                 continue
             token = uuid.UUID(bytes_le=ref.delivery_tag)
-            self._settle_delivery(ref, state.receiver, token, e.state, e.settled)
+            if isinstance(e.state, TransactionalState):
+                self._settle_in_transaction(ref, state.receiver, token, e.state, e.settled)
+            else:
+                self._settle_delivery(ref, state.receiver, token, e.state, e.settled)
+
+    # ------------------------------------------------------------------------------------------------------
+    # AMQP transactions (a coordinator link declares and discharges; transfers and dispositions carry
+    # transactional-state with the txn-id). The work itself is a core ``Transaction``.
+    # ------------------------------------------------------------------------------------------------------
+    def _on_coordinator(self, e: ev.DeliveryReceived) -> None:
+        try:
+            body = decode_composite(decode_message(e.payload).body, (Declare, Discharge))
+        except (DecodeError, InvalidField) as exc:
+            self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
+            return
+        if isinstance(body, Declare):
+            txn_id = uuid.uuid4().bytes
+            self._transactions[txn_id] = _Txn(self._ns.transaction())
+            self._settle(e, Declared(txn_id=txn_id))
+            return
+        txn = self._transactions.pop(body.txn_id, None)
+        if txn is None:
+            self._settle(e, Rejected(error=Error(condition=TXN_UNKNOWN, description="Unknown transaction id.")))
+            return
+        if body.fail:
+            txn.transaction.rollback()
+            self._settle(e, Accepted())
+            return
+        if txn.failure is not None:
+            txn.transaction.rollback()
+            self._settle(e, Rejected(error=Error(condition=TXN_ROLLBACK, description=txn.failure)))
+            return
+        try:
+            future = txn.transaction.submit_commit()
+        except ShardbusError as exc:
+            self._settle(e, Rejected(error=Error(condition=TXN_ROLLBACK, description=str(exc))))
+            return
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            outcome = Accepted() if exc is None else Rejected(error=Error(condition=TXN_ROLLBACK, description=str(exc)))
+            self._later(lambda: self._settle(e, outcome))
+
+        future.add_done_callback(done)
+
+    def _transaction_of(self, state: TransactionalState) -> _Txn:
+        txn = self._transactions.get(state.txn_id)
+        if txn is None:
+            raise InvalidOperation("The transaction id is unknown (never declared, or already discharged).")
+        return txn
+
+    def _on_transactional_send(self, e: ev.DeliveryReceived, entity: QueueEntity | TopicEntity) -> None:
+        try:
+            txn = self._transaction_of(e.state)
+        except ShardbusError as exc:
+            self._settle(e, Rejected(error=Error(condition=TXN_UNKNOWN, description=str(exc))))
+            return
+        try:
+            if e.message_format == BATCH_MESSAGE_FORMAT:
+                messages = [decode_to_message(inner) for inner in split_batch(e.payload)]
+            else:
+                messages = [decode_to_message(e.payload)]
+            txn.transaction.send(entity.path, messages)
+        except (DecodeError, ShardbusError) as exc:
+            txn.failure = txn.failure or str(exc)  # the discharge will roll everything back
+            error = _error(exc) if isinstance(exc, ShardbusError) else Error(condition=Symbol("amqp:decode-error"))
+            self._settle(e, TransactionalState(txn_id=e.state.txn_id, outcome=Rejected(error=error)))
+            return
+        self._settle(e, TransactionalState(txn_id=e.state.txn_id, outcome=Accepted()))
+
+    def _settle_in_transaction(
+        self, ref: Any, receiver: Any, token: uuid.UUID, state: TransactionalState, settled: bool
+    ) -> None:
+        outcome = state.outcome
+        try:
+            txn = self._transaction_of(state)
+            if isinstance(outcome, Accepted):
+                txn.transaction.complete(receiver, token)
+            elif isinstance(outcome, Modified):
+                (txn.transaction.defer if outcome.undeliverable_here else txn.transaction.abandon)(receiver, token)
+            elif isinstance(outcome, Rejected):
+                info = {str(k): v for k, v in ((outcome.error.info if outcome.error else None) or {}).items()}
+                txn.transaction.dead_letter(
+                    receiver, token, info.get("DeadLetterReason"), info.get("DeadLetterErrorDescription")
+                )
+                outcome = Rejected()
+            else:
+                raise InvalidOperation(f"The outcome {type(outcome).__name__} cannot be part of a transaction.")
+        except ShardbusError as exc:
+            if state.txn_id in self._transactions:
+                self._transactions[state.txn_id].failure = str(exc)
+            if not settled:
+                self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=Rejected(error=_error(exc)))
+            return
+        if not settled:
+            echo = TransactionalState(txn_id=state.txn_id, outcome=outcome)
+            self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=echo)
 
     def _settle_delivery(self, ref: Any, receiver: Any, token: uuid.UUID, outcome: Any, settled: bool) -> None:
         reason = description = None

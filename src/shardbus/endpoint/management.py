@@ -57,6 +57,7 @@ class ManagementContext:
         self._receivers = receivers
         self._sessions = sessions
         self.application_properties = application_properties
+        self.transaction_id: bytes | None = None  # set when the request is part of an AMQP transaction
 
     def target(self) -> tuple[Target, SubQueue]:
         return self.namespace.resolve(self.node)
