@@ -127,9 +127,7 @@ class Namespace:
         stored_tier = meta.get("tier")
         tier_value = Tier.parse(tier) if tier is not None else Tier(stored_tier or "standard")
         if stored_tier is not None and stored_tier != tier_value.value:
-            raise ArgumentError(
-                f"Namespace '{name}' was created in the {stored_tier} tier; it cannot change."
-            )
+            raise ArgumentError(f"Namespace '{name}' was created in the {stored_tier} tier; it cannot change.")
         stored_partitions = meta.get("premium_partitions")
         if stored_partitions is not None and premium_partitions not in (None, stored_partitions):
             raise ArgumentError(
@@ -157,9 +155,7 @@ class Namespace:
         self._maintenance_stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         if maintenance:
-            self._maintenance = threading.Thread(
-                target=self._maintain, name="shardbus-maintenance", daemon=True
-            )
+            self._maintenance = threading.Thread(target=self._maintain, name="shardbus-maintenance", daemon=True)
             self._maintenance.start()
 
     @classmethod
@@ -403,9 +399,7 @@ class Namespace:
     def _subscription(self, topic: str, name: str) -> SubscriptionEntity:
         sub = self._topic(topic).subscriptions.get(name.lower())
         if sub is None:
-            raise EntityNotFound(
-                f"The messaging entity '{self.name}/{topic}/Subscriptions/{name}' could not be found."
-            )
+            raise EntityNotFound(f"The messaging entity '{self.name}/{topic}/Subscriptions/{name}' could not be found.")
         return sub
 
     def resolve(self, path: str) -> tuple[Target, SubQueue]:
@@ -485,10 +479,7 @@ class Namespace:
                 self._start_all(entity.partitions, f"create '{desc.name}'")
                 if isinstance(entity, QueueEntity):
                     self._wait(
-                        [
-                            p.create_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name))
-                            for p in entity.partitions
-                        ]
+                        [p.create_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name)) for p in entity.partitions]
                     )
                 created = self.catalog.insert(entity_id, desc.kind.value, None, desc.name, desc.to_dict())
             except BaseException:
@@ -712,9 +703,7 @@ class Namespace:
         """Send one message or a batch (all-or-nothing) to a queue or topic; returns once stored durably."""
         self.submit_send(entity, messages).result()
 
-    def schedule_messages(
-        self, entity: str, messages: Message | list[Message], enqueue_time: datetime
-    ) -> list[int]:
+    def schedule_messages(self, entity: str, messages: Message | list[Message], enqueue_time: datetime) -> list[int]:
         """Schedule messages for ``enqueue_time``; returns their sequence numbers (for cancelling)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         result = []
@@ -732,9 +721,7 @@ class Namespace:
         for seq in seqs:
             pid, local = decode_sequence_number(seq)
             if pid >= len(target.partitions):
-                raise MessageNotFound(
-                    f"No scheduled message with sequence number {seq} exists in '{entity}'."
-                )
+                raise MessageNotFound(f"No scheduled message with sequence number {seq} exists in '{entity}'.")
             by_partition.setdefault(pid, []).append(local)
         self._wait([target.partitions[pid].cancel_scheduled(local) for pid, local in by_partition.items()])
 
@@ -743,9 +730,7 @@ class Namespace:
     ) -> Receiver:
         """A receiver on a queue or subscription path (sub-queues by suffix or ``sub_queue``)."""
         target, suffix_queue = self.resolve(path)
-        return Receiver(
-            target, ReceiveMode(mode), sub_queue if sub_queue is not None else suffix_queue, self._clock
-        )
+        return Receiver(target, ReceiveMode(mode), sub_queue if sub_queue is not None else suffix_queue, self._clock)
 
     def transaction(self) -> Transaction:
         """Operations that commit together or not at all: ``with ns.transaction() as tx: tx.send(...);
@@ -770,9 +755,7 @@ class Namespace:
         target, _ = self.resolve(path)
         return list_sessions(target, None if updated_after is None else datetime_to_ms(updated_after))
 
-    def peek_messages(
-        self, path: str, max_count: int = 1, from_sequence_number: int | None = None
-    ) -> list[Message]:
+    def peek_messages(self, path: str, max_count: int = 1, from_sequence_number: int | None = None) -> list[Message]:
         """The service's peek (see ``Target.peek``): may return fewer than asked on a partitioned entity."""
         target, sub_queue = self.resolve(path)
         return target.peek(from_sequence_number, max_count, sub_queue)

@@ -545,9 +545,7 @@ def test_correlation_filter_properties() -> None:
     assert not CorrelationFilter(properties={"flag": 1}).matches(m)
     assert not CorrelationFilter(properties={"missing": "x"}).matches(m)
     assert not CorrelationFilter(properties={"color": "Red"}).matches(Message(b""))
-    combined = CorrelationFilter(
-        subject="Bus news", reply_to="reply@contoso.com", properties={"color": "Red"}
-    )
+    combined = CorrelationFilter(subject="Bus news", reply_to="reply@contoso.com", properties={"color": "Red"})
     assert combined.matches(m)
     assert not combined.matches(msg(color="Blue"))
 
@@ -559,9 +557,7 @@ def test_correlation_filter_needs_a_condition() -> None:
 
 def test_correlation_filter_equivalent_to_sql() -> None:
     corr = CorrelationFilter(subject="Important", reply_to="johndoe@contoso.com", properties={"color": "Red"})
-    expression = SqlFilter(
-        "sys.ReplyTo = 'johndoe@contoso.com' AND sys.Label = 'Important' AND color = 'Red'"
-    )
+    expression = SqlFilter("sys.ReplyTo = 'johndoe@contoso.com' AND sys.Label = 'Important' AND color = 'Red'")
     for m in [
         Message(subject="Important", reply_to="johndoe@contoso.com", application_properties={"color": "Red"}),
         Message(subject="Important", reply_to="johndoe@contoso.com", application_properties={"color": "red"}),
@@ -811,9 +807,7 @@ ALL_VALUES: dict[str, Any] = {
         FalseFilter(),
         SqlFilter("color = 'red' AND quantity > 10"),
         SqlFilter("a = @s OR b = @i OR c = @dt", ALL_VALUES),
-        CorrelationFilter(
-            correlation_id="c", subject="s", properties={"color": "red", "when": ALL_VALUES["@dt"]}
-        ),
+        CorrelationFilter(correlation_id="c", subject="s", properties={"color": "red", "when": ALL_VALUES["@dt"]}),
         CorrelationFilter(
             correlation_id="c",
             message_id="m",

@@ -104,9 +104,7 @@ def test_max_delivery_count_dead_letters_with_the_services_reason(ns):
         (dead,) = dlq.receive(1, max_wait=1)
         assert dead.body == b"poison"
         assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
-        assert (
-            dead.dead_letter_error_description == "Message could not be consumed after 3 delivery attempts."
-        )
+        assert dead.dead_letter_error_description == "Message could not be consumed after 3 delivery attempts."
         assert dead.partition_id == m.partition_id  # the dead-letter queue is partitioned the same way
         dlq.complete(dead)
 

@@ -64,9 +64,7 @@ def test_message_id_is_the_key_only_with_duplicate_detection(ns):
 
 def test_key_hash_is_stable_across_processes():
     code = "from shardbus.model.routing import partition_for_key as f; print([f(k, 16) for k in ('a','b','key-1')])"
-    outputs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(3)
-    }
+    outputs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(3)}
     assert len(outputs) == 1
     assert outputs.pop().strip() == str([partition_for_key(k, 16) for k in ("a", "b", "key-1")])
 
@@ -158,9 +156,7 @@ def test_store_failure_while_writing_fails_over_and_loses_nothing(ns):
     with pytest.raises(shardbus.PartitionUnavailable):
         ns.send(
             "q",
-            Message(
-                b"x", partition_key=next(k for k in map(str, range(999)) if partition_for_key(k, 16) == 0)
-            ),
+            Message(b"x", partition_key=next(k for k in map(str, range(999)) if partition_for_key(k, 16) == 0)),
         )
     ns.faults.restore_partition("q", 0)
     bodies = sorted(m.body for m in ns.browse("q"))
@@ -211,7 +207,5 @@ def test_acknowledged_sends_are_on_disk(ns, tmp_path):
     import sqlite3
 
     folder = ns.root / "entities" / str(ns._queue("q").entity_id)
-    total = sum(
-        sqlite3.connect(f).execute("SELECT count(*) FROM m0").fetchone()[0] for f in folder.glob("p*.db")
-    )
+    total = sum(sqlite3.connect(f).execute("SELECT count(*) FROM m0").fetchone()[0] for f in folder.glob("p*.db"))
     assert total == 50

@@ -31,9 +31,7 @@ def test_expired_messages_are_dropped(cns, clock):
 
 
 def test_expired_messages_are_dead_lettered_when_the_entity_says_so(cns, clock):
-    cns.create_queue(
-        "q", dead_lettering_on_message_expiration=True, default_message_time_to_live=timedelta(minutes=1)
-    )
+    cns.create_queue("q", dead_lettering_on_message_expiration=True, default_message_time_to_live=timedelta(minutes=1))
     cns.send("q", Message(b"x"))
     clock.advance(61)
     assert cns.receiver("q").receive(1, max_wait=0) == []
@@ -183,9 +181,7 @@ def test_topic_copies_to_matching_subscriptions(ns, partitioned):
     }
     assert counts == {"all": 2, "red": 1, "corr": 1, "none": 0}
     (copy,) = ns.peek_messages("t/Subscriptions/red", 1)
-    assert copy.partition_id == (
-        partition_for_key("k", 16) if partitioned else 0
-    )  # the copy keeps its key's partition
+    assert copy.partition_id == (partition_for_key("k", 16) if partitioned else 0)  # the copy keeps its key's partition
 
 
 def test_subscription_actions_change_the_copy_only(ns):
@@ -230,9 +226,7 @@ def test_everything_survives_a_restart(open_ns, clock):
     ns.create_topic("t", enable_partitioning=True)
     ns.create_subscription("t", "s", default_rule=Rule("r", SqlFilter("n > 1")))
     for i in range(48):
-        ns.send(
-            "q", Message(f"m{i}", application_properties={"i": i}, partition_key=None if i % 2 else f"k{i}")
-        )
+        ns.send("q", Message(f"m{i}", application_properties={"i": i}, partition_key=None if i % 2 else f"k{i}"))
         ns.send("t", Message(f"t{i}", application_properties={"n": i}))
     r = ns.receiver("q")
     got = r.receive(10, max_wait=1)

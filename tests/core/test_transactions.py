@@ -43,6 +43,18 @@ def test_every_settlement_kind_in_a_transaction(ns):
     assert (props.active_message_count, props.dead_letter_message_count) == (2, 1)  # b back, c deferred
 
 
+def test_scheduling_in_a_transaction(open_ns, clock):
+    from datetime import UTC, datetime
+
+    ns = open_ns(clock=clock)
+    ns.create_queue("q", enable_partitioning=True)
+    with ns.transaction() as tx:
+        tx.schedule("q", Message(b"later", partition_key="k"), datetime.fromtimestamp(clock() + 60, UTC))
+        tx.send("q", Message(b"now", partition_key="k"))
+    props = ns.get_runtime_properties("q")
+    assert (props.active_message_count, props.scheduled_message_count) == (1, 1)
+
+
 def test_rollback_discards_everything(ns):
     ns.create_queue("q")
     ns.send("q", Message(b"x", partition_key="k"))

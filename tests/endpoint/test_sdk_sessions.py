@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -151,8 +152,9 @@ def test_session_state_survives_a_broker_restart(tmp_path):
                 assert r.session.get_state() == b"kept"
 
 
-async def test_async_sessions(conn_str, queue):
-    q = queue(requires_session=True, enable_partitioning=True)
+@PARTITIONED
+async def test_async_sessions(conn_str, queue, partitioned):
+    q = queue(requires_session=True, enable_partitioning=partitioned)
     async with AsyncClient.from_connection_string(conn_str, retry_total=0) as client:
         async with client.get_queue_sender(q) as sender:
             await sender.send_messages([ServiceBusMessage(f"{i}", session_id="s") for i in range(5)])
@@ -166,3 +168,49 @@ async def test_async_sessions(conn_str, queue):
             await r.session.renew_lock()
             for m in msgs:
                 await r.complete_message(m)
+
+
+@PARTITIONED
+async def test_async_competing_receivers_order_and_deferral(conn_str, queue, partitioned):
+    q = queue(requires_session=True, enable_partitioning=partitioned)
+    async with AsyncClient.from_connection_string(conn_str, retry_total=0) as client:
+        async with client.get_queue_sender(q) as sender:
+            for sid in ("a", "b"):
+                await sender.send_messages([ServiceBusMessage(f"{sid}{i}", session_id=sid) for i in range(50)])
+        first = client.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=3)
+        second = client.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=3)
+        async with first, second:
+            assert {first.session.session_id, second.session.session_id} == {"a", "b"}
+            with pytest.raises(SessionCannotBeLockedError):
+                async with client.get_queue_receiver(q, session_id="a") as third:
+                    await third.receive_messages(max_wait_time=1)
+            for r in (first, second):
+                got = []
+                while len(got) < 50:
+                    batch = await r.receive_messages(max_message_count=50, max_wait_time=2)
+                    assert batch
+                    got.extend(batch)
+                sid = r.session.session_id
+                assert [str(m) for m in got] == [f"{sid}{i}" for i in range(50)]
+                await r.defer_message(got[0])
+                for m in got[1:]:
+                    await r.complete_message(m)
+                (d,) = await r.receive_deferred_messages([got[0].sequence_number])
+                await r.complete_message(d)
+                assert await r.peek_messages(5) == []
+
+
+async def test_async_session_lock_expiry(conn_str, queue):
+    q = queue(requires_session=True, lock_duration=timedelta(seconds=5), enable_partitioning=True)
+    async with AsyncClient.from_connection_string(conn_str, retry_total=0) as client:
+        async with client.get_queue_sender(q) as sender:
+            await sender.send_messages(ServiceBusMessage("x", session_id="s"))
+        async with client.get_queue_receiver(q, session_id="s") as r:
+            (m,) = await r.receive_messages(max_wait_time=2)
+            await asyncio.sleep(5.5)
+            with pytest.raises(SessionLockLostError):
+                await r.complete_message(m)
+        async with client.get_queue_receiver(q, session_id="s") as r:
+            (again,) = await r.receive_messages(max_wait_time=2)
+            assert again.delivery_count == 1
+            await r.complete_message(again)

@@ -17,6 +17,7 @@ Sending to one entity while settling messages of another ("send-via") is not sup
 from __future__ import annotations
 
 from concurrent.futures import Future
+from datetime import datetime
 from typing import Any
 
 from ..model.errors import InvalidOperation
@@ -84,6 +85,16 @@ class Transaction:
             self._join(partition, key)
         _, items = target._prepare(batch)
         self._items.extend(items)
+
+    def schedule(self, entity: str, messages: Message | list[Message], enqueue_time: datetime) -> None:
+        """Schedule messages as part of the transaction (they appear at ``enqueue_time`` once committed)."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        scheduled = []
+        for m in batch:
+            m = m.copy()
+            m.scheduled_enqueue_time = enqueue_time
+            scheduled.append(m)
+        self.send(entity, scheduled)
 
     def _settle(self, receiver: Receiver | SessionReceiver, outcome: str, ref: LockRef, **details: Any) -> None:
         self._check_open()

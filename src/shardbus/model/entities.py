@@ -31,9 +31,7 @@ class EntityStatus(enum.StrEnum):
         for status in cls:
             if str(value).lower() == status.value.lower():
                 return status
-        raise ArgumentError(
-            f"Unknown entity status '{value}': use Active, Disabled, SendDisabled or ReceiveDisabled."
-        )
+        raise ArgumentError(f"Unknown entity status '{value}': use Active, Disabled, SendDisabled or ReceiveDisabled.")
 
     @property
     def can_send(self) -> bool:
@@ -58,12 +56,7 @@ DEFAULT_RULE_NAME = "$Default"
 
 
 def check_entity_name(name: str, kind: str = "queue or topic") -> str:
-    if (
-        not isinstance(name, str)
-        or not 1 <= len(name) <= 260
-        or not _ENTITY_NAME.fullmatch(name)
-        or "//" in name
-    ):
+    if not isinstance(name, str) or not 1 <= len(name) <= 260 or not _ENTITY_NAME.fullmatch(name) or "//" in name:
         raise ArgumentError(
             f"The {kind} name '{name}' is invalid: use 1-260 letters, digits, periods, hyphens, underscores and "
             "slashes, starting and ending with a letter or digit."
@@ -175,9 +168,7 @@ class _MessagingOptions:
 
 def _validate_messaging(desc: Any, tier: TierRules) -> None:
     _check_range("LockDuration", desc.lock_duration, timedelta(seconds=5), timedelta(minutes=5))
-    _check_range(
-        "DefaultMessageTimeToLive", desc.default_message_time_to_live, timedelta(seconds=1), TIMESPAN_MAX
-    )
+    _check_range("DefaultMessageTimeToLive", desc.default_message_time_to_live, timedelta(seconds=1), TIMESPAN_MAX)
     if not isinstance(desc.max_delivery_count, int) or desc.max_delivery_count < 1:
         raise ArgumentOutOfRange(f"MaxDeliveryCount must be at least 1, not {desc.max_delivery_count}.")
     if not tier.allows_advanced_features:
@@ -236,12 +227,8 @@ class TopicDescription(_Description):
         check_entity_name(self.name, "topic")
         _Description.validate(self, tier)
         if not tier.allows_topics:
-            raise InvalidOperation(
-                "Topics are not available in the basic tier: use the standard or premium tier."
-            )
-        _check_range(
-            "DefaultMessageTimeToLive", self.default_message_time_to_live, timedelta(seconds=1), TIMESPAN_MAX
-        )
+            raise InvalidOperation("Topics are not available in the basic tier: use the standard or premium tier.")
+        _check_range("DefaultMessageTimeToLive", self.default_message_time_to_live, timedelta(seconds=1), TIMESPAN_MAX)
         _validate_size_and_dedup(self, tier)
 
 

@@ -777,9 +777,7 @@ class Parser:
             name = name_tok.text if name_tok.kind == "kw" else name_tok.value
             scope = tok.value.lower()
             if scope == "sys" and name.lower() not in SYSTEM_GETTERS:
-                raise _syntax_error(
-                    self.what, self.source, name_tok.pos, f"unknown system property 'sys.{name}'"
-                )
+                raise _syntax_error(self.what, self.source, name_tok.pos, f"unknown system property 'sys.{name}'")
             return scope, name, tok
         return "user", tok.value, tok
 
@@ -1042,9 +1040,7 @@ def compile_action(expression: str, parameters: Mapping[str, Any] | None = None)
         if scope == "sys":
             settable = SETTABLE_SYSTEM.get(name.lower())
             if settable is None:
-                raise _syntax_error(
-                    what, expression, name_tok.pos, f"system property 'sys.{name}' cannot be changed"
-                )
+                raise _syntax_error(what, expression, name_tok.pos, f"system property 'sys.{name}' cannot be changed")
         if verb == "set":
             parser.expect_op("=")
             value = parser.parse_condition()

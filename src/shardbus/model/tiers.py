@@ -43,11 +43,7 @@ class Quotas:
 
     @classmethod
     def for_tier(cls, tier: Tier, **overrides: Any) -> Quotas:
-        base = (
-            cls(max_partitioned_entities=None, max_message_size_bytes=100 * MB)
-            if tier is Tier.PREMIUM
-            else cls()
-        )
+        base = cls(max_partitioned_entities=None, max_message_size_bytes=100 * MB) if tier is Tier.PREMIUM else cls()
         unknown = set(overrides) - set(cls.__dataclass_fields__)
         if unknown:
             raise ArgumentError(f"Unknown quota(s): {', '.join(sorted(unknown))}")
@@ -72,9 +68,7 @@ class TierRules:
                 )
             return cls(tier, count)
         if premium_partitions not in (None, 1):
-            raise ArgumentError(
-                "The partition count is chosen at namespace creation only in the premium tier."
-            )
+            raise ArgumentError("The partition count is chosen at namespace creation only in the premium tier.")
         return cls(tier)
 
     @property

@@ -68,9 +68,7 @@ class Catalog:
         with self._tx():
             row = self._db.execute("SELECT value FROM meta WHERE key='next_entity_id'").fetchone()
             value = json.loads(row[0]) if row else 1
-            self._db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('next_entity_id', ?)", (json.dumps(value + 1),)
-            )
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_entity_id', ?)", (json.dumps(value + 1),))
         return value
 
     def entries(self) -> list[CatalogEntry]:
@@ -101,9 +99,7 @@ class Catalog:
                 (entry_id, kind, parent, name, json.dumps(description), now, now),
             )
             for rule_name, rule in rules:
-                self._db.execute(
-                    "INSERT INTO rules VALUES (?, ?, ?, ?)", (entry_id, rule_name, json.dumps(rule), now)
-                )
+                self._db.execute("INSERT INTO rules VALUES (?, ?, ?, ?)", (entry_id, rule_name, json.dumps(rule), now))
         return now
 
     def update(self, entry_id: int, description: dict[str, Any]) -> float:

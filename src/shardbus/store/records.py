@@ -37,9 +37,7 @@ def register_type(tag: int, cls: type, to_plain: Any, from_plain: Any) -> None:
 def _default(value: Any) -> Any:
     tag = _registered_by_type.get(type(value))
     if tag is not None:
-        return msgpack.ExtType(
-            _EXT_PICKLED_TYPE, msgpack.packb((tag, _registered[tag][1](value)), default=_default)
-        )
+        return msgpack.ExtType(_EXT_PICKLED_TYPE, msgpack.packb((tag, _registered[tag][1](value)), default=_default))
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
