@@ -58,7 +58,7 @@ from ..entity.entity import QueueEntity, Target, TopicEntity
 from ..entity.receiver import Receiver
 from ..entity.sessions import SessionReceiver, accept_session
 from ..entity.transactions import Transaction
-from ..model.errors import EntityNotFound, InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
+from ..model.errors import InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
 from ..model.message import Message, ReceiveMode
 from ..namespace import Namespace
 from . import sas
@@ -796,4 +796,4 @@ _HANDLERS: dict[type, Callable[[ServiceBusConnection, Any], None]] = {
     ev.DispositionReceived: ServiceBusConnection._on_disposition,
 }
 
-__all__ = ["EntityNotFound", "NamespaceDirectory", "ServiceBusConnection", "entity_path"]
+__all__ = ["NamespaceDirectory", "ServiceBusConnection", "entity_path"]
