@@ -198,8 +198,11 @@ def _expect(v: Any, t: type, what: str) -> Any:
     return v
 
 
-def decode_message(payload: bytes | bytearray | memoryview) -> AmqpMessage:
-    """Decode a complete message. Raises only ``DecodeError``."""
+def decode_message(
+    payload: bytes | bytearray | memoryview, sections: list[Section] | None = None
+) -> AmqpMessage:
+    """Decode a complete message. Raises only ``DecodeError``. With ``sections``, also appends where each section
+    sits (as ``scan_sections`` would, without a second pass)."""
     buf = payload if type(payload) is bytes else bytes(payload)
     msg = AmqpMessage()
     dec = codec._DEC
@@ -207,8 +210,12 @@ def decode_message(payload: bytes | bytearray | memoryview) -> AmqpMessage:
     n = len(buf)
     try:
         while p < n:
+            start = p
             code, p = _section_code(buf, p)
+            value_start = p
             v, p = dec[buf[p]](buf, p + 1, 1)
+            if sections is not None:
+                sections.append(Section(code, start, value_start, p))
             if code == DATA:
                 if msg.body_type == BodyType.DATA:
                     msg.body.append(_expect(v, bytes, "data"))

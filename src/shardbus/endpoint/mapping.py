@@ -26,9 +26,9 @@ from ..amqp.message import (
     AmqpMessage,
     Header,
     Properties,
+    Section,
     decode_message,
     encode_message,
-    scan_sections,
 )
 from ..amqp.message import BodyType as WireBody
 from ..model.message import BodyType, Message, MessageState, datetime_to_ms
@@ -120,8 +120,9 @@ _UNCHANGING = frozenset({PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE
 
 def decode_to_message(payload: bytes) -> Message:
     """Decode an inbound message, keeping the sender's encoding of its unchanging sections for deliveries."""
-    m = to_message(decode_message(payload))
-    m.wire_sections = b"".join(payload[s.start : s.end] for s in scan_sections(payload) if s.code in _UNCHANGING)
+    sections: list[Section] = []
+    m = to_message(decode_message(payload, sections))
+    m.wire_sections = b"".join([payload[s.start : s.end] for s in sections if s.code in _UNCHANGING])
     return m
 
 

@@ -155,6 +155,9 @@ class MessageQueue:
         self.session_locks: list[tuple[int, str, uuid.UUID]] = []  # (locked_until, session id, token)
 
 
+_UNSET = object()
+
+
 def _ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
 
@@ -378,6 +381,7 @@ class PartitionBroker:
         results: list[int | None] = []
         added_size = 0
         seq = self._next_seq
+        ttl_floors: dict[int, int | None] = {}
         try:
             for dedup_id, copies in items:
                 if dedup_id is not None and (
@@ -391,7 +395,10 @@ class PartitionBroker:
                     dedup_new.append((dedup_id, now))
                 results.append(encode_sequence_number(self.id, seq))
                 for slot, msg in copies:
-                    entry, row = self._new_entry(slot, seq, msg, now)
+                    floor = ttl_floors.get(slot, _UNSET)
+                    if floor is _UNSET:
+                        floor = ttl_floors[slot] = self._ttl_floor(slot)
+                    entry, row = self._new_entry(slot, seq, msg, now, floor)
                     added_size += entry.size
                     rows_by_slot.setdefault(slot, []).append(row)
                     visible.append((slot, entry))
@@ -430,7 +437,8 @@ class PartitionBroker:
         limits = [t for t in (self.config.entity_default_ttl_ms, settings and settings.default_ttl_ms) if t]
         return min(limits) if limits else None
 
-    def _new_entry(self, slot: int, seq: int, msg: Message, now: int) -> tuple[Entry, Row]:
+    def _new_entry(self, slot: int, seq: int, msg: Message, now: int, ttl: int | None) -> tuple[Entry, Row]:
+        """A stored entry and its row for a new message; ``ttl`` is the slot's TTL floor (``_ttl_floor``)."""
         scheduled = msg.scheduled_enqueue_time
         state = MessageState.ACTIVE
         start = now
@@ -439,7 +447,6 @@ class PartitionBroker:
             if scheduled_ms > now:
                 state = MessageState.SCHEDULED
                 start = scheduled_ms
-        ttl = self._ttl_floor(slot)
         if msg.time_to_live is not None:
             own = int(msg.time_to_live.total_seconds() * 1000)
             ttl = own if ttl is None else min(ttl, own)
