@@ -40,14 +40,12 @@ from .model.errors import (
     EntityAlreadyExists,
     EntityNotFound,
     InvalidOperation,
-    MessageNotFound,
     PartitionUnavailable,
     QuotaExceeded,
     ShardbusError,
 )
 from .model.filters import EmptyRuleAction, Rule, TrueFilter
 from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
-from .model.routing import decode_sequence_number
 from .model.tiers import MB, Quotas, Tier, TierRules
 from .partition.broker import PartitionBroker, PartitionConfig, SlotSettings
 from .store.base import StoreError
@@ -716,14 +714,7 @@ class Namespace:
 
     def cancel_scheduled_messages(self, entity: str, sequence_numbers: int | list[int]) -> None:
         seqs = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
-        target = self._sender_entity(entity)
-        by_partition: dict[int, list[int]] = {}
-        for seq in seqs:
-            pid, local = decode_sequence_number(seq)
-            if pid >= len(target.partitions):
-                raise MessageNotFound(f"No scheduled message with sequence number {seq} exists in '{entity}'.")
-            by_partition.setdefault(pid, []).append(local)
-        self._wait([target.partitions[pid].cancel_scheduled(local) for pid, local in by_partition.items()])
+        self._wait(self._sender_entity(entity).submit_cancel_scheduled(seqs))
 
     def receiver(
         self, path: str, mode: ReceiveMode | str = ReceiveMode.PEEK_LOCK, sub_queue: SubQueue | None = None

@@ -198,9 +198,7 @@ def _expect(v: Any, t: type, what: str) -> Any:
     return v
 
 
-def decode_message(
-    payload: bytes | bytearray | memoryview, sections: list[Section] | None = None
-) -> AmqpMessage:
+def decode_message(payload: bytes | bytearray | memoryview, sections: list[Section] | None = None) -> AmqpMessage:
     """Decode a complete message. Raises only ``DecodeError``. With ``sections``, also appends where each section
     sits (as ``scan_sections`` would, without a second pass)."""
     buf = payload if type(payload) is bytes else bytes(payload)

@@ -15,9 +15,9 @@ from typing import Any
 
 from ..amqp.types import Array, Long, Timestamp
 from ..entity.entity import Target
-from ..entity.receiver import Receiver
+from ..entity.receiver import Receiver, receive_deferred
 from ..entity.sessions import SessionReceiver, list_sessions
-from ..model.errors import ArgumentError, MessageNotFound, SessionLockLost
+from ..model.errors import ArgumentError, SessionLockLost
 from ..model.message import SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
 from ..namespace import Namespace
@@ -127,32 +127,13 @@ def receive_by_sequence_number(ctx: ManagementContext, body: dict[str, Any]) -> 
     peek_lock = int(body.get("receiver-settle-mode", 1)) == 1
     session = ctx.session(body)
     held = None if session is None else (session.session_id, session.token)
-    found = []
-    by_partition: dict[int, list[int]] = {}
-    for seq in seqs:
-        pid, local = decode_sequence_number(seq)
-        if pid >= len(target.partitions):
-            raise MessageNotFound(f"No message with sequence number {seq} exists in '{target.path}'.")
-        by_partition.setdefault(pid, []).append(local)
-    for pid, locals_ in by_partition.items():
-        messages, future = target.partitions[pid].receive_deferred(
-            target.slot, sub_queue, locals_, lock=peek_lock, session=held
-        )
-        if future is not None:
-            future.result()  # deletes of receive-and-delete are short; keep the reply after them
-        found.extend(messages)
-    order = {s: i for i, s in enumerate(seqs)}
-    found.sort(key=lambda m: order.get(m.sequence_number, 0))
     entries = []
-    for m in found:
+    for m in receive_deferred(target, sub_queue, seqs, peek_lock, held):
         entry: dict[str, Any] = {"message": encode_delivery(m)}
         if m.lock_token is not None:
             entry["lock-token"] = m.lock_token
         entries.append(entry)
     return ManagementReply(body={"messages": entries})
-
-
-_DISPOSITIONS = {"completed", "abandoned", "defered", "deferred", "suspended"}
 
 
 _OUTCOMES = {
@@ -236,16 +217,9 @@ def schedule_message(ctx: ManagementContext, body: dict[str, Any]) -> Future:
     )
 
 
-def cancel_scheduled_message(ctx: ManagementContext, body: dict[str, Any]) -> Future | ManagementReply:
+def cancel_scheduled_message(ctx: ManagementContext, body: dict[str, Any]) -> Future:
     entity = ctx.namespace._sender_entity(ctx.node)
-    seqs = _ints(body.get("sequence-numbers"), "sequence-numbers")
-    by_partition: dict[int, list[int]] = {}
-    for seq in seqs:
-        pid, local = decode_sequence_number(seq)
-        if pid >= len(entity.partitions):
-            raise MessageNotFound(f"No scheduled message with sequence number {seq} exists in '{ctx.node}'.")
-        by_partition.setdefault(pid, []).append(local)
-    futures = [entity.partitions[pid].cancel_scheduled(locals_) for pid, locals_ in by_partition.items()]
+    futures = entity.submit_cancel_scheduled(_ints(body.get("sequence-numbers"), "sequence-numbers"))
     return _after(futures, lambda: ManagementReply())
 
 

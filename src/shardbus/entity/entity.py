@@ -27,7 +27,7 @@ from ..model.entities import (
     SubscriptionDescription,
     TopicDescription,
 )
-from ..model.errors import EntityDisabled, InvalidOperation, PartitionUnavailable, ShardbusError
+from ..model.errors import EntityDisabled, InvalidOperation, MessageNotFound, PartitionUnavailable, ShardbusError
 from ..model.filters import Rule, route
 from ..model.message import Message, SubQueue
 from ..model.routing import (
@@ -288,6 +288,16 @@ class _Sender:
                     on_done([i], [exc])
         else:
             on_done(indices, [exc] * len(indices))
+
+    def submit_cancel_scheduled(self, sequence_numbers: list[int]) -> list[Future]:
+        """Cancel scheduled messages, one store operation per partition the sequence numbers name."""
+        by_partition: dict[int, list[int]] = {}
+        for seq in sequence_numbers:
+            pid, local = decode_sequence_number(seq)
+            if pid >= len(self.partitions):
+                raise MessageNotFound(f"No scheduled message with sequence number {seq} exists in '{self.path}'.")
+            by_partition.setdefault(pid, []).append(local)
+        return [self.partitions[pid].cancel_scheduled(locals_) for pid, locals_ in by_partition.items()]
 
     def _send_keyless(self, items: list[Any]) -> Future:
         """Round-robin; an unavailable partition (now, or failing while it writes) hands over to the next."""

@@ -182,23 +182,7 @@ class Receiver(Settling):
 
     def receive_deferred(self, sequence_numbers: Iterable[int]) -> list[Message]:
         """Deferred messages by sequence number (locked in peek-lock mode, removed in receive-and-delete)."""
-        by_partition: dict[int, list[int]] = {}
-        order = list(sequence_numbers)
-        for seq in order:
-            pid, local = decode_sequence_number(seq)
-            by_partition.setdefault(pid, []).append(local)
-        found: dict[int, Message] = {}
-        for pid, locals_ in by_partition.items():
-            if pid >= len(self.target.partitions):
-                raise MessageNotFound(f"No partition {pid} exists in '{self.target.path}'.")
-            msgs, future = self.target.partitions[pid].receive_deferred(
-                self.target.slot, self.sub_queue, locals_, lock=self.mode is ReceiveMode.PEEK_LOCK
-            )
-            if future is not None:
-                future.result()
-            for m in msgs:
-                found[m.sequence_number] = m
-        return [found[s] for s in order if s in found]
+        return receive_deferred(self.target, self.sub_queue, sequence_numbers, lock=self.mode is ReceiveMode.PEEK_LOCK)
 
     def peek(self, max_count: int = 1, from_sequence_number: int | None = None) -> list[Message]:
         return self.target.peek(from_sequence_number, max_count, self.sub_queue)
@@ -264,3 +248,29 @@ def settle(
     """Settle one message in its partition; a release needs no write, so gives no future."""
     future = partition.settle(slot, [Settle(outcome, token, reason, description)])
     return None if outcome == "release" else future
+
+
+def receive_deferred(
+    target: Target,
+    sub_queue: SubQueue,
+    sequence_numbers: Iterable[int],
+    lock: bool,
+    session: tuple[str, uuid.UUID] | None = None,
+) -> list[Message]:
+    """Deferred messages by sequence number from the partitions the numbers name, in the order asked; locked
+    (``lock``) or removed. ``session`` (id, session lock token) is required on session entities."""
+    order = list(sequence_numbers)
+    by_partition: dict[int, list[int]] = {}
+    for seq in order:
+        pid, local = decode_sequence_number(seq)
+        if pid >= len(target.partitions):
+            raise MessageNotFound(f"No message with sequence number {seq} exists in '{target.path}'.")
+        by_partition.setdefault(pid, []).append(local)
+    found: dict[int, Message] = {}
+    for pid, locals_ in by_partition.items():
+        messages, future = target.partitions[pid].receive_deferred(target.slot, sub_queue, locals_, lock, session)
+        if future is not None:
+            future.result()  # a receive-and-delete returns once the messages are gone
+        for m in messages:
+            found[m.sequence_number] = m
+    return [found[s] for s in order if s in found]
