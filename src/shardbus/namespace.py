@@ -90,6 +90,10 @@ class FaultInjector:
         """The partition's next store write fails like a disk error, making the partition unavailable."""
         self._partition(entity, partition).inject_store_failure()
 
+    def fail_reads(self, entity: str, partition: int, count: int = 1) -> None:
+        """The partition's next ``count`` range reads (``browse_range``) fail as if it were briefly down."""
+        self._partition(entity, partition).inject_read_failures(count)
+
     def restore_partition(self, entity: str, partition: int) -> None:
         """Bring a stopped or failed partition back: it reloads from its store (locks are lost)."""
         self.blocked.discard((entity.lower(), partition))
@@ -755,6 +759,29 @@ class Namespace:
         """Every message of a queue or subscription, partition by partition, without locking (ours)."""
         target, sub_queue = self.resolve(path)
         return target.browse(sub_queue, **ranges)
+
+    # Sequence-range reads (ours): what a stream processor needs to read a queue or subscription replayably and
+    # complete what it has processed with one cumulative operation per partition. Partition-relative numbers.
+    def range_offsets(
+        self, path: str, count_from: dict[int, int] | None = None
+    ) -> list[tuple[int, int, int, int] | None]:
+        """Per partition (first readable, end, completed mark, readable count from ``count_from[partition]``);
+        None where the partition is unavailable."""
+        target, sub_queue = self.resolve(path)
+        return target.range_offsets(sub_queue, count_from)
+
+    def browse_range(self, path: str, partition: int, start: int, end: int, max_count: int) -> list[Message]:
+        """Readable messages of one partition with ``start <= partition-relative sequence number < end``."""
+        target, sub_queue = self.resolve(path)
+        return target.browse_range(partition, start, end, max_count, sub_queue)
+
+    def submit_complete_below(self, path: str, marks: dict[int, int]) -> list[Future]:
+        """Complete every readable message below ``marks[partition]`` in each partition (idempotent)."""
+        target, sub_queue = self.resolve(path)
+        return target.complete_below(marks, sub_queue)
+
+    def complete_below(self, path: str, marks: dict[int, int]) -> None:
+        self._wait(self.submit_complete_below(path, marks))
 
 
 def _strip(name: str) -> str:

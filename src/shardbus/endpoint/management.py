@@ -18,7 +18,7 @@ from ..entity.entity import Target
 from ..entity.receiver import Receiver, receive_deferred
 from ..entity.sessions import SessionReceiver, list_sessions
 from ..model.errors import ArgumentError, SessionLockLost
-from ..model.message import SubQueue
+from ..model.message import Message, SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
 from ..namespace import Namespace
 from . import rules
@@ -26,6 +26,7 @@ from .conditions import condition_of
 from .mapping import decode_to_message, encode_delivery
 
 PREFIX = "com.microsoft:"
+PREFIX_OURS = "com.shardbus:"  # operations beyond the service's
 
 
 @dataclass(slots=True)
@@ -281,6 +282,81 @@ def enumerate_rules(ctx: ManagementContext, body: dict[str, Any]) -> ManagementR
     return ManagementReply(body={"rules": entries})
 
 
+# --- sequence-range reads (ours, PREFIX_OURS): a stream processor's replayable reads and cumulative completion.
+# Sequence numbers here are partition-relative; replies are columnar (one list per field) so a reader can build
+# column batches (Arrow) without a per-message decode. The Spark connector (shardbus.spark) is the client.
+
+# (column name, how a message gives it) in the order browse-range replies carry them
+RANGE_COLUMNS: tuple[tuple[str, Callable[[Message], Any]], ...] = (
+    ("sequence-number", lambda m: Long(m.sequence_number)),
+    ("body", lambda m: m.body),
+    ("body-type", lambda m: int(m.body_type)),
+    ("message-id", lambda m: m.message_id),
+    ("partition-key", lambda m: m.partition_key),
+    ("session-id", lambda m: m.session_id),
+    ("correlation-id", lambda m: m.correlation_id),
+    ("subject", lambda m: m.subject),
+    ("content-type", lambda m: m.content_type),
+    ("to", lambda m: m.to),
+    ("reply-to", lambda m: m.reply_to),
+    ("application-properties", lambda m: m.application_properties),
+    ("enqueued-time", lambda m: Long(m.enqueued_time_ms)),
+    ("expires-at", lambda m: None if m.expires_at_ms is None else Long(m.expires_at_ms)),
+    ("delivery-count", lambda m: m.delivery_count),
+    ("state", lambda m: int(m.state)),
+)
+
+
+def range_offsets(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    """Per partition: first readable, end, completed mark, and the readable count from ``from[partition]``."""
+    target, sub_queue = ctx.target()
+    count_from = {int(k): int(v) for k, v in (body.get("from") or {}).items()}
+    partitions = []
+    for pid, offsets in enumerate(target.range_offsets(sub_queue, count_from)):
+        if offsets is None:
+            partitions.append({"partition": pid, "healthy": False})
+        else:
+            first, end, mark, count = offsets
+            partitions.append(
+                {
+                    "partition": pid,
+                    "healthy": True,
+                    "first": Long(first),
+                    "end": Long(end),
+                    "mark": Long(mark),
+                    "count": Long(count),
+                }
+            )
+    return ManagementReply(body={"partitions": partitions})
+
+
+def browse_range(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+    """Columns of the readable messages of one partition in [from, to), at most ``message-count`` of them
+    (only the ``columns`` named, when given), and the partition's completed mark."""
+    target, sub_queue = ctx.target()
+    partition = _ints(body.get("partition"), "partition")[0]
+    start = _ints(body.get("from-sequence-number"), "from-sequence-number")[0]
+    end = _ints(body.get("to-sequence-number"), "to-sequence-number")[0]
+    count = int(body.get("message-count") or 1000)
+    wanted = body.get("columns")
+    columns = RANGE_COLUMNS if not wanted else [c for c in RANGE_COLUMNS if c[0] in set(map(str, wanted))]
+    messages = target.browse_range(partition, start, end, count, sub_queue)
+    mark = target.completed_mark(partition, sub_queue)
+    reply: dict[str, Any] = {"partition": partition, "count": len(messages), "mark": Long(mark)}
+    for name, get in columns:
+        reply[name] = [get(m) for m in messages]
+    return ManagementReply(body=reply)
+
+
+def complete_below(ctx: ManagementContext, body: dict[str, Any]) -> Future:
+    target, sub_queue = ctx.target()
+    marks = body.get("marks")
+    if not isinstance(marks, dict) or not marks:
+        raise ArgumentError("The request needs 'marks': a map of partition to sequence number.")
+    futures = target.complete_below({int(k): int(v) for k, v in marks.items()}, sub_queue)
+    return _after(futures, lambda: ManagementReply())
+
+
 Handler = Callable[[ManagementContext, dict[str, Any]], "ManagementReply | Future"]
 
 OPERATIONS: dict[str, Handler] = {
@@ -297,4 +373,7 @@ OPERATIONS: dict[str, Handler] = {
     PREFIX + "add-rule": add_rule,
     PREFIX + "remove-rule": remove_rule,
     PREFIX + "enumerate-rules": enumerate_rules,
+    PREFIX_OURS + "range-offsets": range_offsets,
+    PREFIX_OURS + "browse-range": browse_range,
+    PREFIX_OURS + "complete-below": complete_below,
 }

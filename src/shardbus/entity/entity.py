@@ -152,6 +152,39 @@ class Target:
                     break
                 start = decode_sequence_number(found[-1].sequence_number)[1] + 1
 
+    # --- sequence-range reads (ours) ------------------------------------------------------------------------
+    def range_offsets(
+        self, sub_queue: SubQueue = SubQueue.MAIN, count_from: dict[int, int] | None = None
+    ) -> list[tuple[int, int, int, int] | None]:
+        """Per partition (first, end, mark, count), see ``PartitionBroker.range_offsets`` (``count_from`` maps a
+        partition to where its count starts); None for an unavailable partition."""
+        out: list[tuple[int, int, int, int] | None] = []
+        for p in self.partitions:
+            try:
+                out.append(p.range_offsets(self.slot, sub_queue, (count_from or {}).get(p.id, 0)))
+            except PartitionUnavailable:
+                out.append(None)
+        return out
+
+    def browse_range(
+        self, partition: int, start: int, end: int, max_count: int, sub_queue: SubQueue = SubQueue.MAIN
+    ) -> list[Message]:
+        return self._partition(partition).browse_range(self.slot, sub_queue, start, end, max_count)
+
+    def completed_mark(self, partition: int, sub_queue: SubQueue = SubQueue.MAIN) -> int:
+        return self._partition(partition).completed_mark(self.slot, sub_queue)
+
+    def complete_below(self, marks: dict[int, int], sub_queue: SubQueue = SubQueue.MAIN) -> list[Future]:
+        """``complete_below`` in each named partition (partition -> mark)."""
+        return [self._partition(pid).complete_below(self.slot, sub_queue, mark) for pid, mark in marks.items()]
+
+    def _partition(self, partition: int) -> PartitionBroker:
+        if not 0 <= partition < len(self.partitions):
+            raise InvalidOperation(
+                f"'{self.path}' has {len(self.partitions)} partitions; partition {partition} does not exist."
+            )
+        return self.partitions[partition]
+
     def runtime(self) -> RuntimeProperties:
         """Counts summed over partitions; 'Limited' when any partition does not answer."""
         total = RuntimeProperties()

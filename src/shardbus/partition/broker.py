@@ -70,6 +70,7 @@ MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 TRANSFER_ID_PREFIX = "\x00transfer:"
 TRANSFER_ID_RETENTION_MS = 24 * 3600 * 1000
 TTL_EXPIRED_REASON = "TTLExpiredException"
+MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-queue>"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
 
 
@@ -162,6 +163,11 @@ def _ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
 
 
+def _mark_key(key: str) -> tuple[int, int]:
+    slot, queue = key[len(MARK_PREFIX) :].split(":")
+    return int(slot), int(queue)
+
+
 def _scheduled_ms(msg: Message) -> int:
     return int(msg.scheduled_enqueue_time.timestamp() * 1000)
 
@@ -183,12 +189,15 @@ class PartitionBroker:
         self._locks: dict[uuid.UUID, Entry] = {}
         self._dedup: dict[str, int] = {}
         self._next_seq = 1
+        self._visible_next = 1  # every sequence number below it is visible or gone (see make_visible)
+        self._marks: dict[tuple[int, int], int] = {}  # (slot, sub-queue) -> complete_below's cumulative mark
         self._size = 0
         self._store: MessageStore | None = None
         self._committer: GroupCommitter | None = None
         self._healthy = False
         self._failure: str | None = None
         self._fail_next_write = False
+        self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
 
     # ------------------------------------------------------------------------------------------------------
@@ -217,7 +226,8 @@ class PartitionBroker:
             self._store = store
             self._committer = GroupCommitter(_FaultableStore(self, store), self._on_store_failure)
             now = _ms(self._clock)
-            self._next_seq = snapshot.meta.get("next_seq", 1)
+            self._next_seq = self._visible_next = snapshot.meta.get("next_seq", 1)
+            self._marks = {_mark_key(k): v for k, v in snapshot.meta.items() if k.startswith(MARK_PREFIX)}
             self._dedup = snapshot.dedup
             for slot, rows in snapshot.rows.items():
                 for row in rows:
@@ -244,6 +254,10 @@ class PartitionBroker:
     def inject_store_failure(self) -> None:
         """Fault injection for tests: the next store write fails as a disk error would."""
         self._fail_next_write = True
+
+    def inject_read_failures(self, count: int) -> None:
+        """Fault injection for tests: the next ``count`` range reads fail as if the partition were briefly down."""
+        self._failing_reads = count
 
     def _reset_memory(self) -> None:
         self._queues = {}
@@ -424,6 +438,8 @@ class PartitionBroker:
             with self._lock:
                 if self._healthy:
                     touched = self._add_visible(visible)
+                    # commits run in submission order, so everything numbered below ``seq`` is now visible
+                    self._visible_next = max(self._visible_next, seq)
                 else:
                     touched = set()
             self._notify(touched)
@@ -1000,6 +1016,82 @@ class PartitionBroker:
         """The highest partition-relative sequence number assigned so far (0 if none)."""
         with self._lock:
             return self._next_seq - 1
+
+    # ------------------------------------------------------------------------------------------------------
+    # sequence-range reads (ours: replayable, non-destructive reads for stream processors such as Spark)
+    # ------------------------------------------------------------------------------------------------------
+    def range_offsets(self, slot: int, queue: int, count_from: int = 0) -> tuple[int, int, int, int]:
+        """(first, end, mark, count) of a sub-queue: the lowest readable sequence number (``end`` when none),
+        the number every readable message is below (new ones arrive at or above it), the cumulative mark of
+        ``complete_below`` (1 when never called), and how many readable messages are at or above ``count_from``.
+        Readable: any state but SCHEDULED."""
+        with self._lock:
+            self._check()
+            end = self._visible_next
+            first, count = end, 0
+            q = self._queues.get((slot, queue))
+            if q is not None:
+                scheduled = MessageState.SCHEDULED
+                for s, e in q.entries.items():
+                    if e.msg.state is not scheduled:
+                        if s < first:
+                            first = s
+                        if s >= count_from:
+                            count += 1
+            return first, end, self._marks.get((slot, queue), 1), count
+
+    def completed_mark(self, slot: int, queue: int) -> int:
+        """Everything readable below it was completed by ``complete_below`` (1 when never called)."""
+        with self._lock:
+            self._check()
+            return self._marks.get((slot, queue), 1)
+
+    def browse_range(self, slot: int, queue: int, start: int, end: int, max_count: int) -> list[Message]:
+        """Up to ``max_count`` readable messages with ``start <= sequence number < end``, oldest first, in any
+        state but SCHEDULED (a scheduled message is read once its time has come), without locking."""
+        with self._lock:
+            self._check()
+            if self._failing_reads > 0:
+                self._failing_reads -= 1
+                raise PartitionUnavailable(f"Partition {self.id} of '{self.config.path}' failed a read (injected).")
+            q = self._queues.get((slot, queue))
+            if q is None or max_count <= 0 or start >= end:
+                return []
+            entries = q.entries
+            scheduled = MessageState.SCHEDULED
+            seqs = heapq.nsmallest(
+                max_count, (s for s, e in entries.items() if start <= s < end and e.msg.state is not scheduled)
+            )
+            out = []
+            for s in seqs:
+                copy = entries[s].msg.copy()
+                copy.lock_token = copy.locked_until_ms = None
+                out.append(copy)
+            return out
+
+    def complete_below(self, slot: int, queue: int, mark: int) -> Future:
+        """Cumulative, idempotent completion: remove every readable message below ``mark`` (locked ones too;
+        the reader using this must be the entity's only consumer) and remember the mark durably."""
+        with self._lock:
+            self._check()
+            key = (slot, queue)
+            if mark <= self._marks.get(key, 1):
+                done: Future = Future()
+                done.set_result(None)
+                return done
+            self._marks[key] = mark
+            q = self._queues.get(key)
+            gone = []
+            if q is not None:
+                for s, entry in list(q.entries.items()):
+                    if s < mark and entry.msg.state is not MessageState.SCHEDULED:
+                        self._drop_lock(q, entry)
+                        del q.entries[s]
+                        self._size -= entry.size
+                        gone.append(s)
+            ops: list[Op] = [("delete", slot, gone)] if gone else []
+            ops.append(("meta", f"{MARK_PREFIX}{slot}:{queue}", mark))
+            return self._write(ops)
 
     def runtime(self, slot: int) -> RuntimeProperties:
         with self._lock:

@@ -1,0 +1,342 @@
+"""A blocking client for shardbus's own tools (the Spark connector, the CLI, benchmarks), on our AMQP engine.
+
+It speaks the same AMQP 1.0 as the SDK (SASL PLAIN with the connection string's key, sender links, the entity's
+``$management`` node) plus shardbus's own management operations: ``range-offsets``, ``browse-range`` and
+``complete-below`` (see endpoint/management.py). Its event loop runs in a daemon thread, so callers need not be
+async; one client holds one connection and is safe to use from several threads.
+
+Sends are pipelined single transfers (``send``), not batch envelopes: the broker stores the transfers of one
+socket read with one write per partition anyway, and a batch would have to fit one partition, which messages
+keyed by distinct message ids (duplicate detection) do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import uuid
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from .amqp import codec
+from .amqp import types as t
+from .amqp.message import AmqpMessage, BodyType, Properties, decode_message, encode_message
+from .amqp.performatives import Accepted, Rejected
+from .amqp.transport import AmqpClient, ClientReceiver, ClientSender, ClientSession
+
+T = TypeVar("T")
+
+PARTITION_KEY = t.Symbol("x-opt-partition-key")
+SEND_WINDOW = 512  # transfers in flight per send() call
+
+
+class ClientError(Exception):
+    """The broker refused a request; ``condition`` is its AMQP error condition."""
+
+    def __init__(self, condition: str | None, description: str, status: int | None = None) -> None:
+        super().__init__(f"{condition or status}: {description}")
+        self.condition = condition
+        self.description = description
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionSettings:
+    host: str
+    port: int
+    key_name: str
+    key: str
+
+    @classmethod
+    def parse(cls, connection_string: str) -> ConnectionSettings:
+        """``Endpoint=sb://host[:port];SharedAccessKeyName=...;SharedAccessKey=...[;...]``."""
+        parts = {}
+        for item in connection_string.split(";"):
+            if "=" in item:
+                name, _, value = item.partition("=")
+                parts[name.strip().lower()] = value.strip()
+        try:
+            endpoint = urlsplit(parts["endpoint"])
+            return cls(
+                endpoint.hostname or "localhost",
+                endpoint.port or 5672,
+                parts["sharedaccesskeyname"],
+                parts["sharedaccesskey"],
+            )
+        except KeyError as exc:
+            raise ValueError(f"The connection string has no {exc.args[0]!r}.") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """What ``range-offsets`` says of one partition (partition-relative sequence numbers)."""
+
+    partition: int
+    healthy: bool
+    first: int = 0  # the lowest readable sequence number (== end when none)
+    end: int = 0  # every readable message is below it; new ones arrive at or above it
+    mark: int = 1  # everything below was completed by complete-below
+    count: int = 0  # readable messages (from where the request said)
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """A message to send: the fields a Service Bus sender may set."""
+
+    body: bytes = b""
+    message_id: str | None = None
+    partition_key: str | None = None
+    session_id: str | None = None
+    correlation_id: str | None = None
+    subject: str | None = None
+    content_type: str | None = None
+    to: str | None = None
+    reply_to: str | None = None
+    reply_to_session_id: str | None = None
+    time_to_live_ms: int | None = None
+    application_properties: dict[str, Any] | None = None
+
+    def encode(self) -> bytes:
+        annotations = None if self.partition_key is None else {PARTITION_KEY: self.partition_key}
+        header = None
+        if self.time_to_live_ms is not None:
+            from .amqp.message import Header
+
+            header = Header(ttl=self.time_to_live_ms)
+        return encode_message(
+            AmqpMessage(
+                header=header,
+                message_annotations=annotations,
+                properties=Properties(
+                    message_id=self.message_id,
+                    to=self.to,
+                    subject=self.subject,
+                    reply_to=self.reply_to,
+                    correlation_id=self.correlation_id,
+                    content_type=None if self.content_type is None else t.Symbol(self.content_type),
+                    group_id=self.session_id,
+                    reply_to_group_id=self.reply_to_session_id,
+                ),
+                application_properties=self.application_properties,
+                body=[self.body],
+                body_type=BodyType.DATA,
+            )
+        )
+
+
+def body_bytes(body: bytes, body_type: int) -> bytes:
+    """A browsed message's body as bytes: data as is; an amqp-value of bytes or text as its bytes; any other
+    value or sequence section as its AMQP encoding (``body-type`` 1 value, 2 sequence, 3 none: model BodyType)."""
+    if body_type == 1:
+        value = codec.decode(body)
+        if isinstance(value, bytes | bytearray):
+            return bytes(value)
+        if isinstance(value, str):
+            return value.encode("utf-8")
+    if body_type == 3:
+        return b""
+    return body
+
+
+class _Node:
+    """The request/response link pair of one entity's ``$management`` node."""
+
+    def __init__(self, sender: ClientSender, receiver: ClientReceiver, address: str) -> None:
+        self.sender = sender
+        self.receiver = receiver
+        self.address = address
+        self.pending: dict[str, asyncio.Future[AmqpMessage]] = {}
+        self.reader: asyncio.Task[None] | None = None
+
+    async def read_replies(self) -> None:
+        while True:
+            delivery = await self.receiver.receive(timeout=None)
+            reply = decode_message(delivery.payload)
+            correlation = reply.properties.correlation_id if reply.properties else None
+            fut = self.pending.pop(str(correlation), None)
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+            if self.receiver.link.credit < 16:
+                self.receiver.grant(64)
+
+
+class ShardbusClient:
+    """One AMQP connection to a shardbus namespace, used from blocking code."""
+
+    def __init__(self, connection_string: str, *, timeout: float = 30.0) -> None:
+        self.settings = ConnectionSettings.parse(connection_string)
+        self.timeout = timeout
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="shardbus-client", daemon=True)
+        self._thread.start()
+        self._amqp: AmqpClient | None = None
+        self._session: ClientSession | None = None
+        self._connect_lock: asyncio.Lock | None = None
+        self._nodes: dict[str, _Node] = {}
+        self._senders: dict[str, ClientSender] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------ public API
+    def range_offsets(self, entity: str, count_from: dict[int, int] | None = None) -> list[PartitionOffsets]:
+        """Per partition: first readable, end, completed mark, and how many readable messages are at or above
+        ``count_from[partition]`` (all of them when not given). Partition-relative sequence numbers."""
+        request = {"from": {t.Int(p): t.Long(s) for p, s in count_from.items()}} if count_from else {}
+        body = self._call(self._request(entity, "com.shardbus:range-offsets", request))
+        out = []
+        for item in body["partitions"]:
+            item = {str(k): v for k, v in item.items()}
+            if item.get("healthy"):
+                fields = (int(item[k]) for k in ("first", "end", "mark", "count"))
+                out.append(PartitionOffsets(int(item["partition"]), True, *fields))
+            else:
+                out.append(PartitionOffsets(int(item["partition"]), False))
+        return out
+
+    def browse_range(
+        self, entity: str, partition: int, start: int, end: int, max_count: int, columns: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Up to ``max_count`` messages of one partition with ``start <= sequence number < end`` (partition-
+        relative), oldest first, without locking: a map of column name -> list (all of management.RANGE_COLUMNS,
+        or the ``columns`` named), plus ``count`` and the partition's completed ``mark``."""
+        request: dict[str, Any] = {
+            "partition": t.Int(partition),
+            "from-sequence-number": t.Long(start),
+            "to-sequence-number": t.Long(end),
+            "message-count": t.Int(max_count),
+        }
+        if columns:
+            request["columns"] = list(columns)
+        body = self._call(self._request(entity, "com.shardbus:browse-range", request))
+        return {str(k): v for k, v in body.items()}
+
+    def complete_below(self, entity: str, marks: dict[int, int]) -> None:
+        """Complete every message below ``marks[partition]`` in each partition (cumulative, idempotent)."""
+        if marks:
+            request = {"marks": {t.Int(p): t.Long(m) for p, m in marks.items()}}
+            self._call(self._request(entity, "com.shardbus:complete-below", request))
+
+    def send(self, entity: str, messages: Iterable[OutgoingMessage | bytes]) -> int:
+        """Send messages (or already-encoded AMQP messages) and wait until every one is stored; returns the
+        count. Raises ClientError on the first refusal (the others may or may not be stored)."""
+        payloads = [m if isinstance(m, bytes) else m.encode() for m in messages]
+        if payloads:
+            self._call(self._send(entity, payloads))
+        return len(payloads)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(self.timeout)
+        except Exception:
+            pass  # closing is best effort: the socket goes with the loop anyway
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(self.timeout)
+        self._loop.close()
+
+    def __enter__(self) -> ShardbusClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------- internals
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise ClientError(None, "the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _shutdown(self) -> None:
+        for node in self._nodes.values():
+            if node.reader is not None:
+                node.reader.cancel()
+        if self._amqp is not None:
+            await self._amqp.close()
+
+    async def _ensure_session(self) -> ClientSession:
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._amqp is not None and self._amqp._conn.is_done:
+                self._amqp = self._session = None  # the connection broke: start over
+                self._nodes.clear()
+                self._senders.clear()
+            if self._session is None:
+                s = self.settings
+                self._amqp = await asyncio.wait_for(
+                    AmqpClient.connect(
+                        s.host,
+                        s.port,
+                        sasl_mechanism="PLAIN",
+                        username=s.key_name,
+                        password=s.key,
+                        hostname=s.host,
+                        timeout=self.timeout,
+                    ),
+                    self.timeout,
+                )
+                self._session = await self._amqp.session(incoming_window=0x7FFFFFFF)
+            return self._session
+
+    async def _node(self, entity: str) -> _Node:
+        node = self._nodes.get(entity)
+        if node is None:
+            session = await self._ensure_session()
+            address = f"{entity}/$management"
+            sender = await session.sender(address)
+            receiver = await session.receiver(address, credit=64)
+            node = self._nodes[entity] = _Node(sender, receiver, address)
+            node.reader = asyncio.get_running_loop().create_task(node.read_replies())
+        return node
+
+    async def _request(self, entity: str, operation: str, body: dict[str, Any]) -> dict[Any, Any]:
+        node = await self._node(entity)
+        message_id = f"shardbus-{next(self._ids)}"
+        request = AmqpMessage(
+            properties=Properties(message_id=message_id, reply_to=node.address),
+            application_properties={"operation": operation},
+            body=body,
+            body_type=BodyType.VALUE,
+        )
+        fut = asyncio.get_running_loop().create_future()
+        node.pending[message_id] = fut
+        try:
+            await node.sender.send(request.encode(), timeout=self.timeout)
+            reply = await asyncio.wait_for(fut, self.timeout)
+        finally:
+            node.pending.pop(message_id, None)
+        app = {str(k): v for k, v in (reply.application_properties or {}).items()}
+        status = int(app.get("statusCode", 500))
+        if status >= 300:
+            condition = app.get("errorCondition")
+            raise ClientError(None if condition is None else str(condition), str(app.get("statusDescription")), status)
+        return reply.body if isinstance(reply.body, dict) else {}
+
+    async def _send(self, entity: str, payloads: list[bytes]) -> None:
+        sender = self._senders.get(entity)
+        if sender is None:
+            session = await self._ensure_session()
+            sender = self._senders[entity] = await session.sender(entity, name=f"sender-{uuid.uuid4()}")
+        queue = iter(payloads)
+        errors: list[Any] = []
+
+        async def worker() -> None:
+            for payload in queue:
+                outcome = await sender.send(payload, timeout=self.timeout)
+                if not isinstance(outcome, Accepted):
+                    errors.append(outcome)
+                    return
+
+        await asyncio.gather(*(worker() for _ in range(min(SEND_WINDOW, len(payloads)))))
+        if errors:
+            outcome = errors[0]
+            error = outcome.error if isinstance(outcome, Rejected) else None
+            if error is not None:
+                raise ClientError(str(error.condition), str(error.description))
+            raise ClientError(None, f"send not accepted: {outcome}")
