@@ -90,6 +90,10 @@ class FaultInjector:
         """The partition's next store write fails like a disk error, making the partition unavailable."""
         self._partition(entity, partition).inject_store_failure()
 
+    def busy_sends(self, entity: str, partition: int, count: int = 1) -> None:
+        """The partition's next ``count`` sends are refused with ServerBusy; it stays healthy."""
+        self._partition(entity, partition).inject_busy_sends(count)
+
     def fail_reads(self, entity: str, partition: int, count: int = 1) -> None:
         """The partition's next ``count`` range reads (``browse_range``) fail as if it were briefly down."""
         self._partition(entity, partition).inject_read_failures(count)

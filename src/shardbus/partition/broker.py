@@ -55,6 +55,7 @@ from ..model.errors import (
     MessageSizeExceeded,
     PartitionUnavailable,
     QuotaExceeded,
+    ServerBusy,
     SessionCannotBeLocked,
     SessionLockLost,
 )
@@ -198,6 +199,7 @@ class PartitionBroker:
         self._failure: str | None = None
         self._fail_next_write = False
         self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
+        self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
 
     # ------------------------------------------------------------------------------------------------------
@@ -254,6 +256,10 @@ class PartitionBroker:
     def inject_store_failure(self) -> None:
         """Fault injection for tests: the next store write fails as a disk error would."""
         self._fail_next_write = True
+
+    def inject_busy_sends(self, count: int) -> None:
+        """Fault injection for tests: the next ``count`` sends are refused with ServerBusy (the partition stays up)."""
+        self._busy_sends = count
 
     def inject_read_failures(self, count: int) -> None:
         """Fault injection for tests: the next ``count`` range reads fail as if the partition were briefly down."""
@@ -387,6 +393,9 @@ class PartitionBroker:
     ) -> tuple[list[Op], Callable[[], list[int | None]]]:
         """Validate and number messages; return the store ops and the callback that makes them visible.
         Raises (leaving nothing behind) when the batch is refused."""
+        if self._busy_sends > 0:
+            self._busy_sends -= 1
+            raise ServerBusy(f"Partition {self.id} of '{self.config.path}' is busy (injected); retry later.")
         cfg = self.config
         window_start = now - cfg.dedup_window_ms
         dedup_new: list[tuple[str, int]] = []
@@ -722,8 +731,21 @@ class PartitionBroker:
         return future
 
     def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future:
-        """Settle locked messages as done: they are removed. All tokens must be valid, or none is settled."""
-        return self.settle(slot, [Settle("complete", t) for t in tokens])
+        """Settle locked messages as done: they are removed. All tokens must be valid, or none is settled.
+        (``settle``'s complete transition without its per-message ``Settle`` and store op: every peek-lock and
+        receive-and-delete message ends here.)"""
+        with self._lock:
+            self._check()
+            now = _ms(self._clock)
+            entries = [self._locked_entry(slot, t, now) for t in tokens]
+            seqs = []
+            for entry in entries:
+                q = self._queues[(slot, entry.queue)]
+                self._drop_lock(q, entry)
+                del q.entries[entry.seq]
+                self._size -= entry.size
+                seqs.append(entry.seq)
+            return self._write([("delete", slot, seqs)])
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
         return self.settle(slot, [Settle("abandon", token)])
