@@ -22,6 +22,9 @@ def _serve(args: argparse.Namespace) -> int:
             key=args.key,
             namespace=args.namespace,
             config=args.config,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_hosts=args.tls_host or (),
         )
     except (ShardbusError, OSError, ValueError) as exc:
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
@@ -30,7 +33,12 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(b: Broker) -> None:
         print(f"shardbus listening on {args.host}:{b.server.port} (ready in {time.monotonic() - started:.2f} s)")
         print(f"data directory: {args.data_dir}")
-        print(f"connection string: {b.connection_string}", flush=True)
+        print(f"connection string: {b.connection_string}")
+        if b.ca_path is not None:
+            print(f"HTTPS (admin client) CA certificate: {b.ca_path}  (connection_verify=<this file>)")
+        else:
+            print(f"HTTPS certificate: {b.tls.cert}")
+        print(f"health: http://{args.host}:{b.server.port}/health", flush=True)
 
     try:
         broker.serve_forever(on_ready=ready)
@@ -55,6 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", default=None, help="the official emulator's Config.json (plus extensions)")
     serve.add_argument("--key", default=DEFAULT_KEY, help="the SharedAccessKey of RootManageSharedAccessKey")
     serve.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="the default namespace")
+    serve.add_argument(
+        "--tls-cert", default=None, help="HTTPS certificate chain (PEM) to use instead of the local CA's"
+    )
+    serve.add_argument("--tls-key", default=None, help="private key (PEM) of --tls-cert")
+    serve.add_argument(
+        "--tls-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="another host name for the local CA's server certificate (repeatable)",
+    )
     serve.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     serve.set_defaults(func=_serve)
     args = parser.parse_args(argv)

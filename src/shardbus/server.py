@@ -1,5 +1,9 @@
 """A running broker: namespaces opened from a data directory, served over AMQP on one port.
 
+The same port serves HTTPS (the admin client's ATOM API) and plain HTTP (``GET /health``): the listener tells
+them apart by the first byte. TLS uses a local CA kept at ``<data-dir>/tls/ca.pem`` (created on first start),
+or the certificate and key given as ``tls_cert``/``tls_key``.
+
 ``Broker`` runs in the foreground (``serve_forever``, used by ``shardbus serve``) or on a background thread
 (``start``/``stop``, used by tests and embedding applications). Stopping closes the listener first, then every
 namespace, which waits for queued writes: everything acknowledged is on disk when ``stop`` returns.
@@ -17,6 +21,8 @@ from typing import Any
 
 from .endpoint.connection import NamespaceDirectory
 from .endpoint.listener import AmqpServer, new_event_loop
+from .http.app import HttpFrontend
+from .http.tls import TlsFiles, ensure_certificates, own_certificate
 from .namespace import DEFAULT_NAMESPACE, Namespace
 
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
@@ -46,11 +52,18 @@ class Broker:
         namespace: str = DEFAULT_NAMESPACE,
         config: Path | str | dict[str, Any] | None = None,
         extra_namespaces: dict[str, dict[str, Any]] | None = None,
+        tls_cert: Path | str | None = None,
+        tls_key: Path | str | None = None,
+        tls_hosts: list[str] | tuple[str, ...] = (),
         **namespace_options: Any,
     ) -> None:
         """``namespace_options`` open the default namespace (tier, premium_partitions, quotas);
         ``extra_namespaces`` maps more namespace names to their options. Clients pick a namespace by the host
-        name they connect with (its first label); localhost and bare IP addresses get the default one."""
+        name they connect with (its first label); localhost and bare IP addresses get the default one.
+        ``tls_cert``/``tls_key``: the HTTPS certificate chain and key to use instead of the local CA's;
+        ``tls_hosts``: more host names for the local CA's server certificate."""
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("give both tls_cert and tls_key, or neither")
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port
@@ -86,7 +99,17 @@ class Broker:
         tune_garbage_collector()
         keys = {name: {DEFAULT_KEY_NAME: key} for name in self.namespaces}
         self.directory = NamespaceDirectory(self.namespaces, self.default_namespace, keys)
-        self.server = AmqpServer(self.directory, host, port)
+        try:
+            if tls_cert is not None and tls_key is not None:
+                self.tls: TlsFiles = own_certificate(tls_cert, tls_key)
+            else:
+                self.tls = ensure_certificates(self.data_dir, [host, *tls_hosts])
+            context = self.tls.server_context()
+        except BaseException:
+            self._close_namespaces()
+            raise
+        self.http = HttpFrontend(self.directory)
+        self.server = AmqpServer(self.directory, host, port, http=self.http, tls=context)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -94,6 +117,11 @@ class Broker:
     @property
     def namespace(self) -> Namespace:
         return self.namespaces[self.default_namespace]
+
+    @property
+    def ca_path(self) -> Path | None:
+        """The local CA certificate HTTPS clients should trust (None with a certificate of the user's own)."""
+        return self.tls.ca
 
     @property
     def connection_string(self) -> str:
@@ -147,6 +175,9 @@ class Broker:
         self.stop()
 
     def _close_namespaces(self) -> None:
+        http = getattr(self, "http", None)
+        if http is not None:
+            http.close()  # running management operations finish before their namespace closes
         for ns in self.namespaces.values():
             ns.close()  # idempotent
 

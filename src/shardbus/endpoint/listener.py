@@ -1,4 +1,12 @@
-"""The network listener: every TCP connection gets an engine ``AmqpProtocol`` driving a ``ServiceBusConnection``.
+"""The network listener: AMQP, HTTPS and HTTP on one port, told apart by a connection's first byte.
+
+Every connection starts with a ``_Sniffer``; its first ``data_received`` decides, once, and hands the transport
+(and those bytes) to the protocol that serves it, so later reads go straight there:
+
+    'A' (the AMQP/SASL header)          → an engine ``AmqpProtocol`` driving a ``ServiceBusConnection``
+    0x16 (a TLS ClientHello)            → HTTPS: ``http.HttpProtocol`` over TLS (the admin client's ATOM API)
+    an HTTP method's first letter       → plain HTTP (``GET /health`` and the same API, for curl and probes)
+    anything else                       → AMQP, whose engine answers a bad header the way AMQP requires
 
 One connection's failure never reaches another: the engine turns a peer's protocol violation into a ``close``
 with an AMQP error for that connection only, and a bug while handling one connection's event closes that
@@ -10,8 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
+from typing import Any
 
 from ..amqp.transport import AmqpProtocol
+from ..http.protocol import HttpProtocol
 from .connection import NamespaceDirectory, ServiceBusConnection
 
 log = logging.getLogger("shardbus.listener")
@@ -45,27 +56,86 @@ class _ServerProtocol(AmqpProtocol):
         super().connection_lost(exc)
 
 
-class AmqpServer:
-    """Listens on ``host:port`` and serves every namespace in ``directory``."""
+TLS_HANDSHAKE = 0x16
+HTTP_FIRST_BYTES = frozenset(b"GPDHOCT")  # GET PUT POST PATCH DELETE HEAD OPTIONS CONNECT TRACE
 
-    def __init__(self, directory: NamespaceDirectory, host: str = "127.0.0.1", port: int = 5672) -> None:
+
+class _Sniffer(asyncio.Protocol):
+    """A new connection until its first bytes arrive; then the protocol they call for takes over."""
+
+    __slots__ = ("server", "transport")
+
+    def __init__(self, server: AmqpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        server, transport = self.server, self.transport
+        assert transport is not None
+        server.connections.discard(self)
+        self.transport = None
+        protocol = server.protocol_for(data[0])
+        if protocol is None:
+            transport.close()
+            return
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        protocol.data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+
+
+class AmqpServer:
+    """Listens on ``host:port`` and serves every namespace in ``directory`` over AMQP, and with ``http`` (an
+    ``http.HttpFrontend``) also HTTP, plus HTTPS when ``tls`` is given."""
+
+    def __init__(
+        self,
+        directory: NamespaceDirectory,
+        host: str = "127.0.0.1",
+        port: int = 5672,
+        http: Any = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.directory = directory
         self.host = host
         self.port = port
+        self.http = http
+        self.tls = tls
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
-        self.connections: set[_ServerProtocol] = set()
+        self.connections: set[Any] = set()  # every open connection's protocol (each has a ``transport``)
         self._server: asyncio.base_events.Server | None = None
+
+    def protocol_for(self, first_byte: int) -> asyncio.Protocol | None:
+        """The protocol for a connection whose first byte is ``first_byte`` (None: close it)."""
+        if first_byte == 0x41:  # 'A': the AMQP or SASL protocol header, the hot path
+            return _ServerProtocol(self)
+        if first_byte == TLS_HANDSHAKE or first_byte in HTTP_FIRST_BYTES:
+            if self.http is None or (first_byte == TLS_HANDSHAKE and self.tls is None):
+                return None
+            tls = self.tls if first_byte == TLS_HANDSHAKE else None
+            return HttpProtocol(self.http, tls, self.connections)
+        return _ServerProtocol(self)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            lambda: _ServerProtocol(self), self.host, self.port, reuse_address=True, backlog=1024
+            lambda: _Sniffer(self), self.host, self.port, reuse_address=True, backlog=1024
         )
         sockets = self._server.sockets or []
         if sockets and self.port == 0:
             self.port = sockets[0].getsockname()[1]
+        if self.http is not None:
+            self.http.ready = True
 
     async def stop(self) -> None:
+        if self.http is not None:
+            self.http.ready = False
         if self._server is not None:
             self._server.close()
             for conn in list(self.connections):

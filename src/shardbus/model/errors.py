@@ -112,3 +112,37 @@ ALL_ERRORS: tuple[type[ShardbusError], ...] = (
     PreconditionFailed,
     InternalError,
 )
+
+
+# The HTTP status of every domain error, as the service's ATOM API answers it (``shardbus.http`` uses it;
+# most specific classes first: lookup walks the exception's MRO). 412 is also what an update of a missing entity
+# gets (the SDK sends If-Match: *), which the HTTP layer decides, not this table.
+HTTP_STATUS: dict[type[ShardbusError], int] = {
+    EntityNotFound: 404,
+    EntityAlreadyExists: 409,
+    EntityDisabled: 400,
+    InvalidOperation: 400,
+    ArgumentOutOfRange: 400,
+    ArgumentError: 400,
+    MessageSizeExceeded: 413,
+    QuotaExceeded: 403,
+    PartitionUnavailable: 503,
+    ServerBusy: 503,
+    MessageLockLost: 410,
+    MessageNotFound: 404,
+    SessionLockLost: 410,
+    SessionCannotBeLocked: 409,
+    OperationTimeout: 408,
+    Unauthorized: 401,
+    PreconditionFailed: 412,
+    InternalError: 500,
+}
+
+
+def http_status_of(error: BaseException) -> int:
+    """The HTTP status for any exception; unknown ones are internal errors (500)."""
+    for cls in type(error).__mro__:
+        status = HTTP_STATUS.get(cls)  # type: ignore[arg-type]
+        if status is not None:
+            return status
+    return 500

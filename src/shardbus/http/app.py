@@ -1,0 +1,54 @@
+"""What the HTTP side of the listener serves: ``GET /health``, and the ATOM management API for everything else.
+
+``/health`` answers on the event loop (it only reads in-memory state); management operations run on a small
+worker pool, since they may wait for every partition's store and must not stall AMQP connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..endpoint.connection import NamespaceDirectory
+from .admin import AdminApi
+from .protocol import HttpRequest, HttpResponse
+
+JSON_TYPE = "application/json"
+
+
+class HttpFrontend:
+    def __init__(self, directory: NamespaceDirectory, workers: int = 2) -> None:
+        self.directory = directory
+        self.admin = AdminApi(directory)
+        self.ready = False  # set by the listener once it accepts connections
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="shardbus-http")
+        self._local: dict[tuple[str, str], Callable[[HttpRequest], HttpResponse]] = {
+            ("GET", "/health"): self.health,
+            ("HEAD", "/health"): self.health,
+        }
+
+    async def handle(self, request: HttpRequest) -> HttpResponse:
+        path = request.target.split("?", 1)[0]
+        local = self._local.get((request.method, path))
+        if local is not None:
+            return local(request)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.admin.handle, request)
+
+    def health(self, request: HttpRequest) -> HttpResponse:
+        """Alive: the process answers. Ready: the listener accepts connections. Per namespace: entities whose
+        partitions are not all available (their availability is Limited)."""
+        namespaces: dict[str, Any] = {}
+        for name, ns in self.directory.namespaces.items():
+            entities = [d.name for d in ns.list_queues()] + [d.name for d in ns.list_topics()]
+            limited = sorted(e for e in entities if ns.availability(e) == "Limited")
+            namespaces[name] = {"tier": ns.tier.tier.value, "entities": len(entities), "limited": limited}
+        body = {"alive": True, "ready": self.ready, "namespaces": namespaces}
+        status = 200 if self.ready else 503
+        return HttpResponse(status, json.dumps(body).encode(), JSON_TYPE, [("cache-control", "no-store")])
+
+    def close(self) -> None:
+        self.ready = False
+        self._executor.shutdown(wait=True, cancel_futures=True)
