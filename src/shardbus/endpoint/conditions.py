@@ -8,6 +8,7 @@ Conditions are the ones the real service sends, so the official SDK raises the m
 from __future__ import annotations
 
 from ..amqp.types import Symbol
+from ..metrics import count_error
 from ..model import errors as e
 
 # Most specific classes first: lookup walks the exception's MRO.
@@ -35,9 +36,13 @@ INTERNAL = ("amqp:internal-error", 500)
 
 
 def condition_of(error: BaseException) -> tuple[Symbol, int]:
-    """(AMQP condition, management status code) for any exception; unknown ones are internal errors."""
+    """(AMQP condition, management status code) for any exception; unknown ones are internal errors.
+    Every error the endpoint returns passes here once, so this is also where errors are counted."""
+    found = INTERNAL
     for cls in type(error).__mro__:
-        found = AMQP_CONDITIONS.get(cls)  # type: ignore[arg-type]
-        if found is not None:
-            return Symbol(found[0]), found[1]
-    return Symbol(INTERNAL[0]), INTERNAL[1]
+        mapped = AMQP_CONDITIONS.get(cls)  # type: ignore[arg-type]
+        if mapped is not None:
+            found = mapped
+            break
+    count_error(found[0])
+    return Symbol(found[0]), found[1]

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..amqp.transport import AmqpProtocol
 from ..http.protocol import HttpProtocol
+from ..metrics import CONNECTIONS
 from .connection import NamespaceDirectory, ServiceBusConnection
 
 log = logging.getLogger("shardbus.listener")
@@ -42,6 +43,7 @@ class _ServerProtocol(AmqpProtocol):
             except OSError:
                 pass
         self.server.connections.add(self)
+        CONNECTIONS.inc()
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -53,6 +55,7 @@ class _ServerProtocol(AmqpProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        CONNECTIONS.dec()
         super().connection_lost(exc)
 
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..endpoint.connection import NamespaceDirectory
+from ..metrics import CONTENT_TYPE, registry_for, render
 from .admin import AdminApi
 from .protocol import HttpRequest, HttpResponse
 
@@ -24,6 +25,7 @@ class HttpFrontend:
         self.directory = directory
         self.admin = AdminApi(directory)
         self.ready = False  # set by the listener once it accepts connections
+        self._registry = registry_for(lambda: self.directory.namespaces)
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="shardbus-http")
         self._local: dict[tuple[str, str], Callable[[HttpRequest], HttpResponse]] = {
             ("GET", "/health"): self.health,
@@ -35,7 +37,13 @@ class HttpFrontend:
         local = self._local.get((request.method, path))
         if local is not None:
             return local(request)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.admin.handle, request)
+        # the rest may wait for partitions' locks or stores: off the event loop
+        handler = self.metrics if (request.method, path) == ("GET", "/metrics") else self.admin.handle
+        return await asyncio.get_running_loop().run_in_executor(self._executor, handler, request)
+
+    def metrics(self, request: HttpRequest) -> HttpResponse:
+        """Prometheus text format: per entity and partition counts and counters, connections, errors, latencies."""
+        return HttpResponse(200, render(self._registry), CONTENT_TYPE, [("cache-control", "no-store")])
 
     def health(self, request: HttpRequest) -> HttpResponse:
         """Alive: the process answers. Ready: the listener accepts connections. Per namespace: entities whose

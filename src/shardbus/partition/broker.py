@@ -115,6 +115,16 @@ class PartitionConfig:
     entity_default_ttl_ms: int | None = None
 
 
+@dataclass(slots=True)
+class SlotStats:
+    """Counters of one slot since the partition started (for metrics): what arrived, what was handed to
+    receivers (each lock or receive counts), and locks that expired unsettled."""
+
+    incoming: int = 0
+    delivered: int = 0
+    lock_expired: int = 0
+
+
 class Entry:
     """A stored message in memory: the message (with its broker fields) and its stored size."""
 
@@ -201,6 +211,7 @@ class PartitionBroker:
         self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
         self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
+        self._stats: dict[int, SlotStats] = {}
 
     # ------------------------------------------------------------------------------------------------------
     # life cycle and health
@@ -494,6 +505,7 @@ class PartitionBroker:
     def _add_visible(self, visible: list[tuple[int, Entry]]) -> set[int]:
         touched = set()
         for slot, entry in visible:
+            self._slot_stats(slot).incoming += 1
             q = self._queue(slot, SubQueue.MAIN)
             q.entries[entry.seq] = entry
             if entry.msg.state is MessageState.SCHEDULED:
@@ -552,6 +564,7 @@ class PartitionBroker:
                 self._locks[token] = entry
                 heapq.heappush(q.lock_heap, (until, seq, token))
                 out.append(msg.copy())
+            self._slot_stats(slot).delivered += len(out)
             if writes:
                 self._write(writes)
             return out
@@ -585,6 +598,7 @@ class PartitionBroker:
             for message_token in list(session.locked):
                 entry = self._locks.get(message_token)
                 if entry is not None:
+                    self._slot_stats(entry.slot).lock_expired += 1
                     self._unlock(q, entry, settings, count_delivery=True, writes=writes)
             session.holder = None
         lock_heap = q.lock_heap
@@ -593,6 +607,7 @@ class PartitionBroker:
             entry = self._locks.get(token)
             if entry is None or entry.msg.lock_token != token or entry.msg.locked_until_ms > now:
                 continue  # settled or renewed since
+            self._slot_stats(entry.slot).lock_expired += 1
             self._unlock(q, entry, settings, count_delivery=True, writes=writes)
         scheduled = q.scheduled
         while scheduled and scheduled[0][0] <= now:
@@ -854,6 +869,7 @@ class PartitionBroker:
                     self._size -= entry.size
                     out.append(entry.msg.copy())
                 future = self._write([("delete", slot, [e.seq for e in entries])])
+            self._slot_stats(slot).delivered += len(out)
             return out, future
 
     # ------------------------------------------------------------------------------------------------------
@@ -934,6 +950,7 @@ class PartitionBroker:
                 self._locks[message_token] = entry
                 session.locked.add(message_token)
                 out.append(msg.copy())
+            self._slot_stats(slot).delivered += len(out)
             if writes:
                 self._write(writes)
             return out
@@ -1114,6 +1131,18 @@ class PartitionBroker:
             ops: list[Op] = [("delete", slot, gone)] if gone else []
             ops.append(("meta", f"{MARK_PREFIX}{slot}:{queue}", mark))
             return self._write(ops)
+
+    def _slot_stats(self, slot: int) -> SlotStats:
+        stats = self._stats.get(slot)
+        if stats is None:
+            stats = self._stats[slot] = SlotStats()
+        return stats
+
+    def stats(self, slot: int) -> SlotStats:
+        """A copy of the slot's counters (zero for a slot that saw nothing)."""
+        with self._lock:
+            found = self._stats.get(slot)
+            return SlotStats() if found is None else SlotStats(found.incoming, found.delivered, found.lock_expired)
 
     def runtime(self, slot: int) -> RuntimeProperties:
         with self._lock:
