@@ -665,6 +665,19 @@ class Namespace:
     def list_rules(self, topic_name: str, subscription_name: str) -> list[Rule]:
         return list(self._subscription(topic_name, subscription_name).rules)
 
+    def update_rule(self, topic_name: str, subscription_name: str, rule: Rule) -> Rule:
+        """Replace the filter and action of the existing rule named ``rule.name`` (case-insensitive), in place:
+        the rule keeps its stored name and its position among the subscription's rules. Raises EntityNotFound
+        when the subscription or the rule does not exist. Returns the rule as stored."""
+        with self._lock:
+            sub = self._subscription(topic_name, subscription_name)
+            old = self.get_rule(topic_name, subscription_name, rule.name)
+            self._require_healthy(sub.partitions, f"update a rule of '{sub.path}'")
+            new = Rule(old.name, rule.filter, rule.action)
+            self.catalog.update_rule(sub.slot, old.name, new.to_dict())
+            sub.rules = [new if r is old else r for r in sub.rules]
+            return new
+
     def delete_rule(self, topic_name: str, subscription_name: str, name: str) -> None:
         with self._lock:
             sub = self._subscription(topic_name, subscription_name)

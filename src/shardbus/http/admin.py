@@ -322,20 +322,10 @@ def put_rule(call: Call) -> HttpResponse:
     if not call.is_update:
         ns.create_rule(p["topic"], p["sub"], rule)
         return _xml(201, _rule_entry(call, rule), ENTRY_TYPE)
-    # The namespace has no update_rule: replace the rule under the namespace's lock, so no other management
-    # operation sees it missing. (A Namespace.update_rule would keep the rule's position too.)
-    with ns._lock:
-        try:
-            old = ns.get_rule(p["topic"], p["sub"], p["rule"])
-        except EntityNotFound as exc:
-            raise _missing_on_update(exc) from None
-        rule.name = old.name
-        ns.delete_rule(p["topic"], p["sub"], old.name)
-        try:
-            ns.create_rule(p["topic"], p["sub"], rule)
-        except ShardbusError:
-            ns.create_rule(p["topic"], p["sub"], old)
-            raise
+    try:
+        rule = ns.update_rule(p["topic"], p["sub"], rule)  # in place: the rule keeps its position
+    except EntityNotFound as exc:
+        raise _missing_on_update(exc) from None
     return _xml(200, _rule_entry(call, rule), ENTRY_TYPE)
 
 

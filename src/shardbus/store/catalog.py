@@ -123,6 +123,15 @@ class Catalog:
             self._db.execute("INSERT INTO rules VALUES (?, ?, ?, ?)", (entity, name, json.dumps(rule), now))
         return now
 
+    def update_rule(self, entity: int, name: str, rule: dict[str, Any]) -> None:
+        """Replace a stored rule's definition; its creation time (its position among the rules) is kept."""
+        with self._tx():
+            cursor = self._db.execute(
+                "UPDATE rules SET rule=? WHERE entity=? AND name=?", (json.dumps(rule), entity, name)
+            )
+            if cursor.rowcount != 1:
+                raise KeyError(f"no rule {name!r} for entity {entity}")
+
     def delete_rule(self, entity: int, name: str) -> None:
         with self._tx():
             self._db.execute("DELETE FROM rules WHERE entity=? AND name=?", (entity, name))
