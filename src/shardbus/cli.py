@@ -1,12 +1,12 @@
-"""The ``shardbus`` command."""
+"""The ``shardbus`` command: ``serve`` here, the commands for a running broker in ``cli_commands/``."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 
+from .logs import configure as configure_logs
 from .model.errors import ShardbusError
 from .namespace import DEFAULT_NAMESPACE
 from .server import DEFAULT_KEY, Broker
@@ -49,7 +49,8 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve_main(argv: list[str]) -> int:
+    """``shardbus serve ...`` (``argv`` starts with "serve"), with its own argparse parser as always."""
     parser = argparse.ArgumentParser(
         prog="shardbus", description="Azure Service Bus partitioned entities, self-hosted."
     )
@@ -75,10 +76,30 @@ def main(argv: list[str] | None = None) -> int:
         help="another host name for the local CA's server certificate (repeatable)",
     )
     serve.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
+    serve.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        default="auto",
+        help="auto: text on a terminal, JSON lines otherwise (default: auto)",
+    )
     serve.set_defaults(func=_serve)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logs(args.log_level, None if args.log_format == "auto" else args.log_format == "json")
     return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["serve"]:
+        # Straight to argparse: the broker's start-up does not pay for importing click and rich.
+        return serve_main(args)
+    from .cli_commands import app  # everything else: the commands for a running broker (cli_commands/)
+
+    try:
+        app.main(args=args, prog_name="shardbus", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
@@ -24,7 +25,17 @@ from urllib.parse import urlsplit
 from .amqp import codec
 from .amqp import types as t
 from .amqp.message import AmqpMessage, BodyType, Properties, decode_message, encode_message
-from .amqp.performatives import Accepted, Rejected
+from .amqp.performatives import (
+    RECEIVER,
+    Accepted,
+    Error,
+    Modified,
+    Rejected,
+    Released,
+    SndSettleMode,
+    Source,
+    Target,
+)
 from .amqp.transport import AmqpClient, ClientReceiver, ClientSender, ClientSession
 
 T = TypeVar("T")
@@ -141,6 +152,157 @@ def body_bytes(body: bytes, body_type: int) -> bytes:
     return body
 
 
+SEQUENCE_NUMBER = "x-opt-sequence-number"
+ENQUEUED_TIME = "x-opt-enqueued-time"
+SESSION_FILTER = "com.microsoft:session-filter"  # a receiver's source filter: which session (null: any)
+
+
+@dataclass(slots=True)
+class ReceivedMessage:
+    """A message as peek or receive returns it: the decoded AMQP message, and for a peek-lock receive the
+    delivery that settles it (``lock_token`` is its delivery tag, as the service sends it)."""
+
+    message: AmqpMessage
+    lock_token: uuid.UUID | None = None
+    delivery: Any = None  # the link's DeliveryReceived (peek-lock receives only)
+
+    def annotation(self, name: str) -> Any:
+        for key, value in (self.message.message_annotations or {}).items():
+            if str(key) == name:
+                return value
+        return None
+
+    @property
+    def sequence_number(self) -> int:
+        return int(self.annotation(SEQUENCE_NUMBER) or 0)
+
+    @property
+    def enqueued_time_ms(self) -> int | None:
+        value = self.annotation(ENQUEUED_TIME)
+        return None if value is None else _ms(value)
+
+    @property
+    def body(self) -> bytes:
+        """Data sections joined; an amqp-value of bytes or text as its bytes; other bodies AMQP-encoded."""
+        m = self.message
+        if m.body_type == BodyType.DATA:
+            return b"".join(bytes(part) for part in m.body)
+        if m.body_type == BodyType.VALUE and isinstance(m.body, bytes | bytearray | str):
+            return m.body.encode("utf-8") if isinstance(m.body, str) else bytes(m.body)
+        if m.body_type == BodyType.NONE:
+            return b""
+        return codec.encode(m.body)
+
+
+def _ms(value: Any) -> int:
+    """A timestamp annotation (datetime or ms since the epoch) in ms since the epoch."""
+    if hasattr(value, "timestamp"):
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+class MessageReceiver:
+    """A receiving link on one entity (or sub-queue) in peek-lock or receive-and-delete mode, used from blocking
+    code. Make it with ``ShardbusClient.receiver``; close it (or use it as a context manager) to give back what
+    was received and not settled."""
+
+    def __init__(self, client: ShardbusClient, link: ClientReceiver, receive_and_delete: bool) -> None:
+        self._client = client
+        self._link = link
+        self.receive_and_delete = receive_and_delete
+
+    def receive(self, max_count: int = 1, max_wait: float = 5.0, idle: float = 0.25) -> list[ReceivedMessage]:
+        """Up to ``max_count`` messages: waits up to ``max_wait`` s for the first, then stops once none came for
+        ``idle`` s. Never loses a message: credit left over is drained, and what was in flight is returned."""
+        deliveries = self._client._call(self._receive(max_count, max_wait, idle))
+        out = []
+        for d in deliveries:
+            token = None if self.receive_and_delete or len(d.delivery_tag) != 16 else uuid.UUID(bytes_le=d.delivery_tag)
+            out.append(ReceivedMessage(decode_message(d.payload), token, None if token is None else d))
+        return out
+
+    def complete(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Complete peek-locked messages; raises ClientError when the broker refuses one (e.g. lock lost)."""
+        self._settle(messages, Accepted())
+
+    def release(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Give peek-locked messages back without counting a delivery."""
+        self._settle(messages, Released())
+
+    def abandon(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Give peek-locked messages back, counting the delivery (max-delivery-count applies)."""
+        self._settle(messages, Modified(delivery_failed=True))
+
+    def dead_letter(
+        self, messages: Iterable[ReceivedMessage], reason: str | None = None, description: str | None = None
+    ) -> None:
+        """Move peek-locked messages to the dead-letter queue with a reason (as the SDK's dead_letter_message)."""
+        info = {t.Symbol("DeadLetterReason"): reason, t.Symbol("DeadLetterErrorDescription"): description}
+        error = Error(condition=t.Symbol("com.microsoft:dead-letter"), description=description, info=info)
+        self._settle(messages, Rejected(error=error))
+
+    def close(self) -> None:
+        if not self._client._closed:
+            try:
+                self._client._call(self._link.close())
+            except Exception:
+                pass  # the broker gives back unsettled messages when the link or connection goes anyway
+
+    def __enter__(self) -> MessageReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # The deliveries' session carries no sends of ours, so the broker's disposition echoes (keyed by session and
+    # delivery id in AmqpClient._outcomes) cannot be mistaken for the outcome of a transfer we sent.
+    def _settle(self, messages: Iterable[ReceivedMessage], outcome: Any) -> None:
+        deliveries = [m.delivery for m in messages if m.delivery is not None]
+        if deliveries:
+            self._client._call(self._settle_async(deliveries, outcome))
+
+    async def _settle_async(self, deliveries: list[Any], outcome: Any) -> None:
+        amqp = self._link._session.client
+        link = self._link.link
+        loop = asyncio.get_running_loop()
+        futures = []
+        for d in deliveries:
+            fut = loop.create_future()
+            amqp._outcomes[(id(link.session), d.delivery_id)] = fut
+            amqp._conn.disposition(link, d.delivery_id, None, settled=False, state=outcome)
+            futures.append(fut)
+        amqp._flush()
+        echoes = await asyncio.wait_for(asyncio.gather(*futures), self._client.timeout)
+        for echo in echoes:
+            if isinstance(echo, Rejected) and echo.error is not None:
+                raise ClientError(str(echo.error.condition), str(echo.error.description))
+
+    async def _receive(self, max_count: int, max_wait: float, idle: float) -> list[Any]:
+        link = self._link
+        got: list[Any] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait
+        link.grant(max_count)
+        while len(got) < max_count:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                got.append(await link.receive(timeout=min(remaining, idle) if got else remaining))
+            except TimeoutError:
+                break
+        if len(got) < max_count and link.link.attached:
+            # Take the unused credit back (drain) and wait until the broker says it is spent, so nothing
+            # arrives after we return: a receive-and-delete delivery arriving later would be lost.
+            link.grant(link.link.link_credit, drain=True)
+            until = time.monotonic() + self._client.timeout
+            while link.link.link_credit > 0 and link.link.attached and time.monotonic() < until:
+                await asyncio.sleep(0.005)
+        while not link.deliveries.empty():
+            got.append(link.deliveries.get_nowait())
+        return got
+
+
 class _Node:
     """The request/response link pair of one entity's ``$management`` node."""
 
@@ -177,6 +339,7 @@ class ShardbusClient:
         self._connect_lock: asyncio.Lock | None = None
         self._nodes: dict[str, _Node] = {}
         self._senders: dict[str, ClientSender] = {}
+        self._receive_session: tuple[AmqpClient, ClientSession] | None = None
         self._ids = itertools.count(1)
         self._closed = False
 
@@ -218,6 +381,40 @@ class ShardbusClient:
         if marks:
             request = {"marks": {t.Int(p): t.Long(m) for p, m in marks.items()}}
             self._call(self._request(entity, "com.shardbus:complete-below", request))
+
+    def peek(self, entity: str, max_count: int = 1, from_sequence_number: int = 0) -> list[ReceivedMessage]:
+        """The service's peek (``com.microsoft:peek-message``): up to ``max_count`` messages without locking,
+        from the partition ``from_sequence_number`` names on (an exhausted partition passes to the next), so
+        paging with ``last.sequence_number + 1`` walks the whole entity. Empty when nothing is left."""
+        request = {"from-sequence-number": t.Long(from_sequence_number), "message-count": t.Int(max_count)}
+        body = self._call(self._request(entity, "com.microsoft:peek-message", request))
+        out = []
+        for entry in body.get("messages") or []:
+            entry = {str(k): v for k, v in entry.items()}
+            out.append(ReceivedMessage(decode_message(bytes(entry["message"]))))
+        return out
+
+    def receiver(
+        self,
+        entity: str,
+        *,
+        receive_and_delete: bool = False,
+        session_id: str | None = None,
+        any_session: bool = False,
+        session_wait: float = 5.0,
+    ) -> MessageReceiver:
+        """A receiving link on ``entity`` (``queue``, ``topic/Subscriptions/sub``, optionally with
+        ``/$DeadLetterQueue``): peek-lock unless ``receive_and_delete``. On a session-enabled entity name the
+        session (``session_id``) or take the next available one (``any_session``, waiting up to
+        ``session_wait`` s; the broker refuses the link when none comes)."""
+        filters = None
+        properties = None
+        if session_id is not None or any_session:
+            filters = {t.Symbol(SESSION_FILTER): session_id}
+            if session_id is None:
+                properties = {t.Symbol("com.microsoft:timeout"): t.UInt(int(session_wait * 1000))}
+        link = self._call(self._attach_receiver(entity, receive_and_delete, filters, properties))
+        return MessageReceiver(self, link, receive_and_delete)
 
     def send(self, entity: str, messages: Iterable[OutgoingMessage | bytes]) -> int:
         """Send messages (or already-encoded AMQP messages) and wait until every one is stored; returns the
@@ -283,6 +480,33 @@ class ShardbusClient:
                 )
                 self._session = await self._amqp.session(incoming_window=0x7FFFFFFF)
             return self._session
+
+    async def _attach_receiver(
+        self,
+        entity: str,
+        receive_and_delete: bool,
+        filters: dict[Any, Any] | None = None,
+        properties: dict[Any, Any] | None = None,
+    ) -> ClientReceiver:
+        await self._ensure_session()
+        amqp = self._amqp
+        assert amqp is not None
+        # Receivers get a session of their own (see MessageReceiver._settle); a new connection needs a new one.
+        if self._receive_session is None or self._receive_session[0] is not amqp:
+            self._receive_session = (amqp, await amqp.session(incoming_window=0x7FFFFFFF))
+        session = self._receive_session[1]
+        mode = SndSettleMode.SETTLED if receive_and_delete else SndSettleMode.UNSETTLED
+        link = await session._attach(
+            f"receiver-{uuid.uuid4()}",
+            RECEIVER,
+            Source(address=entity, filter=filters),
+            Target(address=None),
+            snd_settle_mode=mode,
+            properties=properties,
+        )
+        receiver = ClientReceiver(session, link)
+        amqp._receivers[id(link)] = receiver
+        return receiver
 
     async def _node(self, entity: str) -> _Node:
         node = self._nodes.get(entity)
