@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardbus.amqp.codec import DecodeError, decode
+from shardbus.amqp.connection import _transfer_head
 from shardbus.amqp.framing import (
     FRAME_AMQP,
     FRAME_SASL,
@@ -492,3 +493,13 @@ def test_sdk_frames_decode_with_ours() -> None:
             assert perf.source.filter == {"com.microsoft:session-filter": "s"}
             assert perf.target.address == "receiver-link-n"
             assert perf.role is RECEIVER and perf.rcv_settle_mode == 1
+
+
+@pytest.mark.parametrize("tag", [b"", b"\x01", bytes(16), bytes(255)])
+@pytest.mark.parametrize("handle, delivery_id", [(0, 0), (1, 255), (256, 2**32 - 1)])
+def test_transfer_head_fast_path_matches_the_generic_encoder(tag, handle, delivery_id):
+    for message_format, settled in [(0, False), (0, True), (0x80013700, False)]:
+        generic = Transfer(
+            handle=handle, delivery_id=delivery_id, delivery_tag=tag, message_format=message_format, settled=settled
+        ).encode()
+        assert _transfer_head(handle, delivery_id, tag, message_format, settled) == generic

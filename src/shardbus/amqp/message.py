@@ -209,21 +209,27 @@ def decode_message(payload: bytes | bytearray | memoryview, sections: list[Secti
     try:
         while p < n:
             start = p
-            code, p = _section_code(buf, p)
+            if buf[p] == 0 and buf[p + 1] == 0x53 and HEADER <= buf[p + 2] <= FOOTER:  # the usual descriptor
+                code = buf[p + 2]
+                p += 3
+            else:
+                code, p = _section_code(buf, p)
             value_start = p
             v, p = dec[buf[p]](buf, p + 1, 1)
             if sections is not None:
                 sections.append(Section(code, start, value_start, p))
             if code == DATA:
+                if type(v) is not bytes:
+                    _expect(v, bytes, "data")
                 if msg.body_type == BodyType.DATA:
-                    msg.body.append(_expect(v, bytes, "data"))
+                    msg.body.append(v)
                 elif msg.body_type == BodyType.NONE:
-                    msg.body = [_expect(v, bytes, "data")]
+                    msg.body = [v]
                     msg.body_type = BodyType.DATA
                 else:
                     raise DecodeError("message mixes body section kinds")
             elif code == PROPERTIES:
-                msg.properties = Properties.from_fields(_expect(v, list, "properties"))
+                msg.properties = Properties.from_fields(v if type(v) is list else _expect(v, list, "properties"))
             elif code == APPLICATION_PROPERTIES:
                 msg.application_properties = _expect(v, dict, "application-properties")
             elif code == MESSAGE_ANNOTATIONS:

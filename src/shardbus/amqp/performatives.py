@@ -147,11 +147,12 @@ class Composite:
     _GET: ClassVar[Callable[[Any], tuple[Any, ...]]]
     _NFIELDS: ClassVar[int]
     _NONNULL_DEFAULTS: ClassVar[tuple[tuple[int, Any], ...]]
-    _CHECKS: ClassVar[tuple[tuple[int, tuple[type, ...]], ...]]
-    _CONVERTERS: ClassVar[tuple[tuple[int, Callable[[Any], Any]], ...]]
     _MANDATORY: ClassVar[tuple[int, ...]]
     _TRIM_DEFAULTS: ClassVar[bool] = True
     _MIN_LEN: ClassVar[int] = 0
+    # Built from a decoded field list (short lists, nulls for defaults and extra fields accepted); generated per
+    # class by ``_define``.
+    from_fields: ClassVar[Callable[[list[Any]], Any]]
 
     def encode_into(self, out: bytearray) -> None:
         """Append ``0x00 0x53 CODE`` + the field list, trailing nulls/defaults omitted."""
@@ -185,29 +186,6 @@ class Composite:
         self.encode_into(out)
         return bytes(out)
 
-    @classmethod
-    def from_fields(cls, fields: list[Any]) -> Any:
-        """Build from a decoded field list (short lists, nulls for defaults and extra fields accepted)."""
-        n = cls._NFIELDS
-        if len(fields) > n:
-            fields = fields[:n]
-        count = len(fields)
-        for i, d in cls._NONNULL_DEFAULTS:
-            if i < count and fields[i] is None:
-                fields[i] = d
-        for i, types in cls._CHECKS:
-            if i < count:
-                v = fields[i]
-                if v is not None and (not isinstance(v, types) or (types is _INT and v.__class__ is bool)):
-                    raise InvalidField(f"{cls.NAME} field {i} has wrong type {type(v).__name__}")
-        for i, conv in cls._CONVERTERS:
-            if i < count and fields[i] is not None:
-                fields[i] = conv(fields[i])
-        for i in cls._MANDATORY:
-            if i >= count or fields[i] is None:
-                raise InvalidField(f"{cls.NAME} is missing mandatory field {i}")
-        return cls(*fields)
-
 
 COMPOSITES: dict[int, type[Composite]] = {}
 """Descriptor code -> class for every composite defined here (and in message.py)."""
@@ -235,12 +213,43 @@ def _define(cls: Any, code: int, name: str, kinds: Sequence[_Kind], mandatory: S
         cls._GET = staticmethod(lambda self: ())
     cls._NFIELDS = len(flds)
     cls._NONNULL_DEFAULTS = tuple((i, d) for i, d in enumerate(defaults) if d is not None)
-    cls._CHECKS = tuple((i, k.types) for i, k in enumerate(kinds) if k.types is not None)
-    cls._CONVERTERS = tuple((i, k.convert) for i, k in enumerate(kinds) if k.convert is not None)
     cls._MANDATORY = tuple(mandatory)
     cls._MIN_LEN = max(mandatory) + 1 if mandatory else 0  # mandatory fields are never trimmed
+    cls.from_fields = classmethod(_make_from_fields(cls, kinds))  # type: ignore[method-assign]
     COMPOSITES[code] = cls
     DESCRIPTOR_CODES[name] = code
+
+
+def _make_from_fields(cls: Any, kinds: Sequence[_Kind]) -> Callable[..., Any]:
+    """``from_fields`` unrolled for one class: the generic loops cost several times more on the transfers and
+    message sections every delivery decodes. Same checks, same order, same errors."""
+    n = cls._NFIELDS
+    names = [f"f{i}" for i in range(n)]
+    env: dict[str, Any] = {"InvalidField": InvalidField, "_INT": _INT}
+    lines = ["def from_fields(cls, fields):", "    count = len(fields)", f"    if count != {n}:"]
+    lines += [f"        fields = fields[:{n}] if count > {n} else fields + [None] * ({n} - count)"]
+    if n:
+        lines.append(f"    {', '.join(names)}{',' if n == 1 else ''} = fields")
+    for i, d in cls._NONNULL_DEFAULTS:
+        env[f"d{i}"] = d
+        lines.append(f"    if f{i} is None:\n        f{i} = d{i}")
+    for i, kind in enumerate(kinds):
+        if kind.types is None:
+            continue
+        env[f"t{i}"] = kind.types
+        bad = f"not isinstance(f{i}, t{i})" + (f" or f{i}.__class__ is bool" if kind.types is _INT else "")
+        lines.append(f"    if f{i} is not None and ({bad}):")
+        lines.append(f"        raise InvalidField(f'{{cls.NAME}} field {i} has wrong type {{type(f{i}).__name__}}')")
+    for i, kind in enumerate(kinds):
+        if kind.convert is not None:
+            env[f"c{i}"] = kind.convert
+            lines.append(f"    if f{i} is not None:\n        f{i} = c{i}(f{i})")
+    for i in cls._MANDATORY:
+        missing = f"count <= {i} or f{i} is None"
+        lines.append(f"    if {missing}:\n        raise InvalidField(f'{{cls.NAME}} is missing mandatory field {i}')")
+    lines.append(f"    return cls({', '.join(names)})")
+    exec("\n".join(lines), env)
+    return env["from_fields"]
 
 
 def _code_of(descriptor: Any) -> int | None:

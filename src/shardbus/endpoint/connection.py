@@ -58,8 +58,10 @@ from ..entity.entity import QueueEntity, Target, TopicEntity
 from ..entity.receiver import Receiver
 from ..entity.sessions import SessionReceiver, accept_session
 from ..entity.transactions import Transaction
+from ..metrics import RECEIVE_SECONDS, SEND_SECONDS
 from ..model.errors import InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
 from ..model.message import Message, ReceiveMode
+from ..model.routing import partition_of_lock_token
 from ..namespace import Namespace
 from . import sas
 from .conditions import condition_of
@@ -150,6 +152,7 @@ class ServiceBusConnection:
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
         self._pending_sends: list[tuple[Any, ev.DeliveryReceived, list[Message]]] = []
+        self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
         self._coordinators: set[Any] = set()
         self._transactions: dict[bytes, _Txn] = {}
         self.closed = False
@@ -162,10 +165,22 @@ class ServiceBusConnection:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             return
+        if self._pending_completes and handler is not ServiceBusConnection._on_disposition:
+            self._flush_completes()  # settle what came before this event first (a detach, say)
+        link = getattr(event, "link", None)
+        if link is not None and type(event) in (ev.LinkAttachRequested, ev.LinkDetached):
+            log.debug("%s", type(event).__name__, extra=self._context(link))
         try:
             handler(self, event)
         except ShardbusError as exc:  # a refusal already answered on the wire; nothing else to do
-            log.info("connection %s: %s", self.amqp.container_id, exc)
+            log.info("refused: %s", exc, extra=self._context(link))
+
+    def _context(self, link: Any = None) -> dict[str, Any]:
+        """Log record fields naming this connection (and link), for structured logs (logs.py)."""
+        context: dict[str, Any] = {"connection": self.amqp.container_id}
+        if link is not None:
+            context["link"] = getattr(link, "name", None)
+        return context
 
     def connection_lost(self, protocol: Any) -> None:
         self._cleanup()
@@ -183,7 +198,7 @@ class ServiceBusConnection:
             try:
                 fn()
             except Exception:  # a bug in one connection closes that connection only
-                log.exception("connection %s: internal error", self.amqp.container_id)
+                log.exception("internal error", extra=self._context())
                 self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
             self._flush()
 
@@ -443,10 +458,14 @@ class ServiceBusConnection:
             _, events, batches = by_entity.setdefault(id(entity), (entity, [], []))
             events.append(event)
             batches.append(messages)
+        started = time.monotonic()
         for entity, events, batches in by_entity.values():
 
             def done(indices: list[int], outcomes: list[Any], events: list[ev.DeliveryReceived] = events) -> None:
                 settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
+                elapsed = time.monotonic() - started
+                for _ in indices:
+                    SEND_SECONDS.observe(elapsed)
                 self._later(lambda: self._acknowledge(settled))
 
             entity.submit_many(batches, done)
@@ -610,7 +629,9 @@ class ServiceBusConnection:
         settled = receiver.mode is ReceiveMode.RECEIVE_AND_DELETE
         max_frame = self.amqp.remote_max_frame_size
         sent: list[Message] = []
+        now_ms = time.time() * 1000
         for i, m in enumerate(messages):
+            RECEIVE_SECONDS.observe(max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000)
             payload = encode_delivery(m)
             frames = len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
             if frames > link.session.remote_incoming_window:
@@ -647,10 +668,54 @@ class ServiceBusConnection:
             if state is None or len(ref.delivery_tag) != 16:
                 continue
             token = uuid.UUID(bytes_le=ref.delivery_tag)
+            if type(e.state) is Accepted:
+                if not self._pending_completes:
+                    self.loop.call_soon(self._flush_completes)  # once every event of this read is handled
+                self._pending_completes.append((ref, state.receiver, token, e.settled))
+                continue
+            if self._pending_completes:
+                self._flush_completes()  # keep settlements in the order the client sent them
             if isinstance(e.state, TransactionalState):
                 self._settle_in_transaction(ref, state.receiver, token, e.state, e.settled)
             else:
                 self._settle_delivery(ref, state.receiver, token, e.state, e.settled)
+
+    def _flush_completes(self) -> None:
+        """Complete what the client accepted, one store operation per receiver and partition (all-or-nothing
+        there, so a group with a lost lock is settled one by one to give each delivery its own outcome); echo
+        the unsettled ones with range dispositions."""
+        pending, self._pending_completes = self._pending_completes, []
+        if not pending or self.closed or self.amqp.is_done:
+            return
+        groups: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        for item in pending:
+            receiver = item[1]
+            groups.setdefault((id(receiver), partition_of_lock_token(item[2])), (receiver, []))[1].append(item)
+        echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
+        for receiver, items in groups.values():
+            try:
+                futures = receiver.submit_complete([token for _, _, token, _ in items])
+            except ShardbusError:
+                for ref, _, token, settled in items:
+                    self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                continue
+            # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
+            for future in futures:
+                future.add_done_callback(_log_failure)
+            for ref, _, _, settled in items:
+                if not settled and ref.link.attached:
+                    echo.setdefault(id(ref.link.session), (ref.link, []))[1].append(ref.delivery_id)
+        for link, ids in echo.values():
+            # Only ids in the list may be covered: the others in between may be another link's deliveries.
+            ids.sort()
+            start = prev = ids[0]
+            for did in ids[1:]:
+                if did != prev + 1:
+                    self.amqp.disposition(link, start, None if prev == start else prev, state=Accepted())
+                    start = did
+                prev = did
+            self.amqp.disposition(link, start, None if prev == start else prev, state=Accepted())
+        self._flush()
 
     # ------------------------------------------------------------------------------------------------------
     # AMQP transactions (a coordinator link declares and discharges; transfers and dispositions carry

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..amqp.types import Array, Long, Timestamp
 from ..entity.entity import Target
-from ..entity.receiver import Receiver, receive_deferred
+from ..entity.receiver import Receiver, submit_receive_deferred
 from ..entity.sessions import SessionReceiver, list_sessions
 from ..model.errors import ArgumentError, SessionLockLost
 from ..model.message import Message, SubQueue
@@ -122,19 +122,22 @@ def renew_lock(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
     return ManagementReply(body={"expirations": Array(Timestamp, expirations)})
 
 
-def receive_by_sequence_number(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply:
+def receive_by_sequence_number(ctx: ManagementContext, body: dict[str, Any]) -> ManagementReply | Future:
     target, sub_queue = ctx.target()
     seqs = _ints(body.get("sequence-numbers"), "sequence-numbers")
     peek_lock = int(body.get("receiver-settle-mode", 1)) == 1
     session = ctx.session(body)
     held = None if session is None else (session.session_id, session.token)
+    messages, removals = submit_receive_deferred(target, sub_queue, seqs, peek_lock, held)
     entries = []
-    for m in receive_deferred(target, sub_queue, seqs, peek_lock, held):
+    for m in messages:
         entry: dict[str, Any] = {"message": encode_delivery(m)}
         if m.lock_token is not None:
             entry["lock-token"] = m.lock_token
         entries.append(entry)
-    return ManagementReply(body={"messages": entries})
+    reply = ManagementReply(body={"messages": entries})
+    # Receive-and-delete answers once the removals are stored, from their commit, without blocking the loop.
+    return _after(removals, lambda: reply) if removals else reply
 
 
 _OUTCOMES = {

@@ -115,6 +115,21 @@ def to_message(amqp: AmqpMessage) -> Message:
     return m
 
 
+def _wire_ttl_and_count(m: Message, peek: bool) -> tuple[int | None, int]:
+    """header.ttl (None: never expires, as far as a client can tell) and header.delivery-count of a delivery."""
+    ttl = None
+    if m.expires_at_ms is not None:
+        start = m.enqueued_time_ms
+        if m.state is MessageState.SCHEDULED and m.scheduled_enqueue_time is not None:
+            start = max(start, datetime_to_ms(m.scheduled_enqueue_time))
+        ttl = m.expires_at_ms - start
+        if not 0 <= ttl < 2**32:  # header.ttl is a uint; longer TTLs are "never" for a client
+            ttl = None
+    # The wire's delivery-count counts earlier failed deliveries; the core counts this one too.
+    delivery_count = m.delivery_count - 1 if (m.lock_token is not None and not peek) else m.delivery_count
+    return ttl, max(0, delivery_count)
+
+
 _UNCHANGING = frozenset({PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER})
 
 
@@ -122,12 +137,71 @@ def decode_to_message(payload: bytes) -> Message:
     """Decode an inbound message, keeping the sender's encoding of its unchanging sections for deliveries."""
     sections: list[Section] = []
     m = to_message(decode_message(payload, sections))
-    m.wire_sections = b"".join([payload[s.start : s.end] for s in sections if s.code in _UNCHANGING])
+    kept = [s for s in sections if s.code in _UNCHANGING]
+    if kept and kept[-1].end == len(payload) and len(kept) == len(sections) - sections.index(kept[0]):
+        m.wire_sections = payload[kept[0].start :]  # the usual layout: one slice instead of a join
+    else:
+        m.wire_sections = b"".join([payload[s.start : s.end] for s in kept])
     return m
+
+
+def _key(name: t.Symbol) -> bytes:
+    out = bytearray()
+    codec.e_symbol(out, name)
+    return bytes(out)
+
+
+_SEQUENCE_NUMBER_KEY = _key(SEQUENCE_NUMBER)
+_ENQUEUED_TIME_KEY = _key(ENQUEUED_TIME)
+_ENQUEUE_SEQUENCE_KEY = _key(ENQUEUE_SEQUENCE)
+_LOCKED_UNTIL_KEY = _key(LOCKED_UNTIL)
+_PARTITION_KEY_KEY = _key(PARTITION_KEY)
+_SCHEDULED_TIME_KEY = _key(SCHEDULED_TIME)
+_DEAD_LETTER_SOURCE_KEY = _key(DEAD_LETTER_SOURCE)
+
+
+def _delivery_head(m: Message, ttl: int | None, delivery_count: int) -> bytes:
+    """Header and message-annotations of a delivery whose message has no annotations of its own, written
+    directly: what ``encode_message`` would give for the same values (in the same order), at a fraction of the
+    cost, and every delivery pays for it."""
+    ma = bytearray(_SEQUENCE_NUMBER_KEY)
+    codec.e_long(ma, m.sequence_number)  # type: ignore[arg-type]
+    ma += _ENQUEUED_TIME_KEY
+    codec.e_timestamp(ma, m.enqueued_time_ms)  # type: ignore[arg-type]
+    count = 4
+    if m.enqueued_sequence_number is not None:
+        ma += _ENQUEUE_SEQUENCE_KEY
+        codec.e_long(ma, m.enqueued_sequence_number)
+        count += 2
+    if m.locked_until_ms is not None:
+        ma += _LOCKED_UNTIL_KEY
+        codec.e_timestamp(ma, m.locked_until_ms)
+        count += 2
+    key = m.partition_key if m.partition_key is not None else m.session_id
+    if key is not None:
+        ma += _PARTITION_KEY_KEY
+        codec.e_string(ma, key)
+        count += 2
+    if m.scheduled_enqueue_time is not None:
+        ma += _SCHEDULED_TIME_KEY
+        codec.e_timestamp(ma, datetime_to_ms(m.scheduled_enqueue_time))
+        count += 2
+    if m.dead_letter_source is not None:
+        ma += _DEAD_LETTER_SOURCE_KEY
+        codec.e_string(ma, m.dead_letter_source)
+        count += 2
+    out = bytearray()
+    Header(ttl=ttl, delivery_count=delivery_count).encode_into(out)
+    out += b"\x00\x53\x72"
+    codec._finish_compound(out, ma, count, 0xC1, 0xD1)
+    return bytes(out)
 
 
 def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
     """The encoded message a receiver gets (or a peek returns) for ``m``, with the broker's annotations."""
+    dead_lettered = m.dead_letter_reason is not None or m.dead_letter_error_description is not None
+    if m.wire_sections is not None and not (peek or m.annotations or dead_lettered):
+        return _delivery_head(m, *_wire_ttl_and_count(m, peek)) + m.wire_sections
     annotations: dict[Any, Any] = {}
     if m.annotations:
         annotations.update((t.Symbol(k), v) for k, v in m.annotations.items())
@@ -147,22 +221,13 @@ def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
         annotations[MESSAGE_STATE] = t.Int(int(m.state))
     if m.dead_letter_source is not None:
         annotations[DEAD_LETTER_SOURCE] = m.dead_letter_source
-    ttl = None
-    if m.expires_at_ms is not None:
-        start = m.enqueued_time_ms
-        if m.state is MessageState.SCHEDULED and m.scheduled_enqueue_time is not None:
-            start = max(start, datetime_to_ms(m.scheduled_enqueue_time))
-        ttl = m.expires_at_ms - start
-        if not 0 <= ttl < 2**32:  # header.ttl is a uint; longer TTLs are "never" for a client
-            ttl = None
-    # The wire's delivery-count counts earlier failed deliveries; the core counts this one too.
-    delivery_count = m.delivery_count - 1 if (m.lock_token is not None and not peek) else m.delivery_count
+    ttl, delivery_count = _wire_ttl_and_count(m, peek)
     app = m.application_properties
-    if m.dead_letter_reason is not None or m.dead_letter_error_description is not None:
+    if dead_lettered:
         app = dict(app or {})
         app[DEAD_LETTER_REASON] = m.dead_letter_reason
         app[DEAD_LETTER_DESCRIPTION] = m.dead_letter_error_description
-    header = Header(ttl=ttl, delivery_count=max(0, delivery_count))
+    header = Header(ttl=ttl, delivery_count=delivery_count)
     if m.wire_sections is not None and app is m.application_properties:
         return encode_message(AmqpMessage(header=header, message_annotations=annotations)) + m.wire_sections
     bt = m.body_type

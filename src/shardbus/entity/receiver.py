@@ -259,6 +259,21 @@ def receive_deferred(
 ) -> list[Message]:
     """Deferred messages by sequence number from the partitions the numbers name, in the order asked; locked
     (``lock``) or removed. ``session`` (id, session lock token) is required on session entities."""
+    messages, futures = submit_receive_deferred(target, sub_queue, sequence_numbers, lock, session)
+    for future in futures:
+        future.result()  # a receive-and-delete returns once the messages are gone
+    return messages
+
+
+def submit_receive_deferred(
+    target: Target,
+    sub_queue: SubQueue,
+    sequence_numbers: Iterable[int],
+    lock: bool,
+    session: tuple[str, uuid.UUID] | None = None,
+) -> tuple[list[Message], list[Future]]:
+    """``receive_deferred`` without waiting: the messages and the futures of their removal (none when locking),
+    so an event loop can answer once the removal is stored instead of blocking on it."""
     order = list(sequence_numbers)
     by_partition: dict[int, list[int]] = {}
     for seq in order:
@@ -267,10 +282,11 @@ def receive_deferred(
             raise MessageNotFound(f"No message with sequence number {seq} exists in '{target.path}'.")
         by_partition.setdefault(pid, []).append(local)
     found: dict[int, Message] = {}
+    futures = []
     for pid, locals_ in by_partition.items():
         messages, future = target.partitions[pid].receive_deferred(target.slot, sub_queue, locals_, lock, session)
         if future is not None:
-            future.result()  # a receive-and-delete returns once the messages are gone
+            futures.append(future)
         for m in messages:
             found[m.sequence_number] = m
-    return [found[s] for s in order if s in found]
+    return [found[s] for s in order if s in found], futures

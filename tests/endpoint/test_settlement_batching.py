@@ -1,0 +1,70 @@
+"""Accepted dispositions that arrive in one socket read are settled together (one store operation per partition)
+and echoed with range dispositions; each delivery still gets its own outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from shardbus import Message
+from shardbus.amqp import events as E
+from shardbus.amqp.performatives import Accepted, Rejected
+from shardbus.amqp.transport import AmqpClient, AmqpProtocol
+from shardbus.entity.receiver import Receiver
+
+
+class EchoRecordingClient(AmqpClient):
+    """Records the settled dispositions the broker sends for deliveries we received: delivery id -> state."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.echoes: dict[int, Any] = {}
+
+    def handle_event(self, protocol: AmqpProtocol, ev: E.Event) -> None:
+        if type(ev) is E.DispositionReceived and not ev.role and ev.settled:
+            for did in range(ev.first, ev.last + 1):
+                self.echoes[did] = ev.state
+            return
+        super().handle_event(protocol, ev)
+
+
+def test_accepts_of_one_read_are_settled_together_each_with_its_outcome(broker, ns, queue):
+    name = queue(enable_partitioning=True)
+    count = 12
+    ns.send(name, [Message(f"m{i}", partition_key="k") for i in range(count // 2)])  # one partition
+    for i in range(count // 2):
+        ns.send(name, Message(f"n{i}"))  # spread round-robin over the others
+
+    async def run() -> tuple[int, list[int], dict[int, Any]]:
+        client = await EchoRecordingClient.connect(
+            "127.0.0.1",
+            broker.server.port,
+            sasl_mechanism="PLAIN",
+            username="RootManageSharedAccessKey",
+            password="SAS_KEY_VALUE",
+        )
+        try:
+            session = await client.session()
+            receiver = await session.receiver(name, credit=count)
+            deliveries = [await receiver.receive(timeout=10) for _ in range(count)]
+            # Another receiver completes one of them first: its lock is gone when the client's accept arrives.
+            stolen = deliveries[3]
+            Receiver(ns._sender_entity(name)).complete(uuid.UUID(bytes_le=stolen.delivery_tag))
+            for d in deliveries:  # all in one write, so the broker reads them together
+                client._conn.disposition(receiver.link, d.delivery_id, settled=False, state=Accepted())
+            client._flush()
+            for _ in range(100):
+                if len(client.echoes) == count:
+                    break
+                await asyncio.sleep(0.05)
+            return stolen.delivery_id, [d.delivery_id for d in deliveries], client.echoes
+        finally:
+            await client.close()
+
+    stolen, delivered, echoes = asyncio.run(run())
+    assert sorted(echoes) == sorted(delivered)
+    lost = echoes.pop(stolen)
+    assert isinstance(lost, Rejected) and lost.error.condition == "com.microsoft:message-lock-lost"
+    assert all(isinstance(state, Accepted) for state in echoes.values())
+    assert ns.get_runtime_properties(name).active_message_count == 0
