@@ -44,7 +44,7 @@ def test_metrics_per_entity_and_partition(broker, ns, conn_str, name):
     assert len(up) == 16 and all(s.value == 1 for s in up)
     assert total(metrics["shardbus_errors"], "shardbus_errors_total", condition="amqp:not-found") >= 1
     assert "shardbus_connections" in metrics and "shardbus_lock_expiries" in metrics
-    assert total(metrics["shardbus_send_seconds"], "shardbus_send_seconds_count") >= 5
+    assert total(metrics["shardbus_send_seconds"], "shardbus_send_seconds_count") >= 1  # one batch transfer
     assert total(metrics["shardbus_receive_seconds"], "shardbus_receive_seconds_count") >= len(got)
 
 
