@@ -1109,12 +1109,14 @@ class PartitionBroker:
             return out
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:
-        """Cumulative, idempotent completion: remove every readable message below ``mark`` (locked ones too;
-        the reader using this must be the entity's only consumer) and remember the mark durably."""
+        """Cumulative, idempotent completion: remove every readable message from the previous mark up to
+        ``mark`` (locked ones too; the reader using this must be the entity's only consumer) and remember the
+        mark durably."""
         with self._lock:
             self._check()
             key = (slot, queue)
-            if mark <= self._marks.get(key, 1):
+            previous = self._marks.get(key, 1)
+            if mark <= previous:
                 done: Future = Future()
                 done.set_result(None)
                 return done
@@ -1122,8 +1124,10 @@ class PartitionBroker:
             q = self._queues.get(key)
             gone = []
             if q is not None:
+                # Only [previous, mark): a message below the previous mark that is still here was scheduled and
+                # came due after the reader passed it; the reader never saw it, so receivers keep it.
                 for s, entry in list(q.entries.items()):
-                    if s < mark and entry.msg.state is not MessageState.SCHEDULED:
+                    if previous <= s < mark and entry.msg.state is not MessageState.SCHEDULED:
                         self._drop_lock(q, entry)
                         del q.entries[s]
                         self._size -= entry.size

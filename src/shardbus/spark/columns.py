@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
@@ -58,8 +59,19 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
+_NONE = type(None)
+
+
 def _text(values: list[Any]) -> list[str | None]:
+    if set(map(type, values)) <= {str, _NONE}:  # the usual case: no per-value work
+        return values
     return [None if v is None else str(v) for v in values]
+
+
+def _bodies(bodies: list[Any], types: list[int]) -> list[bytes]:
+    if types.count(0) == len(types):  # every body one data section: bytes as they are
+        return bodies
+    return [body_bytes(x, y) for x, y in zip(bodies, types, strict=True)]
 
 
 def _property_text(value: Any) -> str:
@@ -93,13 +105,32 @@ def _properties_json(values: list[Any]) -> list[str | None]:
     return [None if v is None else json.dumps({str(k): _json_value(x) for k, x in v.items()}) for v in values]
 
 
-def _micros(values: list[Any]) -> list[int | None]:
-    return [None if v is None or v > MAX_TIMESTAMP_MS else v * 1000 for v in values]
+def _micros(values: list[Any]) -> pa.Array:
+    """Milliseconds → microseconds, computed by Arrow; times past MAX_TIMESTAMP_MS (never) become null."""
+    ms = pa.array(values, type=pa.int64())
+    ms = pc.if_else(pc.greater(ms, _MAX_MS), _NULL_LONG, ms)
+    return pc.multiply(ms, _THOUSAND)
 
 
-# Spark column -> (the browse-range columns it needs, how to build its values from them)
-_BUILDERS: dict[str, tuple[tuple[str, ...], Callable[..., list[Any]]]] = {
-    "body": (("body", "body-type"), lambda b, t: [body_bytes(x, y) for x, y in zip(b, t, strict=True)]),
+def _longs(values: list[Any]) -> pa.Array:
+    return pa.array(values, type=pa.int64())
+
+
+def _partitions(sequence_numbers: list[Any]) -> pa.Array:
+    return pc.shift_right(pa.array(sequence_numbers, type=pa.int64()), _SHIFT)
+
+
+# Arrow scalars, not Python numbers: pyarrow.compute converts a Python number with an import attempt per call.
+_MAX_MS = pa.scalar(MAX_TIMESTAMP_MS, pa.int64())
+_NULL_LONG = pa.scalar(None, pa.int64())
+_THOUSAND = pa.scalar(1000, pa.int64())
+_SHIFT = pa.scalar(PARTITION_SHIFT, pa.int64())
+
+
+# Spark column -> (the browse-range columns it needs, how to build its values from them: a list, or an Arrow
+# array that to_record_batch casts to the column's type)
+_BUILDERS: dict[str, tuple[tuple[str, ...], Callable[..., list[Any] | pa.Array]]] = {
+    "body": (("body", "body-type"), _bodies),
     "message_id": (("message-id",), _text),
     "partition_key": (("partition-key",), _text),
     "session_id": (("session-id",), _text),
@@ -110,11 +141,11 @@ _BUILDERS: dict[str, tuple[tuple[str, ...], Callable[..., list[Any]]]] = {
     "reply_to": (("reply-to",), _text),
     "application_properties": (("application-properties",), _properties_map),
     "application_properties_json": (("application-properties",), _properties_json),
-    "sequence_number": (("sequence-number",), lambda s: [int(x) for x in s]),
-    "partition": (("sequence-number",), lambda s: [int(x) >> PARTITION_SHIFT for x in s]),
+    "sequence_number": (("sequence-number",), _longs),
+    "partition": (("sequence-number",), _partitions),
     "enqueued_time": (("enqueued-time",), _micros),
     "expires_at": (("expires-at",), _micros),
-    "delivery_count": (("delivery-count",), lambda d: [int(x) for x in d]),
+    "delivery_count": (("delivery-count",), _longs),
 }
 
 
@@ -132,7 +163,11 @@ def to_record_batch(columns: dict[str, list[Any]], schema: pa.Schema) -> pa.Reco
     arrays = []
     for field in schema:
         sources, build = _BUILDERS[field.name]
-        arrays.append(pa.array(build(*(columns[s] for s in sources)), type=field.type))
+        values = build(*(columns[s] for s in sources))
+        if isinstance(values, pa.Array):
+            arrays.append(values if values.type == field.type else values.cast(field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
@@ -183,7 +218,7 @@ def messages_of(
     ids = cols.get("message_id", nothing)
     props = cols.get("application_properties", nothing)
     props_json = cols.get("application_properties_json", nothing)
-    plain = {k: cols.get(k, nothing) for k in WRITABLE[2:11]}
+    plain = {k: cols[k] for k in WRITABLE[2:11] if k in cols}  # absent columns keep OutgoingMessage's None
     out = []
     for i in range(n):
         body = bodies[i]
