@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from .amqp import codec
 from .amqp import types as t
-from .amqp.message import AmqpMessage, BodyType, Properties, decode_message, encode_message
+from .amqp.message import AmqpMessage, BodyType, Header, Properties, decode_message, encode_message
 from .amqp.performatives import (
     RECEIVER,
     Accepted,
@@ -112,11 +112,7 @@ class OutgoingMessage:
 
     def encode(self) -> bytes:
         annotations = None if self.partition_key is None else {PARTITION_KEY: self.partition_key}
-        header = None
-        if self.time_to_live_ms is not None:
-            from .amqp.message import Header
-
-            header = Header(ttl=self.time_to_live_ms)
+        header = None if self.time_to_live_ms is None else Header(ttl=self.time_to_live_ms)
         return encode_message(
             AmqpMessage(
                 header=header,
