@@ -52,13 +52,10 @@ import gc
 import io
 import os
 import pstats
-import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -66,7 +63,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/children.py
 
+from children import ChildProcess, watch_parent
 from shardbus.amqp import events as E
 from shardbus.amqp.connection import Connection
 from shardbus.amqp.message import AmqpMessage, BodyType, Header, Properties, decode_message
@@ -93,28 +92,13 @@ OWN_TARGET_US = 25.0  # broker CPU per durable message with our own client
 # =================================================================================================================
 
 
-def _watch_parent() -> None:
-    """End this child when the bench process goes away, however it went (even SIGKILL)."""
-    parent = os.getppid()
-
-    def run() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)
-                os._exit(1)
-
-    threading.Thread(target=run, name="watch-parent", daemon=True).start()
-
-
 def run_broker(data_dir: str, queues: list[str], profile_dir: str | None, gc_off: bool = False) -> None:
     """Child: a shardbus broker on a free port; prints ``READY <port>``. With ``profile_dir``, its event-loop thread
     runs under cProfile and SIGUSR1 dumps (and restarts) the profile to ``profile_dir/<n>.prof``. ``gc_off``
     (diagnosis only) disables Python's cyclic garbage collector in the broker process."""
     from shardbus.server import Broker
 
-    _watch_parent()
+    watch_parent()
     if gc_off:
         gc.disable()
     broker = Broker(data_dir, port=0, tier="premium")
@@ -276,7 +260,7 @@ def null_payload() -> bytes:
 
 def run_null() -> None:
     """Child: the null endpoint on a free port; prints ``READY <port>``."""
-    _watch_parent()
+    watch_parent()
     install_uvloop()
     payload = null_payload()
 
@@ -304,26 +288,14 @@ def _task_cpu(pid: int, tid: int | str) -> float:
         return int(f.read().split()[0]) / 1e9
 
 
-class Child:
+class Child(ChildProcess):
     """A child process (broker or null endpoint) on a free port, with its CPU readable from /proc."""
 
     def __init__(self, name: str, args: list[str], profile_dir: Path | None = None) -> None:
-        self.name = name
         self.profile_dir = profile_dir
         self._dumps = 0
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), *args],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line.startswith("READY "):
-            self.stop()
-            raise RuntimeError(f"{name} did not start (got {line!r})")
-        self.port = int(line.split()[1])
+        super().__init__(name, str(Path(__file__).resolve()), args)
+        self.port = int(self.ready[0])
 
     @property
     def connection_string(self) -> str:
@@ -366,17 +338,6 @@ class Child:
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         return path if path.exists() else None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 class Timer:

@@ -36,13 +36,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +47,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/children.py, also when loaded by path
 
+from children import ChildProcess, watch_parent
 from shardbus.client import OutgoingMessage, ShardbusClient
 
 PATHS = ("batch-read", "stream-read", "batch-write")
@@ -65,59 +64,21 @@ WARMUP = 2000  # messages per warm-up query
 # =================================================================================================================
 
 
-def _watch_parent() -> None:
-    """End this child when the bench process goes away, however it went (even SIGKILL)."""
-    parent = os.getppid()
-
-    def run() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)
-                os._exit(1)
-
-    threading.Thread(target=run, name="watch-parent", daemon=True).start()
-
-
 def run_broker(data_dir: str, queues: list[str]) -> None:
     """Child: a shardbus broker on a free loopback port with partitioned ``queues``; prints ``READY <port>``."""
     from shardbus.server import Broker
 
-    _watch_parent()
+    watch_parent()
     broker = Broker(data_dir, host="127.0.0.1", port=0)
     for q in queues:
         broker.namespace.create_queue(q, enable_partitioning=True)
     broker.serve_forever(on_ready=lambda b: print(f"READY {b.server.port} {b.connection_string}", flush=True))
 
 
-class BrokerProcess:
+class BrokerProcess(ChildProcess):
     def __init__(self, data_dir: Path, queues: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve", str(data_dir), ",".join(queues)],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line.startswith("READY "):
-            self.stop()
-            raise RuntimeError(f"the broker did not start (got {line!r})")
-        self.connection_string = line.split(maxsplit=2)[2]
-        self.connection_string = self.connection_string.strip()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__("the broker", str(Path(__file__).resolve()), ["--serve", str(data_dir), ",".join(queues)])
+        self.connection_string = self.ready[1]
 
 
 # =================================================================================================================
