@@ -1,4 +1,5 @@
-"""Shared fixtures: namespaces in temporary data directories, and a clock tests can move."""
+"""Shared fixtures: namespaces in temporary data directories, a clock tests can move, and a real broker on a
+free port (one per test module) for the tests that go over the wire."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def open_ns(tmp_path):
 @pytest.fixture
 def ns(open_ns):
     return open_ns()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A real broker (AMQP and HTTPS on one free port) for this test module."""
+    from shardbus.server import Broker  # only the wire tests pay for the server's imports
+
+    b = Broker(data_dir=tmp_path_factory.mktemp("data"), port=0).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def conn_str(broker) -> str:
+    return broker.connection_string

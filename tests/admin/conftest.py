@@ -10,26 +10,12 @@ import itertools
 
 import pytest
 
-from shardbus.server import Broker
-
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = Broker(data_dir=tmp_path_factory.mktemp("data"), port=0).start()
-    yield b
-    b.stop()
 
 
 @pytest.fixture
 def ns(broker):
     return broker.namespace
-
-
-@pytest.fixture
-def conn_str(broker) -> str:
-    return broker.connection_string
 
 
 @pytest.fixture

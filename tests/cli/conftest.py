@@ -16,16 +16,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from shardbus.cli_commands import app
-from shardbus.server import Broker
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = Broker(data_dir=tmp_path_factory.mktemp("data"), port=0).start()
-    yield b
-    b.stop()
 
 
 @dataclass

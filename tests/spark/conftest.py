@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from shardbus.client import OutgoingMessage, ShardbusClient
-from shardbus.server import Broker
 
 _names = itertools.count()
 
@@ -44,20 +43,8 @@ def spark():
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = Broker(data_dir=tmp_path_factory.mktemp("data"), port=0).start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture(scope="module")
 def ns(broker):
     return broker.namespace
-
-
-@pytest.fixture(scope="module")
-def conn_str(broker) -> str:
-    return broker.connection_string
 
 
 @pytest.fixture(scope="module")
