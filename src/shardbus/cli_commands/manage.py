@@ -449,13 +449,18 @@ def rule_data(r: Rule) -> dict[str, Any]:
     }
 
 
-def _rule_call(session: Session, topic: str, sub: str, call: Callable[[], Any]) -> Any:
+def _rule_call(session: Session, topic: str, sub: str, call: Callable[[], Any], rule_name: str | None = None) -> Any:
+    """``call()``; when something is missing, say what: the topic, the subscription, or (given ``rule_name``)
+    the rule. 412 is how an update says "missing"."""
     try:
         return call()
     except AdminError as exc:
-        if exc.status in (404, 412):
-            fetch(session, SUB, sub, topic)  # says whether the topic or subscription is what is missing
-        raise
+        if exc.status not in (404, 412):
+            raise
+        fetch(session, SUB, sub, topic)  # raises when the topic or subscription is what is missing
+        if rule_name is None:
+            raise
+        raise CliError(f"subscription {topic}/{sub} has no rule '{rule_name}'") from None
 
 
 @rule.command("create", help="Create a rule on subscription TOPIC/SUBSCRIPTION (no filter: --true).")
@@ -491,13 +496,9 @@ def rule_list(session: Session, topic: str, subscription_name: str) -> None:
 @connection_options
 @pass_session
 def rule_show(session: Session, topic: str, subscription_name: str, name: str) -> None:
-    try:
-        found = session.admin.get_rule(topic, subscription_name, name)
-    except AdminError as exc:
-        if exc.status != 404:
-            raise
-        fetch(session, SUB, subscription_name, topic)
-        raise CliError(f"subscription {topic}/{subscription_name} has no rule '{name}'") from None
+    found = _rule_call(
+        session, topic, subscription_name, lambda: session.admin.get_rule(topic, subscription_name, name), name
+    )
     data = rule_data(found)
     fields = [(k, data[k]) for k in ("name", "filter", "action")]
     session.out.record(fields, title=f"rule {name} on {topic}/{subscription_name}", data=data)
@@ -512,13 +513,13 @@ def rule_show(session: Session, topic: str, subscription_name: str, name: str) -
 @pass_session
 def rule_update(session: Session, topic: str, subscription_name: str, name: str, **options: Any) -> None:
     new = build_rule(name, options)
-    try:
-        updated = session.admin.put_rule(topic, subscription_name, new, update=True)
-    except AdminError as exc:
-        if exc.status not in (404, 412):
-            raise
-        fetch(session, SUB, subscription_name, topic)
-        raise CliError(f"subscription {topic}/{subscription_name} has no rule '{name}'") from None
+    updated = _rule_call(
+        session,
+        topic,
+        subscription_name,
+        lambda: session.admin.put_rule(topic, subscription_name, new, update=True),
+        name,
+    )
     session.out.done(f"updated rule {name} on {topic}/{subscription_name}", data=rule_data(updated))
 
 
@@ -529,13 +530,9 @@ def rule_update(session: Session, topic: str, subscription_name: str, name: str,
 @connection_options
 @pass_session
 def rule_delete(session: Session, topic: str, subscription_name: str, name: str) -> None:
-    try:
-        session.admin.delete_rule(topic, subscription_name, name)
-    except AdminError as exc:
-        if exc.status != 404:
-            raise
-        fetch(session, SUB, subscription_name, topic)
-        raise CliError(f"subscription {topic}/{subscription_name} has no rule '{name}'") from None
+    _rule_call(
+        session, topic, subscription_name, lambda: session.admin.delete_rule(topic, subscription_name, name), name
+    )
     session.out.done(f"deleted rule {name} on {topic}/{subscription_name}", data={"deleted": name, "kind": "rule"})
 
 
