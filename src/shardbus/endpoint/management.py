@@ -341,8 +341,8 @@ def browse_range(ctx: ManagementContext, body: dict[str, Any]) -> ManagementRepl
     start = _ints(body.get("from-sequence-number"), "from-sequence-number")[0]
     end = _ints(body.get("to-sequence-number"), "to-sequence-number")[0]
     count = int(body.get("message-count") or 1000)
-    wanted = body.get("columns")
-    columns = RANGE_COLUMNS if not wanted else [c for c in RANGE_COLUMNS if c[0] in set(map(str, wanted))]
+    wanted = {str(c) for c in body.get("columns") or ()}
+    columns = [c for c in RANGE_COLUMNS if c[0] in wanted] if wanted else RANGE_COLUMNS
     messages = target.browse_range(partition, start, end, count, sub_queue)
     mark = target.completed_mark(partition, sub_queue)
     reply: dict[str, Any] = {"partition": partition, "count": len(messages), "mark": Long(mark)}
