@@ -89,9 +89,7 @@ def main() -> None:
     try:
         bare_insert, bare_delete = bare_loop(folder, n)
         print(f"bare-sqlite insert batch={BATCH} {1 / bare_insert:,.0f} msg/s {bare_insert * 1e6:.1f} us/msg")
-        print(
-            f"bare-sqlite select+delete batch={BATCH} {1 / bare_delete:,.0f} msg/s {bare_delete * 1e6:.1f} us/msg"
-        )
+        print(f"bare-sqlite select+delete batch={BATCH} {1 / bare_delete:,.0f} msg/s {bare_delete * 1e6:.1f} us/msg")
         for partitions in (1, 16):
             for in_flight in (1, 8):
                 data = folder / f"ns-{partitions}-{in_flight}"

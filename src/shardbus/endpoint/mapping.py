@@ -11,6 +11,7 @@ packer, so application properties keep their exact AMQP types across storage.
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..amqp.message import (
     APPLICATION_PROPERTIES,
     DATA,
     FOOTER,
+    HEADER,
     PROPERTIES,
     AmqpMessage,
     Header,
@@ -29,6 +31,7 @@ from ..amqp.message import (
     Section,
     decode_message,
     encode_message,
+    split_batch,
 )
 from ..amqp.message import BodyType as WireBody
 from ..model.message import BodyType, Message, MessageState, datetime_to_ms
@@ -131,10 +134,79 @@ def _wire_ttl_and_count(m: Message, peek: bool) -> tuple[int | None, int]:
 
 
 _UNCHANGING = frozenset({PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER})
+_DEC = codec._DEC
+_LISTS = frozenset((0x45, 0xC0, 0xD0))
+_MAPS = frozenset((0xC1, 0xD1))
+
+
+def _decode_plain(buf: bytes) -> Message | None:
+    """One pass from bytes to ``Message`` for what nearly every sender sends: properties, optionally
+    application-properties, then one data section, in that order, nothing else. None for anything else (or
+    anything malformed), which the general path then decodes, refuses or reports exactly as before. Every section
+    of such a message is unchanging, so the whole payload is what deliveries carry."""
+    n = len(buf)
+    p = 0
+    props: Properties | None = None
+    app: dict[Any, Any] | None = None
+    body: bytes | None = None
+    try:
+        while p < n:
+            if buf[p] != 0 or buf[p + 1] != 0x53 or body is not None:
+                return None
+            code = buf[p + 2]
+            c = buf[p + 3]
+            if code == DATA:
+                if c == 0xB0:
+                    start = p + 8
+                    end = start + int.from_bytes(buf[p + 4 : start], "big")
+                elif c == 0xA0:
+                    start = p + 5
+                    end = start + buf[p + 4]
+                else:
+                    return None
+                if end > n:
+                    return None
+                body = buf[start:end]
+                p = end
+            elif code == PROPERTIES and props is None and app is None and c in _LISTS:
+                fields, p = _DEC[c](buf, p + 4, 1)
+                props = Properties.from_fields(fields)
+            elif code == APPLICATION_PROPERTIES and app is None and c in _MAPS:
+                app, p = _DEC[c](buf, p + 4, 1)
+            else:
+                return None
+    except Exception:  # malformed: the general path raises the right DecodeError
+        return None
+    if body is None:
+        return None
+    if props is None:
+        m = Message(body)
+    else:
+        ct = props.content_type
+        m = Message(
+            body,
+            props.message_id,
+            props.group_id,
+            None,
+            props.correlation_id,
+            props.subject,
+            None if ct is None else str(ct),
+            props.to,
+            props.reply_to,
+            props.reply_to_group_id,
+        )
+    if app:
+        m.application_properties = {str(k): v for k, v in app.items()}
+    m.wire_sections = buf
+    return m
 
 
 def decode_to_message(payload: bytes) -> Message:
     """Decode an inbound message, keeping the sender's encoding of its unchanging sections for deliveries."""
+    if type(payload) is bytes:
+        m = _decode_plain(payload)
+        if m is not None:
+            return m
     sections: list[Section] = []
     m = to_message(decode_message(payload, sections))
     kept = [s for s in sections if s.code in _UNCHANGING]
@@ -143,6 +215,43 @@ def decode_to_message(payload: bytes) -> Message:
     else:
         m.wire_sections = b"".join([payload[s.start : s.end] for s in kept])
     return m
+
+
+def decode_batch_to_messages(payload: bytes) -> list[Message]:
+    """The messages of a ``0x80013700`` batch envelope: ``[decode_to_message(m) for m in split_batch(payload)]``
+    in one pass over the envelope, for the usual envelope (small-ulong descriptors, data sections as vbin).
+    Anything else takes that general path, with its errors."""
+    if type(payload) is bytes:
+        buf = payload
+        n = len(buf)
+        p = 0
+        inner: list[bytes] = []
+        try:
+            while p < n:
+                if buf[p] != 0 or buf[p + 1] != 0x53:
+                    break
+                code = buf[p + 2]
+                c = buf[p + 3]
+                if code == DATA and c == 0xB0:
+                    start = p + 8
+                    end = start + int.from_bytes(buf[p + 4 : start], "big")
+                elif code == DATA and c == 0xA0:
+                    start = p + 5
+                    end = start + buf[p + 4]
+                elif code in (AMQP_VALUE, AMQP_SEQUENCE, DATA) or not HEADER <= code <= FOOTER:
+                    break
+                else:
+                    start, end = -1, codec.skip_at(buf, p + 3)
+                if end > n:
+                    break
+                if start >= 0:
+                    inner.append(buf[start:end])
+                p = end
+        except Exception:  # malformed: the general path raises the right DecodeError
+            p = -1
+        if p == n:
+            return [decode_to_message(m) for m in inner]
+    return [decode_to_message(m) for m in split_batch(payload)]
 
 
 def _key(name: t.Symbol) -> bytes:
@@ -160,41 +269,65 @@ _SCHEDULED_TIME_KEY = _key(SCHEDULED_TIME)
 _DEAD_LETTER_SOURCE_KEY = _key(DEAD_LETTER_SOURCE)
 
 
+_pack_long = struct.Struct(">Bq").pack  # a long or timestamp constructor and its 8 bytes
+_HEADERS: dict[tuple[int | None, int], bytes] = {}  # encoded header sections by (ttl, delivery-count)
+
+
+def _long(v: int) -> bytes:
+    """``v`` as ``codec.e_long`` writes it (smalllong when it fits)."""
+    return bytes((0x55, v & 0xFF)) if -128 <= v <= 127 else _pack_long(0x81, v)
+
+
+def _header(ttl: int | None, delivery_count: int) -> bytes:
+    """The encoded header section of a delivery; only a few (ttl, count) pairs occur, so they are kept."""
+    key = (ttl, delivery_count)
+    found = _HEADERS.get(key)
+    if found is None:
+        if len(_HEADERS) >= 4096:
+            _HEADERS.clear()
+        found = _HEADERS[key] = Header(ttl=ttl, delivery_count=delivery_count).encode()
+    return found
+
+
 def _delivery_head(m: Message, ttl: int | None, delivery_count: int) -> bytes:
     """Header and message-annotations of a delivery whose message has no annotations of its own, written
     directly: what ``encode_message`` would give for the same values (in the same order), at a fraction of the
     cost, and every delivery pays for it."""
-    ma = bytearray(_SEQUENCE_NUMBER_KEY)
-    codec.e_long(ma, m.sequence_number)  # type: ignore[arg-type]
-    ma += _ENQUEUED_TIME_KEY
-    codec.e_timestamp(ma, m.enqueued_time_ms)  # type: ignore[arg-type]
-    count = 4
+    parts = [
+        _SEQUENCE_NUMBER_KEY,
+        _long(m.sequence_number),  # type: ignore[arg-type]
+        _ENQUEUED_TIME_KEY,
+        _pack_long(0x83, m.enqueued_time_ms),
+    ]
     if m.enqueued_sequence_number is not None:
-        ma += _ENQUEUE_SEQUENCE_KEY
-        codec.e_long(ma, m.enqueued_sequence_number)
-        count += 2
+        parts += (_ENQUEUE_SEQUENCE_KEY, _long(m.enqueued_sequence_number))
     if m.locked_until_ms is not None:
-        ma += _LOCKED_UNTIL_KEY
-        codec.e_timestamp(ma, m.locked_until_ms)
-        count += 2
+        parts += (_LOCKED_UNTIL_KEY, _pack_long(0x83, m.locked_until_ms))
     key = m.partition_key if m.partition_key is not None else m.session_id
-    if key is not None:
-        ma += _PARTITION_KEY_KEY
-        codec.e_string(ma, key)
-        count += 2
-    if m.scheduled_enqueue_time is not None:
-        ma += _SCHEDULED_TIME_KEY
-        codec.e_timestamp(ma, datetime_to_ms(m.scheduled_enqueue_time))
-        count += 2
-    if m.dead_letter_source is not None:
-        ma += _DEAD_LETTER_SOURCE_KEY
-        codec.e_string(ma, m.dead_letter_source)
-        count += 2
-    out = bytearray()
-    Header(ttl=ttl, delivery_count=delivery_count).encode_into(out)
-    out += b"\x00\x53\x72"
-    codec._finish_compound(out, ma, count, 0xC1, 0xD1)
-    return bytes(out)
+    count = len(parts)
+    if key is not None or m.scheduled_enqueue_time is not None or m.dead_letter_source is not None:
+        ma = bytearray(b"".join(parts))
+        if key is not None:
+            ma += _PARTITION_KEY_KEY
+            codec.e_string(ma, key)
+            count += 2
+        if m.scheduled_enqueue_time is not None:
+            ma += _SCHEDULED_TIME_KEY
+            codec.e_timestamp(ma, datetime_to_ms(m.scheduled_enqueue_time))
+            count += 2
+        if m.dead_letter_source is not None:
+            ma += _DEAD_LETTER_SOURCE_KEY
+            codec.e_string(ma, m.dead_letter_source)
+            count += 2
+        body = bytes(ma)
+    else:
+        body = b"".join(parts)
+    n = len(body)
+    if n < 255 and count < 256:
+        size = bytes((0xC1, n + 1, count))
+    else:
+        size = b"\xd1" + (n + 4).to_bytes(4, "big") + count.to_bytes(4, "big")
+    return b"".join((_header(ttl, delivery_count), b"\x00\x53\x72", size, body))
 
 
 def encode_delivery(m: Message, *, peek: bool = False) -> bytes:

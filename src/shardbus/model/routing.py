@@ -46,6 +46,8 @@ def batch_partition_key(
     messages: Iterable[Message], requires_duplicate_detection: bool, partitioned: bool
 ) -> str | None:
     """The one key a batch is routed by. A batch is stored atomically, so it must fit in one partition."""
+    if type(messages) is list and len(messages) == 1:  # the usual single send: no set to build
+        return partition_key_of(messages[0], requires_duplicate_detection)
     keys = {partition_key_of(m, requires_duplicate_detection) for m in messages}
     if len(keys) > 1 and partitioned:
         raise InvalidOperation(
@@ -71,10 +73,42 @@ def decode_sequence_number(sequence_number: int) -> tuple[int, int]:
     return sequence_number >> PARTITION_SHIFT, sequence_number & LOCAL_SEQUENCE_MASK
 
 
+_new_uuid = uuid.UUID.__new__
+_set = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+
+
+def uuid_of_int(value: int) -> uuid.UUID:
+    """``uuid.UUID(int=value)`` for a value known to be in range, without the constructor's argument checks
+    (every delivery's lock token is built here or in ``uuid_of_bytes_le``). The fields set are exactly the ones
+    ``UUID.__init__`` sets, so the result compares, hashes and prints as the constructor's would."""
+    u = _new_uuid(uuid.UUID)
+    _set(u, "int", value)
+    _set(u, "is_safe", _SAFE_UNKNOWN)
+    return u
+
+
+def uuid_of_bytes_le(data: bytes) -> uuid.UUID:
+    """``uuid.UUID(bytes_le=data)`` for 16 bytes (a delivery tag), see ``uuid_of_int``."""
+    return uuid_of_int(int.from_bytes(data[3::-1] + data[5:3:-1] + data[7:5:-1] + data[8:], "big"))
+
+
 def new_lock_token(partition_id: int) -> uuid.UUID:
     """A fresh lock token whose low 16 bits name the partition holding the lock."""
     random_part = int.from_bytes(os.urandom(14), "big")
-    return uuid.UUID(int=(random_part << PARTITION_BITS) | partition_id)
+    return uuid_of_int((random_part << PARTITION_BITS) | partition_id)
+
+
+def new_lock_tokens(partition_id: int, count: int) -> list[uuid.UUID]:
+    """``count`` fresh lock tokens (as ``new_lock_token``) from one read of the random source."""
+    if count <= 0:
+        return []
+    randoms = os.urandom(14 * count)
+    from_bytes = int.from_bytes
+    return [
+        uuid_of_int((from_bytes(randoms[i : i + 14], "big") << PARTITION_BITS) | partition_id)
+        for i in range(0, 14 * count, 14)
+    ]
 
 
 def partition_of_lock_token(token: uuid.UUID) -> int:

@@ -8,11 +8,17 @@ which keeps operations in submission order.
 
 Each submission may carry an ``on_commit`` callback; it runs after the batch is durable and before the futures
 resolve, which is how a partition makes sent messages visible only once they are safely stored.
+
+A submission may also ``linger``: wait up to that many seconds for company before its batch is written. Writes
+nobody waits for (settlements, whose outcome the client already has) use it, so that a stream of one-at-a-time
+completes shares a few transactions instead of paying one each. Any submission without it (a send, which is
+acknowledged only once stored) ends the wait at once and takes the lingering ones along, in order.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -45,14 +51,22 @@ class GroupCommitter:
         self._on_failure = on_failure  # turns a store failure into the error callers see
         self._executor = executor or shared_pool()
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # ends a linger early
         self._pending: list[Pending] = []
         self._running = False
+        self._urgent = False  # something pending must not wait (a plain submission, or wait_idle)
+        self._write_by = 0.0  # monotonic deadline of the oldest pending lingering submission
         self._idle = threading.Event()
         self._idle.set()
 
-    def submit(self, ops: list[Op], on_commit: Callable[[], Any] | None = None) -> Future:
+    def submit(self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0) -> Future:
         future: Future = Future()
         with self._lock:
+            if linger <= 0:
+                self._urgent = True
+                self._wake.notify()
+            elif not self._pending or self._urgent:
+                self._write_by = time.monotonic() + linger
             self._pending.append((ops, on_commit, future))
             if self._running:
                 return future
@@ -64,12 +78,18 @@ class GroupCommitter:
     def _drain(self) -> None:
         while True:
             with self._lock:
+                while self._pending and not self._urgent:
+                    remaining = self._write_by - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._wake.wait(remaining)
                 batch = self._pending
                 if not batch:
                     self._running = False
                     self._idle.set()
                     return
                 self._pending = []
+                self._urgent = False
             ops: list[Op] = []
             for item in batch:
                 ops.extend(item[0])
@@ -90,5 +110,9 @@ class GroupCommitter:
                     future.set_result(result)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until everything submitted so far is written (used when closing)."""
+        """Wait until everything submitted so far is written (used when closing): lingering ends now."""
+        with self._lock:
+            if self._pending:
+                self._urgent = True
+                self._wake.notify()
         return self._idle.wait(timeout)

@@ -27,8 +27,28 @@ CREATE TABLE IF NOT EXISTS session_state (
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 
 
+_RANGE_MIN = 3  # a run of more than this many consecutive sequence numbers is deleted as one range
+
+
 def _table(slot: int) -> str:
     return f"m{int(slot)}"
+
+
+def _merge_deletes(ops: list[Op]) -> list[Op]:
+    """Adjacent deletes of one slot as one (a group commit of many settlements brings many): deletes commute
+    with each other, and merging only neighbours keeps every other operation in its place."""
+    out: list[Op] = []
+    merged: list[int] | None = None  # the sequence numbers of the last delete in ``out``, once it is ours
+    for op in ops:
+        if op[0] == "delete" and out and out[-1][0] == "delete" and out[-1][1] == op[1]:
+            if merged is None:
+                merged = list(out[-1][2])  # never extend a caller's list
+                out[-1] = ("delete", op[1], merged)
+            merged.extend(op[2])
+        else:
+            out.append(op)
+            merged = None
+    return out
 
 
 class SqliteStore:
@@ -39,6 +59,9 @@ class SqliteStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            # Only a new file takes it (an existing one keeps its page size): 1 KB messages cost less to insert
+            # and delete with 8 KB pages than with the default 4 KB (fewer page splits and WAL frames).
+            self._db.execute("PRAGMA page_size=8192")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
@@ -80,7 +103,7 @@ class SqliteStore:
             db.execute("BEGIN")
             try:
                 dispatch = self._ops
-                for op in ops:
+                for op in _merge_deletes(ops):
                     dispatch[op[0]](*op[1:])
                 db.execute("COMMIT")
             except BaseException:
@@ -94,10 +117,29 @@ class SqliteStore:
         self._db.executemany(f"INSERT OR REPLACE INTO {_table(slot)} VALUES (?,?,?,?,?,?)", rows)
 
     def _delete(self, slot: int, seqs: list[int]) -> None:
+        table = _table(slot)
+        if not seqs:
+            return
         if len(seqs) == 1:
-            self._db.execute(f"DELETE FROM {_table(slot)} WHERE seq=?", (seqs[0],))
-        else:
-            self._db.executemany(f"DELETE FROM {_table(slot)} WHERE seq=?", [(s,) for s in seqs])
+            self._db.execute(f"DELETE FROM {table} WHERE seq=?", (seqs[0],))
+            return
+        # Consumers complete in order, so the sequence numbers mostly come in runs: one range delete per run
+        # costs less than a statement per row.
+        singles: list[tuple[int]] = []
+        ordered = sorted(seqs)
+        start = prev = ordered[0]
+        for seq in [*ordered[1:], None]:
+            if seq is not None and seq <= prev + 1:
+                prev = seq
+                continue
+            if prev - start >= _RANGE_MIN:
+                self._db.execute(f"DELETE FROM {table} WHERE seq BETWEEN ? AND ?", (start, prev))
+            else:
+                singles.extend((s,) for s in range(start, prev + 1))
+            if seq is not None:
+                start = prev = seq
+        if singles:
+            self._db.executemany(f"DELETE FROM {table} WHERE seq=?", singles)
 
     def _update(self, slot: int, updates: list[Any]) -> None:
         self._db.executemany(

@@ -1,0 +1,186 @@
+"""The mapping's fast paths give exactly what the general paths give: the one-pass decoder of plain messages and
+batch envelopes, and the directly written delivery head."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from shardbus.amqp import types as t
+from shardbus.amqp.codec import DecodeError
+from shardbus.amqp.message import AmqpMessage, BodyType, Header, Properties, build_batch, encode_message, split_batch
+from shardbus.endpoint import mapping
+from shardbus.endpoint.mapping import decode_batch_to_messages, decode_to_message, encode_delivery
+from shardbus.model.message import Message
+from shardbus.model.routing import new_lock_tokens, uuid_of_bytes_le, uuid_of_int
+
+
+def _general(payload: bytes) -> Message:
+    return decode_to_message(bytearray(payload))  # not ``bytes``: always the general path
+
+
+def _fields(m: Message) -> dict[str, Any]:
+    out = {name: getattr(m, name) for name in Message.__slots__}
+    out["wire_sections"] = None if m.wire_sections is None else bytes(m.wire_sections)
+    return out
+
+
+MESSAGES = [
+    AmqpMessage(body=[b"x" * 10], body_type=BodyType.DATA),
+    AmqpMessage(body=[b"y" * 1024], body_type=BodyType.DATA, properties=Properties(message_id="id-1")),
+    AmqpMessage(
+        properties=Properties(
+            message_id=uuid.uuid4(),
+            to="somewhere",
+            subject="s",
+            reply_to="r",
+            correlation_id=t.ULong(7),
+            content_type=t.Symbol("application/json"),
+            group_id="session-1",
+            reply_to_group_id="session-2",
+        ),
+        application_properties={"a": 1, "b": "two", "c": t.Long(3), "d": None},
+        body=[b"z" * 300],
+        body_type=BodyType.DATA,
+    ),
+    AmqpMessage(properties=Properties(message_id="m"), application_properties={}, body=[b""], body_type=BodyType.DATA),
+    # general path only: header, annotations, several data sections, value and sequence bodies, no body
+    AmqpMessage(header=Header(ttl=5000), body=[b"h"], body_type=BodyType.DATA),
+    AmqpMessage(message_annotations={t.Symbol("x-opt-partition-key"): "k"}, body=[b"a"], body_type=BodyType.DATA),
+    AmqpMessage(body=[b"one", b"two"], body_type=BodyType.DATA),
+    AmqpMessage(properties=Properties(message_id="v"), body={"k": 1}, body_type=BodyType.VALUE),
+    AmqpMessage(body=[[1, 2]], body_type=BodyType.SEQUENCE),
+    AmqpMessage(properties=Properties(message_id="none")),
+]
+
+
+@pytest.mark.parametrize("amqp", MESSAGES)
+def test_decode_fast_path_matches_general_path(amqp: AmqpMessage) -> None:
+    payload = encode_message(amqp)
+    assert _fields(decode_to_message(payload)) == _fields(_general(payload))
+
+
+def test_decode_application_properties_before_properties_is_still_decoded() -> None:
+    props = encode_message(AmqpMessage(properties=Properties(message_id="p")))
+    rest = encode_message(AmqpMessage(application_properties={"a": 1}, body=[b"b"], body_type=BodyType.DATA))
+    payload = rest[: rest.index(b"\x00\x53\x75")] + props + rest[rest.index(b"\x00\x53\x75") :]
+    assert _fields(decode_to_message(payload)) == _fields(_general(payload))
+    assert decode_to_message(payload).application_properties == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x00\x53\x75\xb0\x00\x00\x00\x09ab",  # data shorter than its length
+        b"\x00\x53\x73\xc0\x03\x01\x71",  # truncated properties
+        b"\x00\x53\x73\xc0\x02\x01\x56\x01\x00\x53\x75\xa0\x00",  # message-id of a wrong type
+        b"\x00\x53\x99\x45",  # unknown section
+    ],
+)
+def test_decode_malformed_raises_as_before(payload: bytes) -> None:
+    with pytest.raises(DecodeError) as fast:
+        decode_to_message(payload)
+    with pytest.raises(DecodeError) as general:
+        _general(payload)
+    assert type(fast.value) is type(general.value)
+
+
+def test_batch_fast_path_matches_split_batch() -> None:
+    inner = [encode_message(m) for m in MESSAGES]
+    for envelope in (build_batch(inner), build_batch(inner[:1]), build_batch([])):
+        fast = decode_batch_to_messages(envelope)
+        general = [_general(p) for p in split_batch(envelope)]
+        assert [_fields(m) for m in fast] == [_fields(m) for m in general]
+
+
+def test_batch_with_a_value_body_is_refused() -> None:
+    envelope = encode_message(AmqpMessage(body="no", body_type=BodyType.VALUE))
+    with pytest.raises(DecodeError):
+        decode_batch_to_messages(envelope)
+    with pytest.raises(DecodeError):
+        decode_batch_to_messages(b"\x00\x53\x10\x45")
+
+
+def _generic_head(m: Message, ttl: int | None, count: int) -> bytes:
+    annotations: dict[Any, Any] = {mapping.SEQUENCE_NUMBER: t.Long(m.sequence_number)}
+    annotations[mapping.ENQUEUED_TIME] = t.Timestamp(m.enqueued_time_ms)
+    if m.enqueued_sequence_number is not None:
+        annotations[mapping.ENQUEUE_SEQUENCE] = t.Long(m.enqueued_sequence_number)
+    if m.locked_until_ms is not None:
+        annotations[mapping.LOCKED_UNTIL] = t.Timestamp(m.locked_until_ms)
+    key = m.partition_key if m.partition_key is not None else m.session_id
+    if key is not None:
+        annotations[mapping.PARTITION_KEY] = key
+    if m.scheduled_enqueue_time is not None:
+        annotations[mapping.SCHEDULED_TIME] = t.Timestamp(int(m.scheduled_enqueue_time.timestamp() * 1000))
+    if m.dead_letter_source is not None:
+        annotations[mapping.DEAD_LETTER_SOURCE] = m.dead_letter_source
+    return encode_message(AmqpMessage(header=Header(ttl=ttl, delivery_count=count), message_annotations=annotations))
+
+
+@pytest.mark.parametrize("seq", [1, 127, 128, -5, 2**40, (3 << 48) | 12345])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"partition_key": "pk"},
+        {"session_id": "s" * 300},
+        {"scheduled_enqueue_time": datetime(2030, 1, 1, tzinfo=UTC)},
+        {"dead_letter_source": "q/$deadletterqueue"},
+        {"locked_until_ms": None, "enqueued_sequence_number": None},
+    ],
+)
+def test_delivery_head_matches_generic_encoding(seq: int, extra: dict[str, Any]) -> None:
+    m = Message(b"body", message_id="m")
+    m.sequence_number = seq
+    m.enqueued_time_ms = 1_700_000_000_000
+    m.enqueued_sequence_number = seq + 1
+    m.locked_until_ms = 1_700_000_060_000
+    for k, v in extra.items():
+        setattr(m, k, v)
+    for ttl, count in ((None, 0), (5000, 3), (2**32 - 1, 300)):
+        assert mapping._delivery_head(m, ttl, count) == _generic_head(m, ttl, count)
+
+
+def test_encode_delivery_of_a_decoded_message_keeps_its_sections() -> None:
+    payload = encode_message(MESSAGES[2])
+    m = decode_to_message(payload)
+    m.sequence_number, m.enqueued_time_ms, m.delivery_count = 9, 1_700_000_000_000, 1
+    m.time_to_live = timedelta(seconds=1)
+    assert encode_delivery(m).endswith(payload)
+
+
+def test_fast_uuids_equal_the_constructors() -> None:
+    for token in new_lock_tokens(5, 50):
+        assert token.int & 0xFFFF == 5
+        assert uuid_of_int(token.int) == uuid.UUID(int=token.int)
+        assert hash(uuid_of_int(token.int)) == hash(uuid.UUID(int=token.int))
+        assert str(token) == str(uuid.UUID(int=token.int))
+        assert uuid_of_bytes_le(token.bytes_le) == uuid.UUID(bytes_le=token.bytes_le)
+        assert uuid_of_int(token.int).is_safe == uuid.UUID(int=token.int).is_safe
+    assert len(set(new_lock_tokens(1, 1000))) == 1000
+    assert new_lock_tokens(1, 0) == []
+
+
+def test_observing_many_values_at_once_matches_observe() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from shardbus.endpoint.connection import _observe_all
+
+    values = [0.0, 0.0005, 0.0007, 0.001, 0.003, 0.5, 2.5, 3.0, 100.0, 0.0005]
+    buckets = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+    one, many = CollectorRegistry(), CollectorRegistry()
+    a = Histogram("h", "h", buckets=buckets, registry=one)
+    b = Histogram("h", "h", buckets=buckets, registry=many)
+    for v in values:
+        a.observe(v)
+    _observe_all(b, values)
+    _observe_all(b, [])
+
+    def exposition(registry: CollectorRegistry) -> list[str]:
+        return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+    assert exposition(one) == exposition(many)
