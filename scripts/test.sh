@@ -6,4 +6,30 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip==25.3
 .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/ruff check src tests bench
-exec .venv/bin/pytest -q -p no:cacheprovider "$@"
+
+# PostgreSQL for the postgres store tests: Debian's server when it is missing (as root or with sudo), then a
+# throwaway cluster on 127.0.0.1 for this run only (tests/pg_server.py; the tests skip without one, or fail
+# under CI). A DSN given from outside is used as it is.
+if [ -z "${SHARDBUS_TEST_POSTGRES_DSN:-}" ]; then
+    if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+        sudo=""
+        [ "$(id -u)" = 0 ] || sudo="sudo -n"
+        { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } ||
+            echo "test.sh: could not install postgresql" >&2
+    fi
+    pg_dir=$(mktemp -d)
+    trap '.venv/bin/python tests/pg_server.py stop "$pg_dir" || true' EXIT  # keeps pytest's exit status
+    if pg_dsn=$(.venv/bin/python tests/pg_server.py start "$pg_dir"); then
+        export SHARDBUS_TEST_POSTGRES_DSN="$pg_dsn"
+    fi
+fi
+
+.venv/bin/pytest -q -p no:cacheprovider "$@"
+
+# The whole run (no arguments) passes the core and AMQP suites once more with every partition broker in one of two
+# worker processes (tests/conftest.py): remote partitions must behave exactly like local ones.
+if [ "$#" = 0 ]; then
+    SHARDBUS_TEST_WORKERS=2 .venv/bin/pytest -q -p no:cacheprovider tests/core tests/endpoint \
+        --deselect tests/endpoint/test_bench_smoke.py --deselect tests/endpoint/test_scale_bench_smoke.py
+fi

@@ -1,0 +1,428 @@
+"""PostgreSQL messaging store: one schema per partition, the same tables and semantics as the SQLite store.
+
+Each partition's store is a schema (``partition_schema`` names it) holding ``meta``, ``slots``, ``dedup``,
+``session_state`` and one table per slot (``m<slot>``, keyed by the partition-relative sequence number), so
+dropping a slot or a whole entity is a ``DROP`` rather than a large ``DELETE``. ``apply`` runs its whole batch in
+one transaction sent in pipeline mode (every statement goes out before any reply is awaited), so a batch costs
+about one round trip plus the commit, whatever its size; bulk operations are single statements over arrays,
+sent in binary (``%b``) because text-format bytea arrays cost more to escape than the rest of the write.
+``synchronous_commit`` is forced on for the session, so a batch is flushed to the server's WAL when ``apply``
+returns.
+
+Errors: every driver error (including a lost connection) is raised as ``StoreError``; a broken connection is
+dropped and the next call connects again. A connection lost during COMMIT leaves the batch's outcome unknown,
+which is why the broker treats any store error as "partition unavailable" and reloads from the store on restart.
+
+Also here: ``PostgresLeases``, a small lease table (in the ``shardbus`` schema) for partition takeover, timed by
+the database's clock so that the brokers' clocks need not agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from .base import Op, Row, Snapshot, StoreError, Update
+
+MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
+LEASE_SCHEMA = "shardbus"
+# Serialises CREATE ... IF NOT EXISTS across processes: concurrent creation of the same schema or table can
+# fail with a unique violation on the catalog instead of being a no-op.
+_DDL_LOCK_KEY = 0x73686172_64627573  # "shardbus"
+
+# Defaults a DSN may override: a dead server or network is noticed in seconds instead of hanging a commit.
+_CONNECT_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "application_name": "shardbus",
+}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def partition_schema(entity_id: int, name: str, partition_id: int, *, namespace: str | None = None) -> str:
+    """The schema of one partition's store: ``sb_e<id>_p<NN>_<name>``, e.g. ``sb_e12_p03_orders``.
+
+    Only lower-case letters, digits and underscores, at most 63 bytes, so it is a plain identifier that needs no
+    quoting (the store quotes it anyway). Uniqueness comes from the entity id and partition, which come first so
+    shortening the readable name never merges two schemas. Entity ids are unique within one namespace's catalog:
+    namespaces sharing a database must pass ``namespace``, which adds a short hash of its name
+    (``sb_n<hash>_e12_p03_orders``).
+    """
+    prefix = "sb_"
+    if namespace is not None:
+        prefix += "n" + hashlib.sha256(namespace.lower().encode()).hexdigest()[:8] + "_"
+    schema = f"{prefix}e{int(entity_id)}_p{int(partition_id):02d}"
+    slug = _slug(name)
+    if slug:
+        schema = f"{schema}_{slug}"
+    return schema[:MAX_IDENTIFIER].rstrip("_")
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    """Connect in autocommit mode (transactions are explicit) with durable commits; raises StoreError."""
+    try:
+        params = conninfo_to_dict(dsn)
+        for key, value in _CONNECT_DEFAULTS.items():
+            params.setdefault(key, value)
+        conn = psycopg.connect(autocommit=True, **params)
+        conn.execute("SET synchronous_commit TO on")
+        return conn
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot connect to PostgreSQL: {exc}") from exc
+
+
+def _create_ddl(conn: psycopg.Connection, statements: list[str]) -> None:
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
+        for statement in statements:
+            conn.execute(statement)
+
+
+# Where an op's key and its list of items are, for the ops whose consecutive repeats can be merged into one
+# statement: (index of the slot or None, index of the list).
+_MERGEABLE = {"put": (1, 2), "delete": (1, 2), "update": (1, 2), "dedup": (None, 1), "dedup_delete": (None, 1)}
+_DEDUP_OPS = frozenset({"dedup", "dedup_prune", "dedup_delete"})
+
+
+def _plan(ops: list[Op]) -> list[Op]:
+    """The same batch in fewer statements (each costs the driver far more than a row does).
+
+    A group-committed batch interleaves many small submissions (put, meta, put, meta, ...). Nothing but ``meta``
+    ops touch the meta table, and only the dedup ops touch the dedup table, so those two families may move behind
+    the message ops without changing the committed result (the batch is one transaction): meta keeps the last
+    value of each key, dedup ops keep their own order. Then consecutive put / delete / update ops of one slot
+    (and consecutive dedup or dedup_delete ops) become one op; the adapter's bulk statements let the last of
+    repeated items win, as running them one by one would.
+    """
+    main: list[Op] = []
+    dedup: list[Op] = []
+    meta: dict[str, int] = {}
+    owned: set[int] = set()  # ids of item lists built here, safe to extend (the caller's lists are not touched)
+    for op in ops:
+        kind = op[0]
+        if kind == "meta":
+            meta[op[1]] = op[2]
+            continue
+        target = dedup if kind in _DEDUP_OPS else main
+        where = _MERGEABLE.get(kind)
+        prev = target[-1] if target else None
+        if where is not None and prev is not None and prev[0] == kind:
+            key, items = where
+            if key is None or prev[key] == op[key]:
+                merged = prev[items]
+                if id(merged) not in owned:
+                    merged = list(merged)
+                    owned.add(id(merged))
+                    target[-1] = (*prev[:items], merged)
+                merged.extend(op[items])
+                continue
+        target.append(op)
+    return [*main, *dedup, *(("meta", key, value) for key, value in meta.items())]
+
+
+def _db_text(text: str) -> bytes:
+    # Message and session ids are arbitrary strings, and PostgreSQL text cannot hold NUL (transfer ids start with
+    # one), so they are stored as bytea; surrogatepass round-trips any Python str.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _py_text(raw: bytes) -> str:
+    return bytes(raw).decode("utf-8", "surrogatepass")
+
+
+class PostgresStore:
+    """A ``MessageStore`` in one PostgreSQL schema. Not thread-safe: its partition's committer serialises use."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._q = sql.Identifier(schema).as_string()  # quoted once; table names inside are m<int>, always safe
+        self._conn: psycopg.Connection | None = None
+        self._ops: dict[str, Callable[..., None]] = {
+            "put": self._put,
+            "delete": self._delete,
+            "update": self._update,
+            "create_slot": self._create_slot,
+            "drop_slot": self._drop_slot,
+            "meta": self._meta,
+            "dedup": self._dedup,
+            "dedup_prune": self._dedup_prune,
+            "dedup_delete": self._dedup_delete,
+            "session_state": self._session_state,
+        }
+        q = self._q
+        try:
+            _create_ddl(
+                self._connection(),
+                [
+                    f"CREATE SCHEMA IF NOT EXISTS {q}",
+                    f"CREATE TABLE IF NOT EXISTS {q}.meta (key text PRIMARY KEY, value bigint NOT NULL)",
+                    f"CREATE TABLE IF NOT EXISTS {q}.slots (slot bigint PRIMARY KEY)",
+                    f"CREATE TABLE IF NOT EXISTS {q}.dedup (message_id bytea PRIMARY KEY, seen bigint NOT NULL)",
+                    f"CREATE TABLE IF NOT EXISTS {q}.session_state (slot bigint NOT NULL, session bytea NOT NULL, "
+                    "state bytea NOT NULL, PRIMARY KEY (slot, session))",
+                ],
+            )
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreError(f"cannot open store {self}: {exc}") from exc
+
+    def __str__(self) -> str:
+        return f"postgres schema {self._q}"
+
+    def _connection(self) -> psycopg.Connection:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = _connect(self.dsn)
+        return conn
+
+    def _reset(self) -> None:
+        """Forget a connection after an error if it is no longer usable, so the next call connects again."""
+        conn = self._conn
+        if conn is not None and (conn.broken or conn.closed):
+            self._conn = None
+            conn.close()
+
+    def _table(self, slot: int) -> str:
+        return f"{self._q}.m{int(slot)}"
+
+    # --- reading -------------------------------------------------------------------------------------------
+    def load(self) -> Snapshot:
+        q = self._q
+        try:
+            conn = self._connection()
+            snap = Snapshot()
+            # One snapshot of the database for all tables, as SQLite's single reader sees.
+            with conn.transaction(), conn.cursor(binary=True) as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                snap.meta = dict(cur.execute(f"SELECT key, value FROM {q}.meta").fetchall())
+                snap.dedup = {_py_text(m): seen for m, seen in cur.execute(f"SELECT message_id, seen FROM {q}.dedup")}
+                for slot, session, state in cur.execute(f"SELECT slot, session, state FROM {q}.session_state"):
+                    snap.session_states[(slot, _py_text(session))] = bytes(state)
+                for (slot,) in cur.execute(f"SELECT slot FROM {q}.slots ORDER BY slot").fetchall():
+                    cur.execute(
+                        f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)} "
+                        "ORDER BY seq"
+                    )
+                    snap.rows[slot] = [Row(*r) for r in cur]
+            return snap
+        except psycopg.Error as exc:
+            self._reset()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    # --- writing -------------------------------------------------------------------------------------------
+    def apply(self, ops: list[Op]) -> None:
+        try:
+            conn = self._connection()
+            dispatch = self._ops
+            # The transaction block commits on exit (or rolls back on any exception); the pipeline sends every
+            # statement without waiting and collects the replies at COMMIT. An error in one statement makes the
+            # server skip the rest and the whole block raise.
+            with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                for op in _plan(ops):
+                    dispatch[op[0]](cur, *op[1:])
+        except psycopg.Error as exc:
+            self._reset()
+            raise StoreError(f"store {self} failed: {exc}") from exc
+
+    def _put(self, cur: psycopg.Cursor, slot: int, rows: list[Row]) -> None:
+        if not rows:
+            return
+        # INSERT OR REPLACE: the last row given for a sequence number wins (ON CONFLICT may not meet a key twice
+        # in one statement, so repeats within the list are folded here).
+        by_seq = {row[0]: row for row in rows}
+        if len(by_seq) != len(rows):
+            rows = list(by_seq.values())
+        cur.execute(
+            f"INSERT INTO {self._table(slot)} (seq, queue, state, delivery_count, dead_letter, data) "
+            "SELECT * FROM unnest(%b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[]) "
+            "ON CONFLICT (seq) DO UPDATE SET queue = EXCLUDED.queue, state = EXCLUDED.state, "
+            "delivery_count = EXCLUDED.delivery_count, dead_letter = EXCLUDED.dead_letter, data = EXCLUDED.data",
+            [list(column) for column in zip(*rows, strict=True)],
+        )
+
+    def _delete(self, cur: psycopg.Cursor, slot: int, seqs: list[int]) -> None:
+        if seqs:
+            cur.execute(f"DELETE FROM {self._table(slot)} WHERE seq = ANY(%b::bigint[])", (list(seqs),))
+
+    def _update(self, cur: psycopg.Cursor, slot: int, updates: list[Update]) -> None:
+        if not updates:
+            return
+        # Applied in order like SQLite's executemany: for a repeated sequence number the last update wins.
+        by_seq = {u[0]: u for u in updates}
+        seqs, queues, states, counts, dead_letters = (list(c) for c in zip(*by_seq.values(), strict=True))
+        cur.execute(
+            f"UPDATE {self._table(slot)} AS t SET queue = u.queue, state = u.state, "
+            "delivery_count = u.delivery_count, dead_letter = u.dead_letter "
+            "FROM unnest(%b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bytea[]) "
+            "AS u(seq, queue, state, delivery_count, dead_letter) WHERE t.seq = u.seq",
+            (seqs, queues, states, counts, dead_letters),
+        )
+
+    def _create_slot(self, cur: psycopg.Cursor, slot: int) -> None:
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {self._table(slot)} (seq bigint PRIMARY KEY, queue bigint NOT NULL, "
+            "state bigint NOT NULL, delivery_count bigint NOT NULL, dead_letter bytea, data bytea NOT NULL)"
+        )
+        cur.execute(f"INSERT INTO {self._q}.slots VALUES (%s) ON CONFLICT DO NOTHING", (slot,))
+
+    def _drop_slot(self, cur: psycopg.Cursor, slot: int) -> None:
+        cur.execute(f"DROP TABLE IF EXISTS {self._table(slot)}")
+        cur.execute(f"DELETE FROM {self._q}.slots WHERE slot = %s", (slot,))
+        cur.execute(f"DELETE FROM {self._q}.session_state WHERE slot = %s", (slot,))
+
+    def _meta(self, cur: psycopg.Cursor, key: str, value: int) -> None:
+        cur.execute(
+            f"INSERT INTO {self._q}.meta VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            (key, value),
+        )
+
+    def _dedup(self, cur: psycopg.Cursor, entries: list[tuple[str, int]]) -> None:
+        if not entries:
+            return
+        latest = dict(entries)  # last wins for a repeated id, as INSERT OR REPLACE in order
+        cur.execute(
+            f"INSERT INTO {self._q}.dedup SELECT * FROM unnest(%b::bytea[], %b::bigint[]) "
+            "ON CONFLICT (message_id) DO UPDATE SET seen = EXCLUDED.seen",
+            ([_db_text(m) for m in latest], list(latest.values())),
+        )
+
+    def _dedup_prune(self, cur: psycopg.Cursor, before_ms: int) -> None:
+        cur.execute(f"DELETE FROM {self._q}.dedup WHERE seen < %s", (before_ms,))
+
+    def _dedup_delete(self, cur: psycopg.Cursor, message_ids: list[str]) -> None:
+        if message_ids:
+            cur.execute(
+                f"DELETE FROM {self._q}.dedup WHERE message_id = ANY(%b::bytea[])",
+                ([_db_text(m) for m in message_ids],),
+            )
+
+    def _session_state(self, cur: psycopg.Cursor, slot: int, session: str, state: bytes | None) -> None:
+        if state is None:
+            cur.execute(
+                f"DELETE FROM {self._q}.session_state WHERE slot = %s AND session = %s", (slot, _db_text(session))
+            )
+        else:
+            cur.execute(
+                f"INSERT INTO {self._q}.session_state VALUES (%s, %s, %s) "
+                "ON CONFLICT (slot, session) DO UPDATE SET state = EXCLUDED.state",
+                (slot, _db_text(session), state),
+            )
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+
+def drop_partition_schema(dsn: str, schema: str) -> None:
+    """Remove a partition's store (its schema and every table in it), for entity deletion. Missing is fine."""
+    conn = _connect(dsn)
+    try:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot drop postgres schema {schema!r}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def postgres_store_factory(
+    dsn: str, *, namespace: str | None = None
+) -> Callable[[int, str, int], Callable[[], PostgresStore]]:
+    """Store factories for a namespace's partitions, shaped like ``Namespace._store_factory``:
+    ``postgres_store_factory(dsn)(entity_id, entity_name, partition_id)`` is a zero-argument callable that opens
+    that partition's ``PostgresStore`` (raising StoreError when it cannot)."""
+
+    def for_partition(entity_id: int, name: str, partition_id: int) -> Callable[[], PostgresStore]:
+        schema = partition_schema(entity_id, name, partition_id, namespace=namespace)
+
+        def factory() -> PostgresStore:
+            return PostgresStore(dsn, schema)
+
+        return factory
+
+    return for_partition
+
+
+class PostgresLeases:
+    """Time-limited ownership of partitions, one row per partition key in ``shardbus.leases``.
+
+    Expiry is judged by the database's ``now()``, never the caller's clock. Thread-safe (one connection behind
+    a lock); errors are raised as StoreError and a broken connection is replaced on the next call.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection | None = None
+        schema = sql.Identifier(LEASE_SCHEMA).as_string()
+        self._table = f"{schema}.leases"
+        ddl = [
+            f"CREATE SCHEMA IF NOT EXISTS {schema}",
+            f"CREATE TABLE IF NOT EXISTS {self._table} (partition_key text PRIMARY KEY, owner text NOT NULL, "
+            "expires_at timestamptz NOT NULL)",
+        ]
+        try:
+            with self._lock:
+                self._run(lambda conn: _create_ddl(conn, ddl))
+        except StoreError:
+            self.close()
+            raise
+
+    def _run(self, action: Callable[[psycopg.Connection], Any]) -> Any:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = _connect(self.dsn)
+        try:
+            return action(conn)
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                self._conn = None
+                conn.close()
+            raise StoreError(f"lease table failed: {exc}") from exc
+
+    def acquire(self, partition_key: str, owner: str, ttl_s: float) -> bool:
+        """Take or renew the lease for ``ttl_s`` seconds: succeeds when it is free, expired or already ours."""
+        query = (
+            f"INSERT INTO {self._table} AS l VALUES (%s, %s, now() + make_interval(secs => %s)) "
+            "ON CONFLICT (partition_key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at "
+            "WHERE l.owner = EXCLUDED.owner OR l.expires_at <= now() RETURNING owner"
+        )
+        with self._lock:
+            row = self._run(lambda conn: conn.execute(query, (partition_key, owner, float(ttl_s))).fetchone())
+        return row is not None
+
+    def release(self, partition_key: str, owner: str) -> None:
+        """Give the lease up (only if ``owner`` holds it; someone else's lease is left alone)."""
+        query = f"DELETE FROM {self._table} WHERE partition_key = %s AND owner = %s"
+        with self._lock:
+            self._run(lambda conn: conn.execute(query, (partition_key, owner)))
+
+    def holder(self, partition_key: str) -> str | None:
+        """Who holds an unexpired lease on the partition, if anyone."""
+        query = f"SELECT owner FROM {self._table} WHERE partition_key = %s AND expires_at > now()"
+        with self._lock:
+            row = self._run(lambda conn: conn.execute(query, (partition_key,)).fetchone())
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

@@ -1,0 +1,505 @@
+"""The message store adapters (SQLite and PostgreSQL) against one set of tests: every op of store/base.py, reload
+after reopening, atomic batches, errors, and a real partition broker over each; plus PostgreSQL's own parts
+(partition schemas, lost connections, leases).
+
+PostgreSQL comes from ``SHARDBUS_TEST_POSTGRES_DSN`` (scripts/test.sh starts a throwaway cluster and sets it) or,
+when that is unset, from a throwaway cluster started here (tests/pg_server.py). Without a reachable server the
+PostgreSQL cases skip, except under CI (``CI`` set), where they fail: CI must really run them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+
+from pg_server import ServerUnavailable
+from pg_server import start as start_pg
+from pg_server import stop as stop_pg
+from shardbus.model.message import Message, SubQueue
+from shardbus.partition.broker import PartitionBroker, PartitionConfig, SlotSettings
+from shardbus.store.base import MessageStore, Row, Snapshot, StoreError, Update
+from shardbus.store.postgres import (
+    PostgresLeases,
+    PostgresStore,
+    drop_partition_schema,
+    partition_schema,
+    postgres_store_factory,
+)
+from shardbus.store.sqlite import SqliteStore
+
+DSN_ENV = "SHARDBUS_TEST_POSTGRES_DSN"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _unavailable(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"{reason} (CI is set, so the PostgreSQL store tests must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _check_reachable(dsn: str) -> str | None:
+    try:
+        psycopg.connect(dsn, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        return str(exc).strip()
+    return None
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    dsn = os.environ.get(DSN_ENV)
+    if dsn:
+        error = _check_reachable(dsn)
+        if error:
+            _unavailable(f"PostgreSQL at ${DSN_ENV} is unreachable: {error}")
+        yield dsn
+        return
+    # Not under /tmp/pytest-of-*: those directories are private to this user and the server may run as postgres.
+    directory = tempfile.mkdtemp(prefix="shardbus-pg-")
+    try:
+        dsn = start_pg(directory)
+    except (ServerUnavailable, subprocess.TimeoutExpired) as exc:
+        stop_pg(directory)
+        _unavailable(f"no PostgreSQL: ${DSN_ENV} is unset and no throwaway cluster could start ({exc})")
+    try:
+        error = _check_reachable(dsn)
+        if error:
+            _unavailable(f"the throwaway PostgreSQL cluster is unreachable: {error}")
+        yield dsn
+    finally:
+        stop_pg(directory)
+
+
+@dataclass
+class Kit:
+    """One adapter under test: ``factory`` opens (again) the same store; ``unreachable`` one that cannot open."""
+
+    backend: str
+    factory: Callable[[], MessageStore]
+    unreachable: Callable[[], MessageStore]
+    dsn: str | None = None
+    schema: str | None = None
+    opened: list[MessageStore] = field(default_factory=list)
+
+    def open(self) -> MessageStore:
+        store = self.factory()
+        self.opened.append(store)
+        return store
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def kit(request: pytest.FixtureRequest, tmp_path) -> Iterator[Kit]:
+    if request.param == "sqlite":
+        path = tmp_path / "p03.db"
+        k = Kit("sqlite", lambda: SqliteStore(path), lambda: SqliteStore(tmp_path))  # a directory: cannot open
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        namespace = f"test-{uuid.uuid4().hex}"  # a fresh schema per test, through the factory the server uses
+        schema = partition_schema(7, "Orders/Tests", 3, namespace=namespace)
+        dead = f"host=127.0.0.1 port={_closed_port()} user=postgres dbname=postgres connect_timeout=5"
+        k = Kit(
+            "postgres",
+            postgres_store_factory(dsn, namespace=namespace)(7, "Orders/Tests", 3),
+            lambda: PostgresStore(dead, schema),
+            dsn=dsn,
+            schema=schema,
+        )
+    yield k
+    for store in k.opened:
+        store.close()
+    if k.dsn is not None and k.schema is not None:
+        drop_partition_schema(k.dsn, k.schema)
+
+
+@pytest.fixture
+def store(kit: Kit) -> MessageStore:
+    return kit.open()
+
+
+def _row(seq: int, data: bytes | None = None, **changes) -> Row:
+    row = Row(seq, int(SubQueue.MAIN), 0, 0, None, data if data is not None else f"data-{seq}".encode())
+    return row._replace(**changes)
+
+
+def _reload(kit: Kit, store: MessageStore) -> Snapshot:
+    store.close()
+    return kit.open().load()
+
+
+# --- every op, and reload after reopening ----------------------------------------------------------------------
+def test_new_store_is_empty(store: MessageStore) -> None:
+    assert store.load() == Snapshot()
+
+
+def test_put_rows_come_back_in_sequence_order_after_reopen(kit: Kit, store: MessageStore) -> None:
+    rows0 = [_row(3), _row(1, dead_letter=b"\x00dl", queue=int(SubQueue.DEAD_LETTER), state=1, delivery_count=4)]
+    rows5 = [_row(2, b"")]
+    store.apply([("create_slot", 0), ("create_slot", 5), ("put", 0, rows0), ("put", 5, rows5)])
+    snap = _reload(kit, store)
+    assert snap.rows == {0: [rows0[1], rows0[0]], 5: rows5}
+    assert all(isinstance(r.data, bytes) for r in snap.rows[0])
+
+
+def test_put_replaces_a_row_and_the_last_of_repeats_wins(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(1), _row(2)])])
+    store.apply([("put", 0, [_row(1, b"new", state=2), _row(2, b"first"), _row(2, b"second")])])
+    assert _reload(kit, store).rows[0] == [_row(1, b"new", state=2), _row(2, b"second")]
+
+
+def test_delete(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(s) for s in range(1, 6)])])
+    store.apply([("delete", 0, [2])])
+    store.apply([("delete", 0, [4, 5, 99]), ("delete", 0, [])])  # a missing sequence number is no error
+    assert [r.seq for r in _reload(kit, store).rows[0]] == [1, 3]
+
+
+def test_update_changes_only_mutable_columns(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(1), _row(2, dead_letter=b"x")])])
+    store.apply(
+        [
+            ("update", 0, [Update(1, int(SubQueue.DEAD_LETTER), 1, 3, b"why"), Update(99, 0, 0, 0, None)]),
+            ("update", 0, [Update(2, 0, 2, 1, None)]),
+            ("update", 0, [Update(2, 0, 3, 2, None)]),  # applied in order: the last one wins
+        ]
+    )
+    assert _reload(kit, store).rows[0] == [
+        Row(1, int(SubQueue.DEAD_LETTER), 1, 3, b"why", b"data-1"),
+        Row(2, 0, 3, 2, None, b"data-2"),
+    ]
+
+
+def test_create_slot_twice_keeps_its_rows(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 1), ("put", 1, [_row(1)])])
+    store.apply([("create_slot", 1)])
+    assert _reload(kit, store).rows == {1: [_row(1)]}
+
+
+def test_drop_slot_removes_rows_and_session_states(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 1), ("create_slot", 2), ("put", 1, [_row(1)]), ("put", 2, [_row(2)])])
+    store.apply([("session_state", 1, "s", b"one"), ("session_state", 2, "s", b"two")])
+    store.apply([("drop_slot", 1), ("drop_slot", 77)])  # dropping a missing slot is no error
+    snap = store.load()
+    assert snap.rows == {2: [_row(2)]}
+    assert snap.session_states == {(2, "s"): b"two"}
+    with pytest.raises(StoreError):
+        store.apply([("put", 1, [_row(3)])])  # its table is gone
+    store.apply([("create_slot", 1)])
+    assert _reload(kit, store).rows == {1: [], 2: [_row(2)]}
+
+
+def test_meta_keeps_the_last_value(kit: Kit, store: MessageStore) -> None:
+    store.apply([("meta", "next_seq", 5), ("meta", "mark:0:0", 3), ("meta", "next_seq", 9)])
+    store.apply([("meta", "big", 2**62)])
+    assert _reload(kit, store).meta == {"next_seq": 9, "mark:0:0": 3, "big": 2**62}
+
+
+def test_dedup_history_prune_and_delete(kit: Kit, store: MessageStore) -> None:
+    transfer = "\x00transfer:abc"  # forwarded messages' ids start with NUL
+    store.apply([("dedup", [("a", 100), ("b", 200), (transfer, 300), ("ü-ñ", 400)]), ("dedup", [("a", 150)])])
+    assert store.load().dedup == {"a": 150, "b": 200, transfer: 300, "ü-ñ": 400}
+    store.apply([("dedup_prune", 200)])  # strictly older than 200 goes
+    assert store.load().dedup == {"b": 200, transfer: 300, "ü-ñ": 400}
+    store.apply([("dedup_delete", [transfer, "missing"]), ("dedup_delete", [])])
+    store.apply([("dedup", [("c", 1), ("c", 2)]), ("dedup", [])])
+    assert _reload(kit, store).dedup == {"b": 200, "ü-ñ": 400, "c": 2}
+
+
+def test_session_state_set_replace_and_clear(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("create_slot", 4)])
+    store.apply([("session_state", 0, "a", b"1"), ("session_state", 0, "b\x00é", b""), ("session_state", 4, "a", b"x")])
+    store.apply([("session_state", 0, "a", b"2"), ("session_state", 0, "gone", None)])  # clearing nothing is fine
+    assert store.load().session_states == {(0, "a"): b"2", (0, "b\x00é"): b"", (4, "a"): b"x"}
+    store.apply([("session_state", 0, "a", None)])
+    assert _reload(kit, store).session_states == {(0, "b\x00é"): b"", (4, "a"): b"x"}
+
+
+def test_interleaved_batch_has_the_effect_of_its_ops_in_order(kit: Kit, store: MessageStore) -> None:
+    # What a group commit produces: many submissions' ops back to back, touching the same rows.
+    store.apply(
+        [
+            ("create_slot", 0),
+            ("put", 0, [_row(1)]),
+            ("meta", "next_seq", 2),
+            ("dedup", [("m1", 10)]),
+            ("put", 0, [_row(2)]),
+            ("meta", "next_seq", 3),
+            ("delete", 0, [1]),
+            ("put", 0, [_row(1, b"again")]),
+            ("update", 0, [Update(2, 0, 4, 1, None)]),
+            ("dedup_prune", 11),
+            ("dedup", [("m2", 12)]),
+            ("session_state", 0, "s", b"x"),
+            ("drop_slot", 0),
+            ("create_slot", 0),
+            ("put", 0, [_row(3)]),
+            ("session_state", 0, "t", b"y"),
+            ("meta", "next_seq", 4),
+        ]
+    )
+    snap = _reload(kit, store)
+    assert snap == Snapshot(
+        rows={0: [_row(3)]}, meta={"next_seq": 4}, dedup={"m2": 12}, session_states={(0, "t"): b"y"}
+    )
+
+
+def test_empty_batch_and_empty_lists(store: MessageStore) -> None:
+    store.apply([])
+    store.apply([("create_slot", 0), ("put", 0, []), ("update", 0, []), ("delete", 0, [])])
+    assert store.load().rows == {0: []}
+
+
+# --- transactions, errors, size ------------------------------------------------------------------------------
+def test_a_failing_op_leaves_nothing_of_its_batch(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(1)]), ("meta", "next_seq", 2)])
+    before = store.load()
+    with pytest.raises(StoreError):
+        store.apply(
+            [
+                ("put", 0, [_row(2)]),
+                ("delete", 0, [1]),
+                ("meta", "next_seq", 3),
+                ("dedup", [("d", 1)]),
+                ("session_state", 0, "s", b"x"),
+                ("create_slot", 9),
+                ("put", 8, [_row(3)]),  # no such slot
+            ]
+        )
+    assert store.load() == before
+    store.apply([("put", 0, [_row(2)])])  # the store is still usable
+    assert [r.seq for r in _reload(kit, store).rows[0]] == [1, 2]
+
+
+def test_a_store_that_cannot_open_raises_store_error(kit: Kit) -> None:
+    with pytest.raises(StoreError):
+        kit.unreachable()
+
+
+def test_large_batches(kit: Kit, store: MessageStore) -> None:
+    n = 5000
+    rows = [_row(s, os.urandom(64), dead_letter=None if s % 3 else b"dl") for s in range(1, n + 1)]
+    store.apply([("create_slot", 0), ("put", 0, rows), ("meta", "next_seq", n + 1)])
+    store.apply([("update", 0, [Update(s, 0, 1, 1, None) for s in range(1, n + 1, 2)])])
+    store.apply([("delete", 0, list(range(2, n + 1, 2)))])
+    store.apply([("dedup", [(f"id-{i}", i) for i in range(n)])])
+    store.apply([("dedup_prune", n // 2)])
+    snap = _reload(kit, store)
+    assert snap.rows[0] == [r._replace(state=1, delivery_count=1, dead_letter=None) for r in rows[::2]]
+    assert snap.dedup == {f"id-{i}": i for i in range(n // 2, n)}
+    assert snap.meta == {"next_seq": n + 1}
+
+
+def test_many_small_submissions_in_one_batch(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("create_slot", 1)])
+    ops = []
+    for s in range(1, 1001):
+        ops += [("put", s % 2, [_row(s)]), ("meta", "next_seq", s + 1), ("dedup", [(f"m{s}", s)])]
+    store.apply(ops)
+    snap = _reload(kit, store)
+    assert [r.seq for r in snap.rows[1]] == list(range(1, 1001, 2))
+    assert [r.seq for r in snap.rows[0]] == list(range(2, 1001, 2))
+    assert snap.meta == {"next_seq": 1001} and len(snap.dedup) == 1000
+
+
+# --- a real partition broker over each store -------------------------------------------------------------------
+def test_partition_broker_keeps_messages_across_restarts(kit: Kit) -> None:
+    settings = SlotSettings(path="orders")
+    config = PartitionConfig(
+        path="orders",
+        partition_id=3,
+        max_size_bytes=1 << 30,
+        max_message_size_bytes=1 << 20,
+        requires_duplicate_detection=True,
+    )
+    broker = PartitionBroker(config, kit.factory, time.time)
+
+    def restart() -> None:
+        broker.stop()
+        broker.start()
+        broker.configure_slot(0, settings)  # slot settings live in the catalog, not the store
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        items = [(f"id-{i}", [(0, Message(f"m{i}".encode(), session_id=None))]) for i in range(3)]
+        first = broker.enqueue(items).result(30)
+        restart()
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 10)] == [b"m0", b"m1", b"m2"]
+        assert broker.enqueue([("id-1", [(0, Message(b"dup"))])]).result(30) == [None]  # dedup survived
+        locked = broker.lock_messages(0, SubQueue.MAIN, 10)
+        assert [m.sequence_number for m in locked] == first
+        broker.complete(0, [m.lock_token for m in locked]).result(30)
+        restart()
+        assert broker.peek(0, SubQueue.MAIN, 0, 10) == []
+        assert broker.lock_messages(0, SubQueue.MAIN, 10) == []
+        later = broker.enqueue([(None, [(0, Message(b"m3"))])]).result(30)
+        assert later[0] > first[-1]  # numbering goes on after the restarts
+    finally:
+        broker.stop()
+
+
+# --- PostgreSQL only -------------------------------------------------------------------------------------------
+def test_partition_schema_names_are_safe_distinct_identifiers() -> None:
+    names = [
+        partition_schema(1, "orders", 0),
+        partition_schema(1, "orders", 1),
+        partition_schema(2, "orders", 0),
+        partition_schema(12, 'We"ird; DROP SCHEMA public--/Sub', 15),
+        partition_schema(3, "ü" * 200, 2),
+        partition_schema(4, "", 0),
+        partition_schema(1, "orders", 0, namespace="premiumns"),
+        partition_schema(1, "x" * 300, 0, namespace="other"),
+    ]
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert len(name.encode()) <= 63
+        assert name[0].isalpha() and all(c.isascii() and (c.isalnum() or c == "_") for c in name), name
+        assert name == name.lower()
+    assert partition_schema(12, "Orders/Sub-1", 3) == "sb_e12_p03_orders_sub_1"
+    assert partition_schema(12, "ORDERS", 3) == partition_schema(12, "orders", 3)  # names are case-insensitive
+
+
+@pytest.fixture
+def pg_schema(pg_dsn: str) -> Iterator[str]:
+    schema = f'Odd "schema" {uuid.uuid4().hex[:8]}'  # needs quoting everywhere it is used
+    yield schema
+    drop_partition_schema(pg_dsn, schema)
+
+
+def test_postgres_quotes_any_schema_name_and_drops_it(pg_dsn: str, pg_schema: str) -> None:
+    store = PostgresStore(pg_dsn, pg_schema)
+    store.apply([("create_slot", 0), ("put", 0, [_row(1)])])
+    store.close()
+    with psycopg.connect(pg_dsn) as conn:
+        found = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (pg_schema,)).fetchone()
+        assert found == (1,)
+    drop_partition_schema(pg_dsn, pg_schema)
+    drop_partition_schema(pg_dsn, pg_schema)  # already gone: fine
+    store = PostgresStore(pg_dsn, pg_schema)
+    assert store.load() == Snapshot()
+    store.close()
+
+
+def _kill_backend(dsn: str, store: PostgresStore) -> None:
+    assert store._conn is not None
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
+
+
+def test_postgres_lost_connection_raises_store_error_then_reconnects(pg_dsn: str, pg_schema: str) -> None:
+    store = PostgresStore(pg_dsn, pg_schema)
+    try:
+        store.apply([("create_slot", 0), ("put", 0, [_row(1)])])
+        _kill_backend(pg_dsn, store)
+        with pytest.raises(StoreError):
+            store.apply([("put", 0, [_row(2)])])
+        store.apply([("put", 0, [_row(3)])])  # a new connection
+        _kill_backend(pg_dsn, store)
+        with pytest.raises(StoreError):
+            store.load()
+        assert [r.seq for r in store.load().rows[0]] == [1, 3]
+    finally:
+        store.close()
+
+
+def test_postgres_unreachable_server_raises_store_error() -> None:
+    dsn = f"host=127.0.0.1 port={_closed_port()} user=postgres dbname=postgres connect_timeout=5"
+    with pytest.raises(StoreError):
+        PostgresStore(dsn, "sb_e1_p00_x")
+    with pytest.raises(StoreError):
+        PostgresLeases(dsn)
+    with pytest.raises(StoreError):
+        drop_partition_schema(dsn, "sb_e1_p00_x")
+
+
+@pytest.fixture
+def leases(pg_dsn: str) -> Iterator[Callable[[], PostgresLeases]]:
+    made: list[PostgresLeases] = []
+
+    def make() -> PostgresLeases:
+        lease = PostgresLeases(pg_dsn)
+        made.append(lease)
+        return lease
+
+    yield make
+    for lease in made:
+        lease.close()
+
+
+def test_lease_acquire_renew_release(leases: Callable[[], PostgresLeases]) -> None:
+    a, b = leases(), leases()
+    key = f"ns/orders/{uuid.uuid4().hex}"
+    assert a.holder(key) is None
+    assert a.acquire(key, "broker-a", 30)
+    assert b.holder(key) == "broker-a"
+    assert not b.acquire(key, "broker-b", 30)  # held by someone else
+    assert a.acquire(key, "broker-a", 30)  # renewal
+    b.release(key, "broker-b")  # not b's: no effect
+    assert a.holder(key) == "broker-a"
+    a.release(key, "broker-a")
+    assert a.holder(key) is None
+    assert b.acquire(key, "broker-b", 30)
+    assert a.holder(key) == "broker-b"
+    assert a.holder(f"{key}-other") is None  # leases are per partition key
+
+
+def test_lease_expires_by_the_database_clock(leases: Callable[[], PostgresLeases]) -> None:
+    a, b = leases(), leases()
+    key = f"ns/orders/{uuid.uuid4().hex}"
+    assert a.acquire(key, "broker-a", 0.3)
+    assert not b.acquire(key, "broker-b", 10)
+    time.sleep(0.6)
+    assert a.holder(key) is None
+    assert b.acquire(key, "broker-b", 10)  # taken over
+    assert not a.acquire(key, "broker-a", 10)  # a's renewal comes too late
+    assert b.holder(key) == "broker-b"
+
+
+def test_lease_race_has_one_winner(leases: Callable[[], PostgresLeases]) -> None:
+    contenders = [leases() for _ in range(4)]
+    key = f"ns/orders/{uuid.uuid4().hex}"
+    barrier = threading.Barrier(len(contenders))
+    won: list[str] = []
+
+    def contend(i: int) -> None:
+        barrier.wait()
+        if contenders[i].acquire(key, f"broker-{i}", 30):
+            won.append(f"broker-{i}")
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(len(contenders))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(won) == 1
+    assert contenders[0].holder(key) == won[0]
+
+
+def test_lease_survives_a_lost_connection(pg_dsn: str, leases: Callable[[], PostgresLeases]) -> None:
+    a = leases()
+    key = f"ns/orders/{uuid.uuid4().hex}"
+    assert a.acquire(key, "broker-a", 30)
+    assert a._conn is not None
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (a._conn.info.backend_pid,))
+    with pytest.raises(StoreError):
+        a.acquire(key, "broker-a", 30)
+    assert a.acquire(key, "broker-a", 30)  # reconnected; the lease was kept
