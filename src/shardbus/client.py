@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .amqp import codec
 from .amqp import types as t
@@ -63,7 +63,14 @@ class ConnectionSettings:
 
     @classmethod
     def parse(cls, connection_string: str) -> ConnectionSettings:
-        """``Endpoint=sb://host[:port];SharedAccessKeyName=...;SharedAccessKey=...[;...]``."""
+        """``Endpoint=sb://host[:port];SharedAccessKeyName=...;SharedAccessKey=...[;...]``, or
+        ``amqp://user:password@host[:port]`` for a plain AMQP 1.0 broker (SASL PLAIN with that user; the
+        benchmarks drive RabbitMQ with the same client this way)."""
+        if connection_string.startswith("amqp://"):
+            url = urlsplit(connection_string)
+            if url.username is None or url.password is None:
+                raise ValueError("An amqp:// address needs user:password@ (SASL PLAIN).")
+            return cls(url.hostname or "localhost", url.port or 5672, unquote(url.username), unquote(url.password))
         parts = {}
         for item in connection_string.split(";"):
             if "=" in item:
@@ -109,10 +116,15 @@ class OutgoingMessage:
     reply_to_session_id: str | None = None
     time_to_live_ms: int | None = None
     application_properties: dict[str, Any] | None = None
+    # shardbus stores every message durably whatever the header says; a plain AMQP broker (RabbitMQ) keeps a
+    # message without header durable=true in memory only, so a fair comparison must be able to ask for it.
+    durable: bool = False
 
     def encode(self) -> bytes:
         annotations = None if self.partition_key is None else {PARTITION_KEY: self.partition_key}
-        header = None if self.time_to_live_ms is None else Header(ttl=self.time_to_live_ms)
+        header = None
+        if self.time_to_live_ms is not None or self.durable:
+            header = Header(durable=self.durable, ttl=self.time_to_live_ms)
         return encode_message(
             AmqpMessage(
                 header=header,
@@ -214,7 +226,8 @@ class MessageReceiver:
         out = []
         for d in deliveries:
             token = None if self.receive_and_delete or len(d.delivery_tag) != 16 else uuid.UUID(bytes_le=d.delivery_tag)
-            out.append(ReceivedMessage(decode_message(d.payload), token, None if token is None else d))
+            # Another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling.
+            out.append(ReceivedMessage(decode_message(d.payload), token, None if self.receive_and_delete else d))
         return out
 
     def complete(self, messages: Iterable[ReceivedMessage]) -> None:
@@ -412,12 +425,15 @@ class ShardbusClient:
         link = self._call(self._attach_receiver(entity, receive_and_delete, filters, properties))
         return MessageReceiver(self, link, receive_and_delete)
 
-    def send(self, entity: str, messages: Iterable[OutgoingMessage | bytes]) -> int:
+    def send(self, entity: str, messages: Iterable[OutgoingMessage | bytes], *, window: int = SEND_WINDOW) -> int:
         """Send messages (or already-encoded AMQP messages) and wait until every one is stored; returns the
-        count. Raises ClientError on the first refusal (the others may or may not be stored)."""
+        count. At most ``window`` transfers are in flight (unacknowledged) at a time. Raises ClientError on the
+        first refusal (the others may or may not be stored)."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
         payloads = [m if isinstance(m, bytes) else m.encode() for m in messages]
         if payloads:
-            self._call(self._send(entity, payloads))
+            self._call(self._send(entity, payloads, window))
         return len(payloads)
 
     def close(self) -> None:
@@ -538,7 +554,7 @@ class ShardbusClient:
             raise ClientError(None if condition is None else str(condition), str(app.get("statusDescription")), status)
         return reply.body if isinstance(reply.body, dict) else {}
 
-    async def _send(self, entity: str, payloads: list[bytes]) -> None:
+    async def _send(self, entity: str, payloads: list[bytes], window: int = SEND_WINDOW) -> None:
         sender = self._senders.get(entity)
         if sender is None:
             session = await self._ensure_session()
@@ -553,7 +569,7 @@ class ShardbusClient:
                     errors.append(outcome)
                     return
 
-        await asyncio.gather(*(worker() for _ in range(min(SEND_WINDOW, len(payloads)))))
+        await asyncio.gather(*(worker() for _ in range(min(window, len(payloads)))))
         if errors:
             outcome = errors[0]
             error = outcome.error if isinstance(outcome, Rejected) else None
