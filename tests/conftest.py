@@ -3,6 +3,7 @@ free port (one per test module) for the tests that go over the wire."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -32,12 +33,46 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+# SHARDBUS_TEST_WORKERS=N runs the same tests with every partition broker in one of N worker processes
+# (scripts/test.sh runs the core and AMQP suites once more that way): remote partitions must behave like local ones.
+WORKERS = int(os.environ.get("SHARDBUS_TEST_WORKERS", "0"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "embedded_only: reaches into an in-process partition broker's internals (skipped with workers)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if WORKERS:
+        skip = pytest.mark.skip(reason="inspects an in-process partition broker's internals (SHARDBUS_TEST_WORKERS)")
+        for item in items:
+            if "embedded_only" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """Worker processes shared by the whole run (their partitions follow each test's clock), or None."""
+    if not WORKERS:
+        yield None
+        return
+    from shardbus.cluster.supervisor import LocalCluster
+
+    c = LocalCluster(tmp_path_factory.getbasetemp(), WORKERS, "test-cluster-key", follow_caller_clock=True).start()
+    yield c
+    c.close()
+
+
 @pytest.fixture
-def open_ns(tmp_path):
+def open_ns(tmp_path, cluster):
     """Open namespaces under one data directory; all are closed at the end of the test."""
     opened: list[shardbus.Namespace] = []
 
     def factory(**options) -> shardbus.Namespace:
+        if cluster is not None:
+            options.setdefault("partition_factory", cluster.partition)
         ns = shardbus.Namespace.open(tmp_path / "data", **options)
         opened.append(ns)
         return ns
@@ -57,7 +92,7 @@ def broker(tmp_path_factory):
     """A real broker (AMQP and HTTPS on one free port) for this test module."""
     from shardbus.server import Broker  # only the wire tests pay for the server's imports
 
-    b = Broker(data_dir=tmp_path_factory.mktemp("data"), port=0).start()
+    b = Broker(data_dir=tmp_path_factory.mktemp("data"), port=0, workers=WORKERS).start()
     yield b
     b.stop()
 

@@ -25,6 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_hosts=args.tls_host or (),
+            workers=args.workers,
         )
     except (ShardbusError, OSError, ValueError) as exc:
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
@@ -75,6 +76,13 @@ def serve_main(argv: list[str]) -> int:
         metavar="NAME",
         help="another host name for the local CA's server certificate (repeatable)",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the partition brokers in N worker processes (0: inside the serving process)",
+    )
     serve.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument(
         "--log-format",
@@ -93,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["serve"]:
         # Straight to argparse: the broker's start-up does not pay for importing click and rich.
         return serve_main(args)
+    if args[:1] == ["worker"]:
+        from .cluster.worker import main as worker_main  # partition brokers for front ends elsewhere
+
+        return worker_main(args[1:])
     from .cli_commands import app  # everything else: the commands for a running broker (cli_commands/)
 
     try:

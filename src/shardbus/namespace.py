@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from .model.filters import EmptyRuleAction, Rule, TrueFilter
 from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
 from .model.tiers import MB, Quotas, Tier, TierRules
 from .partition.broker import PartitionBroker, PartitionConfig, SlotSettings
+from .partition.handle import PartitionFactory, PartitionHandle, PartitionSpec
 from .store.base import StoreError
 from .store.catalog import Catalog
 from .store.sqlite import SqliteStore
@@ -72,7 +74,7 @@ class FaultInjector:
         self._ns = namespace
         self.blocked: set[tuple[str, int]] = set()  # (lower-cased entity name, partition): store cannot open
 
-    def _partition(self, entity: str, partition: int) -> PartitionBroker:
+    def _partition(self, entity: str, partition: int) -> PartitionHandle:
         return self._ns._sender_entity(entity).partitions[partition]
 
     def block_store(self, entity: str, partition: int) -> None:
@@ -123,10 +125,12 @@ class Namespace:
         quotas: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
         maintenance: bool = True,
+        partition_factory: PartitionFactory | None = None,
     ) -> None:
         self.name = name
         self.root = Path(data_dir) / name
         self._clock = clock
+        self._partition_factory = partition_factory  # None: partition brokers in this process
         self._lock = threading.RLock()
         self.catalog = Catalog(self.root / "catalog.db")
         meta = self.catalog.get_meta()
@@ -222,7 +226,7 @@ class Namespace:
             self._maintenance.join(5)
         for entity in self._entities.values():
             for p in entity.partitions:
-                p.stop("the namespace is closed")
+                p.close()
         self.catalog.close()
 
     def __enter__(self) -> Namespace:
@@ -291,8 +295,11 @@ class Namespace:
     def _partition_count(self, enable_partitioning: bool) -> int:
         return self.tier.partition_count(enable_partitioning)
 
+    def _store_path(self, entity_id: int, pid: int) -> Path:
+        return self.root / "entities" / str(entity_id) / f"p{pid:02d}.db"
+
     def _store_factory(self, entity_id: int, name: str, pid: int) -> Callable[[], SqliteStore]:
-        path = self.root / "entities" / str(entity_id) / f"p{pid:02d}.db"
+        path = self._store_path(entity_id, pid)
 
         def factory() -> SqliteStore:
             if (name.lower(), pid) in self.faults.blocked:
@@ -301,14 +308,32 @@ class Namespace:
 
         return factory
 
-    def _partitions(self, entity_id: int, desc: QueueDescription | TopicDescription) -> list[PartitionBroker]:
+    def _partitions(self, entity_id: int, desc: QueueDescription | TopicDescription) -> list[PartitionHandle]:
         count = self._partition_count(desc.enable_partitioning)
+        factory = self._partition_factory
+        if factory is None:
+            return [
+                PartitionBroker(
+                    self._partition_config(desc, pid), self._store_factory(entity_id, desc.name, pid), self._clock
+                )
+                for pid in range(count)
+            ]
         return [
-            PartitionBroker(
-                self._partition_config(desc, pid), self._store_factory(entity_id, desc.name, pid), self._clock
+            factory(
+                PartitionSpec(
+                    entity_id=entity_id,
+                    config=self._partition_config(desc, pid),
+                    store=self._store_path(entity_id, pid),
+                    clock=self._clock,
+                    precheck=partial(self._check_store_allowed, desc.name, pid),
+                )
             )
             for pid in range(count)
         ]
+
+    def _check_store_allowed(self, name: str, pid: int) -> None:
+        if (name.lower(), pid) in self.faults.blocked:
+            raise PartitionUnavailable(f"Partition {pid} of '{name}' is unavailable (its store is blocked).")
 
     def _partition_config(self, desc: QueueDescription | TopicDescription, pid: int) -> PartitionConfig:
         ttl = desc.default_message_time_to_live
@@ -356,7 +381,7 @@ class Namespace:
             desc.enable_partitioning = True
         return desc
 
-    def _start_all(self, partitions: list[PartitionBroker], what: str) -> None:
+    def _start_all(self, partitions: list[PartitionHandle], what: str) -> None:
         started = []
         try:
             for p in partitions:
@@ -368,7 +393,7 @@ class Namespace:
             raise PartitionUnavailable(f"Cannot {what}: {exc}") from exc
 
     @staticmethod
-    def _require_healthy(partitions: list[PartitionBroker], what: str) -> None:
+    def _require_healthy(partitions: list[PartitionHandle], what: str) -> None:
         down = [p.id for p in partitions if not p.healthy]
         if down:
             raise PartitionUnavailable(
@@ -564,7 +589,7 @@ class Namespace:
             for sub in getattr(entity, "subscriptions", {}).values():
                 self._forwarder.forget(sub)
             for p in entity.partitions:
-                p.stop("the entity was deleted")
+                p.delete()
             shutil.rmtree(self.root / "entities" / str(entity.entity_id), ignore_errors=True)
 
     # ------------------------------------------------------------------------------------------------------

@@ -16,14 +16,18 @@ import gc
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .endpoint.connection import NamespaceDirectory
 from .endpoint.listener import AmqpServer, new_event_loop
 from .http.app import HttpFrontend
 from .http.tls import TlsFiles, ensure_certificates, own_certificate
 from .namespace import DEFAULT_NAMESPACE, Namespace
+
+if TYPE_CHECKING:
+    from .cluster.supervisor import LocalCluster
 
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
 DEFAULT_KEY = "SAS_KEY_VALUE"
@@ -55,13 +59,15 @@ class Broker:
         tls_cert: Path | str | None = None,
         tls_key: Path | str | None = None,
         tls_hosts: list[str] | tuple[str, ...] = (),
+        workers: int = 0,
         **namespace_options: Any,
     ) -> None:
         """``namespace_options`` open the default namespace (tier, premium_partitions, quotas);
         ``extra_namespaces`` maps more namespace names to their options. Clients pick a namespace by the host
         name they connect with (its first label); localhost and bare IP addresses get the default one.
         ``tls_cert``/``tls_key``: the HTTPS certificate chain and key to use instead of the local CA's;
-        ``tls_hosts``: more host names for the local CA's server certificate."""
+        ``tls_hosts``: more host names for the local CA's server certificate. ``workers``: run the partition
+        brokers in that many worker processes (0: in this process)."""
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("give both tls_cert and tls_key, or neither")
         self.data_dir = Path(data_dir)
@@ -70,15 +76,23 @@ class Broker:
         self.key = key
         self.default_namespace = namespace
         self.namespaces: dict[str, Namespace] = {}
+        self.cluster: LocalCluster | None = None
         configs = []
         if config is not None:
             from .config import load_config
 
             configs = load_config(config)  # validated whole before anything is opened
         try:
+            if workers > 0:
+                from .cluster.supervisor import LocalCluster  # only multi-process brokers pay for it
+
+                clock = namespace_options.get("clock", time.time)
+                self.cluster = LocalCluster(self.data_dir, workers, key, clock=clock).start()
+                namespace_options["partition_factory"] = self.cluster.partition
+            opened = {k: v for k, v in namespace_options.items() if k in ("partition_factory", "clock")}
             for cfg in configs:
                 ns = Namespace.open(
-                    self.data_dir, name=cfg.name, tier=cfg.tier, premium_partitions=cfg.premium_partitions
+                    self.data_dir, name=cfg.name, tier=cfg.tier, premium_partitions=cfg.premium_partitions, **opened
                 )
                 self.namespaces[cfg.name] = ns
                 from .config import apply_config
@@ -88,7 +102,7 @@ class Broker:
                 self.default_namespace = configs[0].name
             for name, options in (extra_namespaces or {}).items():
                 if name not in self.namespaces:
-                    self.namespaces[name] = Namespace.open(self.data_dir, name=name, **options)
+                    self.namespaces[name] = Namespace.open(self.data_dir, name=name, **opened, **options)
             if self.default_namespace not in self.namespaces:
                 self.namespaces[self.default_namespace] = Namespace.open(
                     self.data_dir, name=self.default_namespace, **namespace_options
@@ -180,6 +194,9 @@ class Broker:
             http.close()  # running management operations finish before their namespace closes
         for ns in self.namespaces.values():
             ns.close()  # idempotent
+        if self.cluster is not None:
+            self.cluster.close()  # after the namespaces: their partitions were stopped (flushed) first
+            self.cluster = None
 
     # --- foreground mode ------------------------------------------------------------------------------------
     def serve_forever(self, on_ready: Any = None) -> None:

@@ -155,6 +155,7 @@ def test_partitioning_and_sessions_cannot_change_after_creation(ns):
     assert ns.get_queue("q").enable_partitioning
 
 
+@pytest.mark.embedded_only
 def test_update_changes_settings_on_every_partition(ns, clock):
     ns.create_queue("q", enable_partitioning=True)
     updated = ns.update_queue("q", lock_duration=timedelta(seconds=30), max_delivery_count=3)
@@ -238,6 +239,7 @@ def test_message_size_limit_premium(open_ns):
     ns.send("q", Message(b"x" * (1024 * 1024)))
 
 
+@pytest.mark.embedded_only
 def test_entity_max_size_is_enforced_per_partition(open_ns):
     ns = open_ns()
     ns.create_queue("q", enable_partitioning=True, max_size_in_megabytes=1024)

@@ -127,6 +127,7 @@ def test_range_offsets_first_end_mark_and_count(ns):
     assert ns.range_offsets("q")[p] == (6, 6, 6, 0)  # all gone: first == end
 
 
+@pytest.mark.embedded_only
 def test_end_only_covers_messages_whose_store_write_committed(ns):
     ns.create_queue("q")
     send_n(ns, "q", 2)

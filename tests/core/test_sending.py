@@ -171,6 +171,7 @@ def test_all_partitions_down_is_server_busy(ns):
 
 
 # --- durability and group commit -----------------------------------------------------------------------------
+@pytest.mark.embedded_only
 def test_concurrent_sends_share_commits(ns):
     ns.create_queue("q")
     partition = ns._queue("q").partitions[0]

@@ -542,6 +542,7 @@ async def test_keyed_send_to_unavailable_partition_is_server_busy(client_no_retr
     assert {row["partition"]: row.get("active") for row in props.partitions}[down] == 0
 
 
+@pytest.mark.embedded_only  # shrinks an in-process partition's size share
 async def test_quota_exceeded(client_no_retry, queue, ns):
     q = queue()
     ns._queue(q).partitions[0].config.max_size_bytes = 10_000

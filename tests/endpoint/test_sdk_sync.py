@@ -375,6 +375,7 @@ def test_keyed_send_to_unavailable_partition_is_server_busy(client_no_retry, que
     assert ns.get_runtime_properties(q).active_message_count == 20
 
 
+@pytest.mark.embedded_only  # shrinks an in-process partition's size share
 def test_quota_exceeded(client_no_retry, queue, ns):
     q = queue()
     ns._queue(q).partitions[0].config.max_size_bytes = 10_000

@@ -24,19 +24,21 @@ target, then a detach with the condition), which the SDK turns into the right ex
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from ..amqp import events as ev
 from ..amqp.codec import DecodeError
 from ..amqp.connection import Connection, Role
 from ..amqp.link import LinkState
-from ..amqp.message import BATCH_MESSAGE_FORMAT, AmqpMessage, Properties, decode_message, split_batch
+from ..amqp.message import BATCH_MESSAGE_FORMAT, AmqpMessage, Properties, decode_message
 from ..amqp.message import BodyType as WireBody
 from ..amqp.performatives import (
     Accepted,
@@ -61,12 +63,13 @@ from ..entity.transactions import Transaction
 from ..metrics import RECEIVE_SECONDS, SEND_SECONDS
 from ..model.errors import InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
 from ..model.message import Message, ReceiveMode
-from ..model.routing import partition_of_lock_token
+from ..model.routing import partition_of_lock_token, uuid_of_bytes_le
 from ..namespace import Namespace
+from ..partition.handle import RemoteVerdict
 from . import sas
 from .conditions import condition_of
 from .management import OPERATIONS, ManagementContext, ManagementReply
-from .mapping import decode_to_message, encode_delivery
+from .mapping import decode_batch_to_messages, decode_to_message, encode_delivery
 
 log = logging.getLogger("shardbus.amqp")
 
@@ -104,6 +107,23 @@ def entity_path(address: Any) -> str:
         text = text.split("://", 1)[1]
         text = text.split("/", 1)[1] if "/" in text else ""
     return text.strip("/")
+
+
+def _observe_all(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values`` (>= 0), one update per bucket instead of per value: every
+    send and delivery is observed, and ``observe`` takes a lock per call. Uses the histogram's own bounds and
+    value cells (prometheus_client, pinned), so the exposition is the same as with ``observe``."""
+    if not values:
+        return
+    bounds = histogram._upper_bounds
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect.bisect_left(bounds, v)  # the first bound >= v, as ``observe`` picks it
+        counts[i] = counts.get(i, 0) + 1
+    histogram._sum.inc(sum(values))
+    buckets = histogram._buckets
+    for i, n in counts.items():
+        buckets[i].inc(n)
 
 
 def _error(exc: BaseException) -> Error:
@@ -440,7 +460,7 @@ class ServiceBusConnection:
         """Decode now; store together with everything else this socket read brought (see ``_flush_sends``)."""
         try:
             if e.message_format == BATCH_MESSAGE_FORMAT:
-                messages = [decode_to_message(inner) for inner in split_batch(e.payload)]
+                messages = decode_batch_to_messages(e.payload)
             else:
                 messages = [decode_to_message(e.payload)]
         except DecodeError as exc:
@@ -463,9 +483,7 @@ class ServiceBusConnection:
 
             def done(indices: list[int], outcomes: list[Any], events: list[ev.DeliveryReceived] = events) -> None:
                 settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
-                elapsed = time.monotonic() - started
-                for _ in indices:
-                    SEND_SECONDS.observe(elapsed)
+                _observe_all(SEND_SECONDS, [time.monotonic() - started] * len(indices))
                 self._later(lambda: self._acknowledge(settled))
 
             entity.submit_many(batches, done)
@@ -630,16 +648,18 @@ class ServiceBusConnection:
         max_frame = self.amqp.remote_max_frame_size
         sent: list[Message] = []
         now_ms = time.time() * 1000
+        session = link.session
+        send_transfer = self.amqp.send_transfer
         for i, m in enumerate(messages):
-            RECEIVE_SECONDS.observe(max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000)
             payload = encode_delivery(m)
             frames = len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
-            if frames > link.session.remote_incoming_window:
+            if frames > session.remote_incoming_window:
                 for rest in messages[i:]:
                     receiver.submit_settle("release", rest)
                 break
-            self.amqp.send_transfer(link, m.lock_token.bytes_le, payload, settled=settled)
+            send_transfer(link, m.lock_token.bytes_le, payload, settled=settled)
             sent.append(m)
+        _observe_all(RECEIVE_SECONDS, [max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000 for m in sent])
         if settled and sent:
             for future in receiver.submit_complete(sent):
                 future.add_done_callback(_log_failure)
@@ -667,7 +687,7 @@ class ServiceBusConnection:
             state = self._receivers.get(ref.link)
             if state is None or len(ref.delivery_tag) != 16:
                 continue
-            token = uuid.UUID(bytes_le=ref.delivery_tag)
+            token = uuid_of_bytes_le(ref.delivery_tag)
             if type(e.state) is Accepted:
                 if not self._pending_completes:
                     self.loop.call_soon(self._flush_completes)  # once every event of this read is handled
@@ -698,6 +718,10 @@ class ServiceBusConnection:
             except ShardbusError:
                 for ref, _, token, settled in items:
                     self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                continue
+            if any(isinstance(f, RemoteVerdict) for f in futures):
+                for future in futures:  # a remote partition's refusal comes with its reply: echo after it
+                    future.add_done_callback(partial(self._later_verdict, receiver=receiver, items=items))
                 continue
             # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
             for future in futures:
@@ -771,7 +795,7 @@ class ServiceBusConnection:
             return
         try:
             if e.message_format == BATCH_MESSAGE_FORMAT:
-                messages = [decode_to_message(inner) for inner in split_batch(e.payload)]
+                messages = decode_batch_to_messages(e.payload)
             else:
                 messages = [decode_to_message(e.payload)]
             txn.transaction.send(entity.path, messages)
@@ -836,10 +860,34 @@ class ServiceBusConnection:
         # The outcome is applied (the message is no longer deliverable) and its write is queued behind earlier
         # ones, so the echo need not wait for the fsync. Should the write not reach the disk, the message comes
         # back after a restart: at-least-once, as with the service.
+        if isinstance(future, RemoteVerdict):
+            if not settled:
+                future.add_done_callback(lambda f: self._later(lambda: self._echo_verdict(ref, f, outcome)))
+            return
         if future is not None:
             future.add_done_callback(_log_failure)
         if not settled:
             self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=outcome)
+
+    def _later_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
+        self._later(lambda: self._group_verdict(future, receiver, items))
+
+    def _group_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
+        """A remote partition answered a grouped complete: echo it, or settle one by one for each own outcome."""
+        if future.exception() is None:
+            for ref, _, _, settled in items:
+                if not settled and ref.link.attached:
+                    self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=Accepted())
+            return
+        for ref, _, token, settled in items:
+            self._settle_delivery(ref, receiver, token, Accepted(), settled)
+
+    def _echo_verdict(self, ref: Any, future: Future, outcome: Any) -> None:
+        if not ref.link.attached:
+            return
+        exc = future.exception()
+        state = outcome if exc is None else Rejected(error=_error(exc))
+        self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=state)
 
 
 def _log_failure(f: Future) -> None:

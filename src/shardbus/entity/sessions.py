@@ -158,14 +158,32 @@ class SessionReceiver(Settling):
     def _settle(self, operation: Callable[[], Future | None]) -> Future | None:
         """Run a settlement; a lock that is gone because the session lock is gone is reported as such."""
         try:
-            return operation()
+            future = operation()
         except MessageLockLost:
             holder = self.partition.session_lock_holder(self.slot, self.session_id)
             if holder is None or holder[0] != self.token or holder[1] <= int(self._clock() * 1000):
-                raise SessionLockLost(
-                    f"The session lock of session '{self.session_id}' was lost; accept the session again."
-                ) from None
+                raise self._lock_lost() from None
             raise
+        if future is None or (future.done() and future.exception() is None):
+            return future
+        # A remote partition reports a lost lock through the future: judge the session lock by our own record
+        # (asking the partition from a completion callback could wait on the very thread that answers).
+        translated: Future = type(future)()  # a remote verdict stays one (the endpoint waits for those)
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            if isinstance(exc, MessageLockLost) and self.locked_until_ms <= int(self._clock() * 1000):
+                exc = self._lock_lost()
+            if exc is None:
+                translated.set_result(f.result())
+            else:
+                translated.set_exception(exc)
+
+        future.add_done_callback(done)
+        return translated
+
+    def _lock_lost(self) -> SessionLockLost:
+        return SessionLockLost(f"The session lock of session '{self.session_id}' was lost; accept the session again.")
 
     def submit_complete(self, refs: Iterable[LockRef]) -> list[Future]:
         tokens = [_token(r) for r in refs]

@@ -60,7 +60,7 @@ from ..model.errors import (
     SessionLockLost,
 )
 from ..model.message import Message, MessageState, SubQueue
-from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token
+from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
 from ..store.base import MessageStore, Op, Row, StoreError, Update
 from ..store.committer import GroupCommitter
 from ..store.records import pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
@@ -73,6 +73,10 @@ TRANSFER_ID_RETENTION_MS = 24 * 3600 * 1000
 TTL_EXPIRED_REASON = "TTLExpiredException"
 MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-queue>"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
+# How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
+# it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
+# delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
+SETTLE_LINGER = 0.002
 
 
 @dataclass(slots=True)
@@ -264,6 +268,14 @@ class PartitionBroker:
             self._committer = None
             self._reset_memory()
 
+    def close(self) -> None:
+        """The namespace closes: stop (everything queued is written first)."""
+        self.stop("the namespace is closed")
+
+    def delete(self) -> None:
+        """The entity was deleted: stop for good (the namespace removes the store's folder)."""
+        self.stop("the entity was deleted")
+
     def inject_store_failure(self) -> None:
         """Fault injection for tests: the next store write fails as a disk error would."""
         self._fail_next_write = True
@@ -299,9 +311,9 @@ class PartitionBroker:
         if not self._healthy:
             raise PartitionUnavailable(self._unavailable_text())
 
-    def _write(self, ops: list[Op], on_commit: Callable[[], Any] | None = None) -> Future:
+    def _write(self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0) -> Future:
         assert self._committer is not None
-        return self._committer.submit(ops, on_commit)
+        return self._committer.submit(ops, on_commit, linger)
 
     # ------------------------------------------------------------------------------------------------------
     # slots
@@ -416,25 +428,27 @@ class PartitionBroker:
         added_size = 0
         seq = self._next_seq
         ttl_floors: dict[int, int | None] = {}
+        check_all_ids = cfg.requires_duplicate_detection
+        partition_bits = self.id << PARTITION_SHIFT  # encode_sequence_number, hoisted
+        new_entry = self._new_entry
         try:
             for dedup_id, copies in items:
-                if dedup_id is not None and (
-                    cfg.requires_duplicate_detection or dedup_id.startswith(TRANSFER_ID_PREFIX)
-                ):
+                if dedup_id is not None and (check_all_ids or dedup_id.startswith(TRANSFER_ID_PREFIX)):
                     seen = self._dedup.get(dedup_id)
                     if seen is not None and seen >= window_start:
                         results.append(None)  # accepted and dropped, as the service does
                         continue
                     self._dedup[dedup_id] = now
                     dedup_new.append((dedup_id, now))
-                results.append(encode_sequence_number(self.id, seq))
+                results.append(partition_bits | seq)
                 for slot, msg in copies:
                     floor = ttl_floors.get(slot, _UNSET)
                     if floor is _UNSET:
                         floor = ttl_floors[slot] = self._ttl_floor(slot)
-                    entry, row = self._new_entry(slot, seq, msg, now, floor)
+                        rows_by_slot[slot] = []
+                    entry, row = new_entry(slot, seq, msg, now, floor)
                     added_size += entry.size
-                    rows_by_slot.setdefault(slot, []).append(row)
+                    rows_by_slot[slot].append(row)
                     visible.append((slot, entry))
                 seq += 1
             if self._size + added_size > cfg.max_size_bytes:
@@ -504,15 +518,26 @@ class PartitionBroker:
 
     def _add_visible(self, visible: list[tuple[int, Entry]]) -> set[int]:
         touched = set()
+        queues: dict[int, MessageQueue] = {}  # each slot's main queue, looked up once per batch
+        counts: dict[int, int] = {}
+        scheduled, push = MessageState.SCHEDULED, heapq.heappush
         for slot, entry in visible:
-            self._slot_stats(slot).incoming += 1
-            q = self._queue(slot, SubQueue.MAIN)
+            q = queues.get(slot)
+            if q is None:
+                q = queues[slot] = self._queue(slot, SubQueue.MAIN)
+                counts[slot] = 0
+            counts[slot] += 1
             q.entries[entry.seq] = entry
-            if entry.msg.state is MessageState.SCHEDULED:
-                heapq.heappush(q.scheduled, (_scheduled_ms(entry.msg), entry.seq))
+            if entry.msg.state is scheduled:
+                push(q.scheduled, (_scheduled_ms(entry.msg), entry.seq))
             else:
-                self._push_ready(q, entry)
+                if q.sessions is None:
+                    push(q.ready, entry.seq)  # ``_push_ready`` without sessions
+                else:
+                    self._push_ready(q, entry)
                 touched.add(slot)
+        for slot, n in counts.items():
+            self._slot_stats(slot).incoming += n
         return touched
 
     def _notify(self, slots: Iterable[int]) -> None:
@@ -554,15 +579,20 @@ class PartitionBroker:
             writes: list[Op] = []
             self._process_due(q, settings, now, writes)
             out: list[Message] = []
-            lock_ms = settings.lock_duration_ms
-            while len(out) < max_count and (entry := self._next_lockable(q, q.ready, settings, now, writes)):
-                msg, seq = entry.msg, entry.seq
-                token = new_lock_token(self.id)
+            ready = q.ready
+            # Every lock pops at least one entry of the ready heap, so this many tokens are enough; drawing them
+            # together costs one read of the random source instead of one per message.
+            tokens = iter(new_lock_tokens(self.id, min(max_count, len(ready))))
+            until = now + settings.lock_duration_ms
+            locks, lock_heap, push = self._locks, q.lock_heap, heapq.heappush
+            while len(out) < max_count and (entry := self._next_lockable(q, ready, settings, now, writes)):
+                msg = entry.msg
+                token = next(tokens)
                 msg.lock_token = token
-                msg.locked_until_ms = until = now + lock_ms
+                msg.locked_until_ms = until
                 msg.delivery_count += 1
-                self._locks[token] = entry
-                heapq.heappush(q.lock_heap, (until, seq, token))
+                locks[token] = entry
+                push(lock_heap, (until, entry.seq, token))
                 out.append(msg.copy())
             self._slot_stats(slot).delivered += len(out)
             if writes:
@@ -740,7 +770,7 @@ class PartitionBroker:
             writes: list[Op] = []
             for entry, st in zip(entries, settles, strict=True):
                 self._settle_locked(slot, entry, st, writes)
-            future = self._write(writes)
+            future = self._write(writes, linger=SETTLE_LINGER)
         if any(st.outcome in ("abandon", "release") for st in settles):
             self._notify((slot,))  # something is receivable again
         return future
@@ -754,13 +784,16 @@ class PartitionBroker:
             now = _ms(self._clock)
             entries = [self._locked_entry(slot, t, now) for t in tokens]
             seqs = []
+            size = 0
+            queues = self._queues
             for entry in entries:
-                q = self._queues[(slot, entry.queue)]
+                q = queues[(slot, entry.queue)]
                 self._drop_lock(q, entry)
                 del q.entries[entry.seq]
-                self._size -= entry.size
+                size += entry.size
                 seqs.append(entry.seq)
-            return self._write([("delete", slot, seqs)])
+            self._size -= size
+            return self._write([("delete", slot, seqs)], linger=SETTLE_LINGER)
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
         return self.settle(slot, [Settle("abandon", token)])

@@ -1,0 +1,534 @@
+"""The front end's side of the cluster: partitions in worker processes that look exactly like local ones.
+
+``RemotePartition`` has ``PartitionBroker``'s methods (the ``PartitionHandle`` surface): each one is a request
+to the worker that serves the partition (``wire.py`` frames on an AMQP connection) and waits for the answer;
+methods that return a store-write ``Future`` return one here too, completed when the worker's write is durable.
+All connections to workers share one event-loop thread (``ClusterClient``); callers may be on any other thread.
+
+Health: a partition is healthy while its worker's connection is up and the worker says so (every reply and the
+periodic ``tick_all`` carry each partition's health). When a connection drops, every partition on it becomes
+unavailable at once (calls in flight fail with ``PartitionUnavailable``, so keyless sends move on to other
+partitions) and the link reconnects in the background; once it is back, it opens, configures and starts again
+every partition it served, which reload from their stores, and they become healthy.
+
+Time: every request carries the front end's clock and the ``tick_all`` upkeep runs from here, so a worker started
+with ``--follow-caller-clock`` lives on the front end's (possibly fake) time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from ..amqp import events as E
+from ..amqp.transport import AmqpClient, ClientReceiver, ClientSender
+from ..model.entities import RuntimeProperties
+from ..model.errors import PartitionUnavailable, ShardbusError
+from ..model.message import Message, SubQueue
+from ..partition.broker import Settle, SlotSettings, SlotStats
+from ..partition.handle import PartitionSpec, RemoteVerdict
+from . import wire
+from .worker import CLUSTER_USER, CREDIT
+
+log = logging.getLogger("shardbus.cluster")
+
+CALL_TIMEOUT = 30.0
+RECONNECT_DELAY = 0.2
+TICK_INTERVAL = 0.1
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+class WorkerLink:
+    """One AMQP connection to one worker, with the partitions it serves there."""
+
+    def __init__(self, client: ClusterClient, name: str, address: tuple[str, int] | None) -> None:
+        self.client = client
+        self.name = name
+        self.address = address
+        self.partitions: dict[str, RemotePartition] = {}
+        self.connected = False
+        self.failure = f"worker {name} is not connected yet"
+        self._amqp: AmqpClient | None = None
+        self._sender: ClientSender | None = None
+        self._receiver: ClientReceiver | None = None
+        self._pending: dict[int, tuple[Future, RemotePartition | None]] = {}
+        self._outbox: list[bytes] = []
+        self._ids = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+
+    # --- calls (any thread) --------------------------------------------------------------------------
+    def call(self, partition: RemotePartition | None, key: str, operation: str, args: list[Any], now: float) -> Future:
+        future: Future = RemoteVerdict()
+        if not self.connected:
+            future.set_exception(PartitionUnavailable(self._down_text(partition)))
+            return future
+        request_id = next(self._ids)
+        payload = wire.encode_frame([request_id, key, now, operation, args])
+        self._pending[request_id] = (future, partition)
+        self.client.loop.call_soon_threadsafe(self._send, payload)
+        return future
+
+    def _down_text(self, partition: RemotePartition | None) -> str:
+        what = f"Partition {partition.id} of '{partition.config.path}'" if partition is not None else "A partition"
+        return (
+            f"{what} is unavailable ({self.failure}). Messages with a partition key that maps to it cannot be "
+            "processed now; retry later."
+        )
+
+    # --- the loop thread ---------------------------------------------------------------------------
+    def _send(self, payload: bytes) -> None:
+        self._outbox.append(payload)
+        if len(self._outbox) == 1:
+            self.client.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        sender, amqp = self._sender, self._amqp
+        if sender is None or amqp is None or not self.connected:
+            return
+        link = sender.link
+        count = min(len(self._outbox), link.credit)
+        conn = amqp._conn
+        for payload in self._outbox[:count]:
+            conn.send_transfer(link, b"", payload, settled=True)
+        del self._outbox[:count]
+        amqp._flush()
+        if self._outbox:
+            self._wakeup.set()  # wait for credit in the run loop
+
+    async def run(self) -> None:
+        """Keep the connection up: connect, serve replies until it drops, fail what was in flight, repeat."""
+        while not self.client.closing:
+            if self.address is None:
+                await asyncio.sleep(RECONNECT_DELAY)
+                continue
+            try:
+                await self._connect()
+            except Exception as exc:  # not reachable (yet): try again shortly
+                self.failure = f"worker {self.name} at {self.address[0]}:{self.address[1]} is unreachable: {exc}"
+                await asyncio.sleep(RECONNECT_DELAY)
+                continue
+            restore = asyncio.get_running_loop().create_task(self._restore())  # its replies arrive in _serve
+            try:
+                await self._serve()
+            except Exception as exc:
+                log.warning("connection to worker %s lost: %s", self.name, exc)
+            restore.cancel()
+            self._lost(f"the connection to worker {self.name} was lost")
+            await asyncio.sleep(RECONNECT_DELAY)
+
+    async def _connect(self) -> None:
+        assert self.address is not None
+        host, port = self.address
+        amqp = await AmqpClient.connect(
+            host,
+            port,
+            sasl_mechanism="PLAIN",
+            username=CLUSTER_USER,
+            password=self.client.key,
+            timeout=5,
+        )
+        session = await amqp.session(incoming_window=0x7FFFFFFF, outgoing_window=0x7FFFFFFF)
+        self._sender = await session.sender("$partitions", settled=True)
+        self._receiver = await session.receiver("$partitions", credit=CREDIT)
+        self._receiver.deliveries = _Deliveries(self._delivery)  # type: ignore[assignment]
+        self._amqp = amqp
+        self.connected = True
+        self.failure = ""
+        log.info("connected to worker %s at %s:%s", self.name, host, port)
+
+    async def _restore(self) -> None:
+        """Open (again) every partition this link serves, as after a worker restart: settings, slots, start."""
+        loop = asyncio.get_running_loop()
+        for p in list(self.partitions.values()):
+            now = p.clock()
+            calls = [self.call(p, p.key, "open", [p.config], now)]
+            calls += [self.call(p, p.key, "configure_slot", [slot, s], now) for slot, s in p.slots.items()]
+            if p.wanted:
+                calls.append(self.call(p, p.key, "start", [], now))
+            for f in calls:
+                try:
+                    await asyncio.wrap_future(f, loop=loop)
+                except ShardbusError as exc:
+                    p.failure = str(exc)
+
+    async def _serve(self) -> None:
+        """Until the connection ends: send what waits for credit (replies arrive through ``_delivery``)."""
+        amqp = self._amqp
+        assert amqp is not None
+        closed = amqp._closed
+        while not (closed.done() or amqp._conn.is_done):
+            wake = asyncio.ensure_future(self._wakeup.wait())
+            try:
+                await asyncio.wait({wake, closed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake.cancel()
+            self._wakeup.clear()
+            self._flush()
+
+    def _delivery(self, delivery: E.DeliveryReceived) -> None:
+        """A reply or event, straight from the AMQP client's event handler (on the loop thread)."""
+        receiver = self._receiver
+        if receiver is not None and receiver.link.credit < CREDIT // 2:
+            receiver.grant(CREDIT)
+        frame = wire.decode_frame(delivery.payload)
+        if frame[0] == 0:  # event: a slot gained messages
+            p = self.partitions.get(frame[1])
+            if p is not None:
+                p._available(frame[2])
+            return
+        request_id, ok, value, health = frame
+        future, partition = self._pending.pop(request_id, (None, None))
+        if partition is not None:
+            partition.failure = health
+        if future is None or future.done():
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(wire.decode_error(value))
+
+    def _lost(self, reason: str) -> None:
+        self.connected = False
+        self.failure = reason
+        self._sender = self._receiver = None
+        amqp, self._amqp = self._amqp, None
+        if amqp is not None and amqp._protocol is not None and amqp._protocol.transport is not None:
+            amqp._protocol.transport.close()
+        for p in self.partitions.values():
+            p.failure = reason
+        pending, self._pending = self._pending, {}
+        self._outbox.clear()
+        for future, partition in pending.values():
+            if not future.done():
+                future.set_exception(PartitionUnavailable(self._down_text(partition)))
+
+    def health(self, states: dict[str, str | None]) -> None:
+        for key, failure in states.items():
+            p = self.partitions.get(key)
+            if p is not None:
+                p.failure = failure
+
+
+class _Deliveries:
+    """Stands in for a ``ClientReceiver``'s queue: the AMQP client hands each delivery straight to a function."""
+
+    def __init__(self, deliver: Callable[[E.DeliveryReceived], None]) -> None:
+        self.put_nowait = deliver
+
+
+class ClusterClient:
+    """A front end's connections to its workers, on one event-loop thread."""
+
+    def __init__(self, key: str, clock: Callable[[], float]) -> None:
+        self.key = key
+        self.clock = clock
+        self.links: dict[str, WorkerLink] = {}
+        self.closing = False
+        from ..endpoint.listener import new_event_loop
+
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="shardbus-cluster", daemon=True)
+        self._thread.start()
+        self._ticker = asyncio.run_coroutine_threadsafe(self._tick_forever(), self.loop)
+
+    def link(self, name: str, address: tuple[str, int] | None) -> WorkerLink:
+        """The link to worker ``name`` (created on first use); ``address`` updates where it is."""
+        link = self.links.get(name)
+        if link is None:
+
+            def create() -> WorkerLink:
+                new = WorkerLink(self, name, address)
+                new._task = self.loop.create_task(new.run())
+                return new
+
+            link = self.links[name] = asyncio.run_coroutine_threadsafe(_value(create), self.loop).result()
+        elif address is not None:
+            link.address = address
+        return link
+
+    def wait_connected(self, timeout: float = 10.0) -> bool:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(link.connected for link in self.links.values()):
+                return True
+            time.sleep(0.02)
+        return False
+
+    async def _tick_forever(self) -> None:
+        """Lock expiry, scheduled messages and TTL run on each worker's ``tick_all``, driven from here."""
+        while not self.closing:
+            await asyncio.sleep(TICK_INTERVAL)
+            for link in list(self.links.values()):
+                if link.connected and link.partitions:
+                    # each partition ticks on its own namespace's clock (tests move fake ones)
+                    clocks = {key: p.clock() for key, p in list(link.partitions.items())}
+                    f = link.call(None, "", "tick_all", [clocks], self.clock())
+                    f.add_done_callback(lambda f, link=link: _apply_health(link, f))
+
+    def close(self) -> None:
+        self.closing = True
+
+        async def shutdown() -> None:
+            self._ticker.cancel()
+            tasks = [link._task for link in self.links.values() if link._task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for link in self.links.values():
+                if link._amqp is not None:
+                    try:
+                        await asyncio.wait_for(link._amqp.close(), 2)
+                    except Exception:
+                        pass
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+async def _value(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _apply_health(link: WorkerLink, f: Future) -> None:
+    if not f.cancelled() and f.exception() is None:
+        link.health(f.result())
+
+
+class RemotePartition:
+    """A partition served by a worker: ``PartitionBroker``'s interface, one request per call."""
+
+    def __init__(self, link: WorkerLink, key: str, spec: PartitionSpec) -> None:
+        self.link = link
+        self.key = key  # also where its store lives, relative to the worker's data directory
+        self.config = spec.config
+        self.id = spec.config.partition_id
+        self.clock = spec.clock
+        self.listeners: list[Callable[[int], None]] = []
+        self.slots: dict[int, SlotSettings] = {}
+        self.wanted = False  # started by the front end (so restarted after a worker restart)
+        self.failure: str | None = "not started"
+        self._precheck = spec.precheck
+        link.partitions[self.key] = self
+        if link.connected:  # else the link opens it when it connects (WorkerLink._restore)
+            self._wait(self._call("open", self.config))
+
+    # --- plumbing -----------------------------------------------------------------------------------
+    def _call(self, operation: str, *args: Any) -> Future:
+        return self.link.call(self, self.key, operation, list(args), self.clock())
+
+    @staticmethod
+    def _wait(future: Future) -> Any:
+        try:
+            return future.result(CALL_TIMEOUT)
+        except TimeoutError:
+            raise PartitionUnavailable("the partition's worker did not answer in time; retry later") from None
+
+    def _sync(self, operation: str, *args: Any) -> Any:
+        return self._wait(self._call(operation, *args))
+
+    def _available(self, slot: int) -> None:
+        for listener in self.listeners:
+            listener(slot)
+
+    # --- life cycle and health ----------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self.link.connected and self.failure is None
+
+    def start(self) -> None:
+        if self._precheck is not None:
+            self._precheck()
+        self.wanted = True
+        self._sync("start")
+
+    def stop(self, reason: str = "the partition broker is stopped") -> None:
+        self.wanted = False
+        try:
+            self._sync("stop", reason)
+        except PartitionUnavailable:
+            pass  # its worker is gone: it is stopped anyway
+        self.failure = reason
+
+    def delete(self) -> None:
+        """The entity was deleted: the worker stops the partition and removes its store."""
+        self.wanted = False
+        try:
+            self._sync("delete")
+        except PartitionUnavailable:
+            pass
+        self.link.partitions.pop(self.key, None)
+        self.failure = "the entity was deleted"
+
+    def close(self) -> None:
+        """The namespace closes: the worker stops the partition (flushing its store) and forgets it."""
+        self.wanted = False
+        try:
+            self._sync("close")
+        except PartitionUnavailable:
+            pass
+        self.link.partitions.pop(self.key, None)
+        self.failure = "the namespace is closed"
+
+    def inject_store_failure(self) -> None:
+        self._sync("inject_store_failure")
+
+    def inject_busy_sends(self, count: int) -> None:
+        self._sync("inject_busy_sends", count)
+
+    def inject_read_failures(self, count: int) -> None:
+        self._sync("inject_read_failures", count)
+
+    # --- slots ---------------------------------------------------------------------------------------
+    def configure_slot(self, slot: int, settings: SlotSettings) -> None:
+        self.slots[slot] = settings
+        if self.link.connected:
+            self._sync("configure_slot", slot, settings)
+
+    def create_slot(self, slot: int, settings: SlotSettings) -> Future:
+        self.slots[slot] = settings
+        return self._call("create_slot", slot, settings)
+
+    def drop_slot(self, slot: int) -> Future:
+        self.slots.pop(slot, None)
+        return self._call("drop_slot", slot)
+
+    # --- messages -----------------------------------------------------------------------------------
+    def enqueue(self, items: list[tuple[str | None, list[tuple[int, Message]]]]) -> Future:
+        return self._call("enqueue", items)
+
+    def cancel_scheduled(self, local_seqs: list[int]) -> Future:
+        return self._call("cancel_scheduled", local_seqs)
+
+    def lock_messages(self, slot: int, queue: int, max_count: int) -> list[Message]:
+        return self._sync("lock_messages", slot, queue, max_count)
+
+    def next_due_ms(self, slot: int, queue: int) -> int | None:
+        return self._sync("next_due_ms", slot, queue)
+
+    def settle(self, slot: int, settles: list[Settle]) -> Future:
+        return self._call("settle", slot, settles)
+
+    def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future:
+        return self._call("complete", slot, tokens)
+
+    def abandon(self, slot: int, token: uuid.UUID) -> Future:
+        return self._call("abandon", slot, token)
+
+    def release(self, slot: int, token: uuid.UUID) -> None:
+        self._sync("release", slot, token)
+
+    def defer(self, slot: int, token: uuid.UUID) -> Future:
+        return self._call("defer", slot, token)
+
+    def dead_letter(
+        self,
+        slot: int,
+        token: uuid.UUID,
+        reason: str | None,
+        description: str | None,
+        sub_queue: SubQueue = SubQueue.DEAD_LETTER,
+    ) -> Future:
+        return self._call("dead_letter", slot, token, reason, description, sub_queue)
+
+    def transact(
+        self, items: list[tuple[str | None, list[tuple[int, Message]]]], settles: list[tuple[int, Settle]]
+    ) -> Future:
+        return self._call("transact", items, settles)
+
+    def renew_lock(self, slot: int, token: uuid.UUID) -> int:
+        return self._sync("renew_lock", slot, token)
+
+    def receive_deferred(
+        self,
+        slot: int,
+        queue: int,
+        local_seqs: list[int],
+        lock: bool,
+        session: tuple[str, uuid.UUID] | None = None,
+    ) -> tuple[list[Message], Future | None]:
+        messages, _ = self._sync("receive_deferred", slot, queue, local_seqs, lock, session)
+        return messages, _done(None)
+
+    # --- sessions ------------------------------------------------------------------------------------
+    def accept_session(self, slot: int, session_id: str | None) -> tuple[str, uuid.UUID, int] | None:
+        found = self._sync("accept_session", slot, session_id)
+        return None if found is None else tuple(found)  # type: ignore[return-value]
+
+    def lock_session_messages(self, slot: int, session_id: str, token: uuid.UUID, max_count: int) -> list[Message]:
+        return self._sync("lock_session_messages", slot, session_id, token, max_count)
+
+    def renew_session_lock(self, slot: int, session_id: str, token: uuid.UUID) -> int:
+        return self._sync("renew_session_lock", slot, session_id, token)
+
+    def release_session(self, slot: int, session_id: str, token: uuid.UUID) -> None:
+        self._sync("release_session", slot, session_id, token)
+
+    def session_lock_holder(self, slot: int, session_id: str) -> tuple[uuid.UUID, int] | None:
+        found = self._sync("session_lock_holder", slot, session_id)
+        return None if found is None else tuple(found)  # type: ignore[return-value]
+
+    def get_session_state(self, slot: int, session_id: str) -> bytes | None:
+        return self._sync("get_session_state", slot, session_id)
+
+    def set_session_state(self, slot: int, session_id: str, token: uuid.UUID, state: bytes | None) -> Future:
+        return self._call("set_session_state", slot, session_id, token, state)
+
+    def list_sessions(self, slot: int, updated_after_ms: int | None = None) -> list[str]:
+        return self._sync("list_sessions", slot, updated_after_ms)
+
+    # --- browsing and counts -------------------------------------------------------------------------
+    def peek(
+        self, slot: int, queue: int, from_local_seq: int, max_count: int, session_id: str | None = None
+    ) -> list[Message]:
+        return self._sync("peek", slot, queue, from_local_seq, max_count, session_id)
+
+    def last_sequence(self) -> int:
+        return self._sync("last_sequence")
+
+    def range_offsets(self, slot: int, queue: int, count_from: int = 0) -> tuple[int, int, int, int]:
+        return tuple(self._sync("range_offsets", slot, queue, count_from))  # type: ignore[return-value]
+
+    def completed_mark(self, slot: int, queue: int) -> int:
+        return self._sync("completed_mark", slot, queue)
+
+    def browse_range(self, slot: int, queue: int, start: int, end: int, max_count: int) -> list[Message]:
+        return self._sync("browse_range", slot, queue, start, end, max_count)
+
+    def complete_below(self, slot: int, queue: int, mark: int) -> Future:
+        return self._call("complete_below", slot, queue, mark)
+
+    def stats(self, slot: int) -> SlotStats:
+        return self._sync("stats", slot)
+
+    def runtime(self, slot: int) -> RuntimeProperties:
+        return self._sync("runtime", slot)
+
+    def scheduled_count(self) -> int:
+        return self._sync("scheduled_count")
+
+    def size_bytes(self) -> int:
+        return self._sync("size_bytes")
+
+    def prune_dedup(self) -> None:
+        self._sync("prune_dedup")
+
+    def tick(self) -> None:
+        """Nothing to do: the cluster client ticks every worker once per interval (``tick_all``)."""

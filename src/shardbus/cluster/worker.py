@@ -1,0 +1,443 @@
+"""A worker: partition brokers in their own process, served to front ends over AMQP 1.0 (see ``wire.py``).
+
+A front end opens a partition (``open``: its settings and where its store lives under the worker's data
+directory), starts it, and then calls ``PartitionBroker`` methods by name; the worker runs each call on its event
+loop thread (they are in-memory decisions that queue store writes) and answers when the call's store write, if
+any, is durable. Starting and stopping load or flush a store, so they run on a thread of their own. A partition's
+listeners become ``event`` frames to every front end that opened it, coalesced per loop iteration.
+
+Run one with ``shardbus worker --listen HOST:PORT --data-dir DIR --key KEY``; ``shardbus serve --workers N``
+starts N of them itself. The key is the cluster's secret: front ends sign in with SASL PLAIN as ``cluster``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..amqp import events as E
+from ..amqp.connection import Connection, Role
+from ..amqp.performatives import Error
+from ..amqp.transport import AmqpProtocol
+from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
+from ..partition.broker import PartitionBroker, PartitionConfig
+from ..store.base import StoreError
+from ..store.sqlite import SqliteStore
+from . import wire
+
+log = logging.getLogger("shardbus.worker")
+
+CLUSTER_USER = "cluster"
+CREDIT = 10_000  # requests a front end may have in flight per connection before it waits for more credit
+
+# PartitionBroker methods a front end may call by name (the PartitionHandle surface, partition/handle.py).
+CALLS = frozenset(
+    {
+        "inject_store_failure",
+        "inject_busy_sends",
+        "inject_read_failures",
+        "configure_slot",
+        "create_slot",
+        "drop_slot",
+        "enqueue",
+        "cancel_scheduled",
+        "lock_messages",
+        "next_due_ms",
+        "settle",
+        "complete",
+        "abandon",
+        "release",
+        "defer",
+        "dead_letter",
+        "transact",
+        "renew_lock",
+        "receive_deferred",
+        "accept_session",
+        "lock_session_messages",
+        "renew_session_lock",
+        "release_session",
+        "session_lock_holder",
+        "get_session_state",
+        "set_session_state",
+        "list_sessions",
+        "peek",
+        "last_sequence",
+        "range_offsets",
+        "completed_mark",
+        "browse_range",
+        "complete_below",
+        "stats",
+        "runtime",
+        "scheduled_count",
+        "size_bytes",
+        "prune_dedup",
+        "tick",
+    }
+)
+
+
+class CallerClock:
+    """The time a partition sees: the worker's wall clock, or (``follow=True``, for tests whose front end moves
+    a fake clock) the latest time its callers sent."""
+
+    def __init__(self, follow: bool) -> None:
+        self.follow = follow
+        self.now = 0.0
+
+    def advance(self, now: float) -> None:
+        if now > self.now:
+            self.now = now
+
+    def __call__(self) -> float:
+        return self.now if self.follow else time.time()
+
+
+class PartitionHost:
+    """The partition brokers of one worker, by partition key ("<namespace>/<entity id>/<partition>")."""
+
+    def __init__(self, data_dir: Path, follow_caller_clock: bool) -> None:
+        self.data_dir = data_dir
+        self.follow_caller_clock = follow_caller_clock
+        self.partitions: dict[str, PartitionBroker] = {}
+        self.clocks: dict[str, CallerClock] = {}
+        self.store_paths: dict[str, Path] = {}
+        self.on_available: Callable[[str, int], None] = lambda key, slot: None
+
+    def open(self, key: str, config: PartitionConfig) -> None:
+        """Serve a partition (idempotent: a second front end, or a reconnecting one, opens it again). ``key`` is
+        also its store's path under the data directory."""
+        if key in self.partitions:
+            self.partitions[key].config = config
+            return
+        path = (self.data_dir / key).resolve()
+        if not path.is_relative_to(self.data_dir.resolve()):
+            raise InvalidOperation(f"partition {key!r} would leave the worker's data directory")
+        clock = self.clocks[key] = CallerClock(self.follow_caller_clock)
+        broker = PartitionBroker(config, lambda: SqliteStore(path), clock)
+        broker.listeners.append(lambda slot: self.on_available(key, slot))
+        self.partitions[key] = broker
+        self.store_paths[key] = path
+
+    def get(self, key: str) -> PartitionBroker:
+        broker = self.partitions.get(key)
+        if broker is None:
+            raise EntityNotFound(f"partition {key} is not served by this worker (it was not opened)")
+        return broker
+
+    def close(self, key: str, reason: str = "the namespace is closed") -> None:
+        """Stop serving a partition (its store stays)."""
+        broker = self.partitions.pop(key, None)
+        self.clocks.pop(key, None)
+        if broker is not None:
+            broker.stop(reason)
+
+    def delete(self, key: str) -> None:
+        """The entity is gone: stop the partition and remove its store."""
+        path = self.store_paths.pop(key, None)
+        self.close(key, "the entity was deleted")
+        if path is not None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    def health(self) -> dict[str, str | None]:
+        return {key: None if p.healthy else (p.failure or "stopped") for key, p in self.partitions.items()}
+
+    def tick(self, clocks: dict[str, float]) -> dict[str, str | None]:
+        for key, p in list(self.partitions.items()):
+            clock = self.clocks.get(key)
+            if clock is not None and key in clocks:
+                clock.advance(clocks[key])
+            if p.healthy:
+                try:
+                    p.tick()
+                except ShardbusError:
+                    pass  # the partition reports its own health
+        return self.health()
+
+    def stop_all(self) -> None:
+        for p in self.partitions.values():
+            p.stop("the worker is stopping")
+
+
+class WorkerConnection:
+    """One front end's AMQP connection to this worker (an ``EventHandler`` of ``AmqpProtocol``)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.host = worker.host
+        self.protocol: AmqpProtocol | None = None
+        self.amqp: Connection | None = None
+        self.replies: Any = None  # our sending link
+        self.outbox: list[bytes] = []
+        self.opened: set[str] = set()  # partition keys this front end opened (it gets their events)
+        self._now = 0.0  # the time the request being served carried
+        self.closed = False
+
+    # --- EventHandler --------------------------------------------------------------------------------
+    def handle_event(self, protocol: AmqpProtocol, e: E.Event) -> None:
+        self.protocol = protocol
+        conn = self.amqp = protocol.conn
+        if isinstance(e, E.DeliveryReceived):
+            self._request(wire.decode_frame(e.payload))
+            if e.link.credit < CREDIT // 2:
+                conn.flow(e.link, link_credit=CREDIT)
+        elif isinstance(e, E.FlowReceived):
+            self._drain()
+        elif isinstance(e, E.SaslInit):
+            if e.mechanism == "PLAIN" and e.username == CLUSTER_USER and e.password == self.worker.key:
+                conn.accept_sasl()
+            else:
+                conn.reject_sasl()
+        elif isinstance(e, E.ConnectionOpened):
+            conn.open()
+        elif isinstance(e, E.SessionBeginRequested):
+            conn.begin(e.session, incoming_window=0x7FFFFFFF, outgoing_window=0x7FFFFFFF)
+        elif isinstance(e, E.LinkAttachRequested):
+            conn.attach_reply(e.link)
+            if e.attach.role:  # the front end receives: our reply link
+                self.replies = e.link
+            else:
+                conn.flow(e.link, link_credit=CREDIT)
+        elif isinstance(e, E.LinkDetached):
+            if e.reply_needed:
+                conn.detach(e.link, closed=e.closed)
+        elif isinstance(e, E.SessionEnded):
+            if e.reply_needed:
+                conn.end(e.session)
+        elif isinstance(e, E.ConnectionClosed):
+            if e.reply_needed:
+                conn.close()
+            self.connection_lost(protocol)
+
+    def connection_lost(self, protocol: AmqpProtocol) -> None:
+        if not self.closed:
+            self.closed = True
+            self.worker.connections.discard(self)
+
+    # --- requests ------------------------------------------------------------------------------------
+    def _request(self, frame: list[Any]) -> None:
+        request_id, key, now, operation, args = frame
+        clock = self.host.clocks.get(key)
+        if clock is not None:
+            clock.advance(now)
+        self._now = now
+        handler = SPECIAL.get(operation)
+        try:
+            if handler is not None:
+                result = handler(self, key, *args)
+            elif operation in CALLS:
+                result = getattr(self.host.get(key), operation)(*args)
+            else:
+                raise InvalidOperation(f"unknown partition operation {operation!r}")
+        except Exception as exc:  # every failure goes back to the caller, the worker keeps serving
+            if not isinstance(exc, ShardbusError | StoreError):
+                log.exception("partition call %s on %s failed", operation, key)
+            self._reply(request_id, key, False, wire.encode_error(exc))
+            return
+        self._answer(request_id, key, result)
+
+    def _answer(self, request_id: int, key: str, result: Any) -> None:
+        """Reply now, or when the call's store write is durable (a Future, or a (value, Future) pair)."""
+        pending: Future | None = None
+        if isinstance(result, Future):
+            pending, value_of = result, lambda f: f.result()
+        elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Future):
+            value, pending = result
+            value_of = lambda f, value=value: [value, None]  # noqa: E731
+        if pending is None:
+            self._reply(request_id, key, True, result)
+            return
+
+        def done(f: Future) -> None:
+            try:
+                ok, value = True, value_of(f)
+            except Exception as exc:
+                ok, value = False, wire.encode_error(exc)
+            self.worker.call_soon(self._reply, request_id, key, ok, value)
+
+        pending.add_done_callback(done)
+
+    def _reply(self, request_id: int, key: str, ok: bool, value: Any) -> None:
+        broker = self.host.partitions.get(key)
+        health = None if broker is None or broker.healthy else (broker.failure or "stopped")
+        self.send(wire.encode_frame([request_id, ok, value, health]))
+
+    def send(self, payload: bytes) -> None:
+        self.outbox.append(payload)
+        self._drain()
+
+    def _drain(self) -> None:
+        link, conn = self.replies, self.amqp
+        if link is None or conn is None or self.closed or conn.is_done:
+            return
+        count = min(len(self.outbox), link.credit)
+        for payload in self.outbox[:count]:
+            conn.send_transfer(link, b"", payload, settled=True)
+        del self.outbox[:count]
+        if self.protocol is not None:
+            self.protocol.flush()
+
+    # --- special operations (not PartitionBroker methods) ------------------------------------------
+    def _open(self, key: str, config: PartitionConfig) -> None:
+        self.host.open(key, config)
+        self.opened.add(key)
+        self.host.clocks[key].advance(self._now)
+
+    def _start(self, key: str) -> Future:
+        return self.worker.in_thread(self.host.get(key).start)
+
+    def _stop(self, key: str, reason: str) -> Future:
+        return self.worker.in_thread(self.host.get(key).stop, reason)
+
+    def _delete(self, key: str) -> Future:
+        self.opened.discard(key)
+        return self.worker.in_thread(self.host.delete, key)
+
+    def _close(self, key: str) -> Future:
+        self.opened.discard(key)
+        return self.worker.in_thread(self.host.close, key)
+
+    def _tick(self, _key: str, clocks: dict[str, float]) -> dict[str, str | None]:
+        return self.host.tick(clocks)
+
+    def _health(self, _key: str) -> dict[str, str | None]:
+        return self.host.health()
+
+
+SPECIAL: dict[str, Callable[..., Any]] = {
+    "open": WorkerConnection._open,
+    "start": WorkerConnection._start,
+    "stop": WorkerConnection._stop,
+    "delete": WorkerConnection._delete,
+    "close": WorkerConnection._close,
+    "tick_all": WorkerConnection._tick,
+    "health": WorkerConnection._health,
+}
+
+
+class Worker:
+    """Serves a ``PartitionHost`` over AMQP on one port; runs its loop in the calling thread (``run``)."""
+
+    def __init__(self, data_dir: Path | str, key: str, *, follow_caller_clock: bool = False) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.key = key
+        self.host = PartitionHost(self.data_dir, follow_caller_clock)
+        self.host.on_available = self._on_available
+        self.connections: set[WorkerConnection] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._threads = ThreadPoolExecutor(4, thread_name_prefix="shardbus-worker-store")
+        self._events: set[tuple[str, int]] = set()
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self.loop is not None
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed: the worker is stopping
+            pass
+
+    def in_thread(self, fn: Callable[..., Any], *args: Any) -> Future:
+        return self._threads.submit(fn, *args)
+
+    def _on_available(self, key: str, slot: int) -> None:
+        """From any thread: tell the front ends that opened ``key`` that ``slot`` gained messages."""
+        first = not self._events
+        self._events.add((key, slot))
+        if first:
+            self.call_soon(self._send_events)
+
+    def _send_events(self) -> None:
+        events, self._events = self._events, set()
+        for key, slot in events:
+            payload = wire.encode_frame([0, key, slot])
+            for conn in list(self.connections):
+                if key in conn.opened:
+                    conn.send(payload)
+
+    async def serve(self, host: str, port: int, ready: Callable[[int], None] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def make() -> AmqpProtocol:
+            handler = WorkerConnection(self)
+            self.connections.add(handler)
+            return AmqpProtocol(Connection(Role.SERVER, f"shardbus-worker-{os.getpid()}", require_sasl=True), handler)
+
+        server = await self.loop.create_server(make, host, port)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if threading.current_thread() is threading.main_thread():
+                self.loop.add_signal_handler(sig, stop.set)
+        self._stop_event = stop
+        if ready is not None:
+            ready(server.sockets[0].getsockname()[1])
+        await stop.wait()
+        server.close()
+        for conn in list(self.connections):
+            if conn.amqp is not None and not conn.amqp.is_done:
+                conn.amqp.close(Error("amqp:connection:forced", "the worker is stopping"))
+                if conn.protocol is not None:
+                    conn.protocol.flush()
+        await self.loop.run_in_executor(None, self.host.stop_all)
+        self._threads.shutdown(wait=True)
+
+    def stop(self) -> None:
+        self.call_soon(self._stop_event.set)
+
+
+def _exit_with_parent(worker: Worker) -> None:
+    """A worker of ``serve --workers`` stops (flushing its stores) when its front end is gone, however it went."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        if worker.loop is not None:
+            worker.stop()
+
+    threading.Thread(target=watch, name="shardbus-watch-parent", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``shardbus worker``: serve partition brokers to front ends."""
+    parser = argparse.ArgumentParser(prog="shardbus worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free port)")
+    parser.add_argument("--data-dir", default="./shardbus-data", help="where this worker's partition stores live")
+    parser.add_argument("--key", default=os.environ.get("SHARDBUS_CLUSTER_KEY", "SAS_KEY_VALUE"))
+    parser.add_argument("--follow-caller-clock", action="store_true", help=argparse.SUPPRESS)  # tests only
+    parser.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # serve --workers
+    args = parser.parse_args(argv)
+    host, _, port = args.listen.rpartition(":")
+    from ..endpoint import mapping  # noqa: F401  - registers the AMQP value types messages may carry
+    from ..endpoint.listener import new_event_loop
+    from ..server import tune_garbage_collector
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s worker %(levelname)s %(message)s")
+    tune_garbage_collector()
+    worker = Worker(args.data_dir, args.key, follow_caller_clock=args.follow_caller_clock)
+
+    def ready(bound: int) -> None:
+        # the supervisor (cluster/supervisor.py) reads this line to learn the port
+        print(f"READY {host or '127.0.0.1'}:{bound}", flush=True)
+
+    if args.exit_with_parent:
+        _exit_with_parent(worker)
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(worker.serve(host or "127.0.0.1", int(port or 0), ready))
+    finally:
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
