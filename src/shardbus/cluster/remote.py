@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -259,8 +260,6 @@ class ClusterClient:
         return link
 
     def wait_connected(self, timeout: float = 10.0) -> bool:
-        import time
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(link.connected for link in self.links.values()):

@@ -26,6 +26,7 @@ from ..model.errors import (
 from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
 from ..partition.broker import PartitionBroker
+from ..partition.handle import RemoteVerdict
 from .entity import Target
 from .receiver import LockRef, Settling, _token, settle
 
@@ -164,11 +165,11 @@ class SessionReceiver(Settling):
             if holder is None or holder[0] != self.token or holder[1] <= int(self._clock() * 1000):
                 raise self._lock_lost() from None
             raise
-        if future is None or (future.done() and future.exception() is None):
-            return future
+        if not isinstance(future, RemoteVerdict):
+            return future  # a local partition already raised a lost lock above; its future only waits for the disk
         # A remote partition reports a lost lock through the future: judge the session lock by our own record
         # (asking the partition from a completion callback could wait on the very thread that answers).
-        translated: Future = type(future)()  # a remote verdict stays one (the endpoint waits for those)
+        translated: Future = RemoteVerdict()  # still a remote verdict (the endpoint waits for those)
 
         def done(f: Future) -> None:
             exc = f.exception()
