@@ -21,14 +21,18 @@ The workload, per broker (1 KB bodies, message header durable=true, a distinct m
     both       send and receive N messages concurrently (queue empty at the start); end-to-end msgs/s = N /
                (last complete - first send). This is the number the ratios use.
 
+``--senders S`` / ``--receivers R`` run S sending and R receiving clients instead of one each (every one its own
+process and connection): the senders split N, the receivers compete on the one queue and each stops once it has
+its share; a phase runs from the first client's start to the last one's end. Same clients for every broker.
+
 Sender and receiver are each a child process of this script (the same code for every broker), so neither
 client's event loop competes with the other's for one interpreter's GIL; their connections are opened and warmed
 up (a few hundred messages) before anything is timed. Besides msgs/s the table shows CPU per message of the
-broker's whole process tree and of the two clients, which tells whether the client or the broker was the limit.
+broker's whole process tree and of the clients, which tells whether the client or the broker was the limit.
 On a machine with few cores all of them share those cores: read ratios, and repeat (``--repeat``) for a range.
 
     python bench/scale.py [--count N] [--quick] [--repeat R] [--window W] [--credit C]
-                          [--no-rabbitmq] [--no-install] [--workers-only]
+                          [--senders S] [--receivers R] [--no-rabbitmq] [--no-install] [--workers-only]
 
 ``--quick`` is 2000 messages. ``--no-rabbitmq`` skips RabbitMQ; otherwise it is installed with apt-get when missing
 and we are root (``--no-install`` forbids that), and when it cannot be installed or started the run says why and
@@ -96,7 +100,7 @@ def _payloads(tag: str, n: int) -> list[bytes]:
 
 def role_send(url: str, entity: str, window: int) -> None:
     with ShardbusClient(url, timeout=STALL) as client:
-        client.send(entity, _payloads("warmup", WARMUP), window=window)
+        client.send(entity, _payloads(f"warmup{os.getpid()}", WARMUP), window=window)  # ids distinct per sender
         print("READY", flush=True)
         for line in sys.stdin:
             words = line.split()
@@ -357,8 +361,8 @@ class Target:
     broker_us: dict[str, list[float]] = field(default_factory=dict)
     client_us: dict[str, list[float]] = field(default_factory=dict)
     batch: dict[str, list[float]] = field(default_factory=dict)  # messages per receive call
-    sender: Role | None = None
-    receiver: Role | None = None
+    senders: list[Role] = field(default_factory=list)
+    receivers: list[Role] = field(default_factory=list)
 
     def record(self, phase: str, n: int, seconds: float, broker_cpu: float, client_cpu: float, calls: int = 0) -> None:
         if calls:
@@ -378,32 +382,59 @@ class Target:
 PHASES = ("send", "receive", "both")
 
 
+def _shares(n: int, parts: int) -> list[int]:
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def _send(senders: list[Role], n: int, tag: str) -> None:
+    for i, (role, share) in enumerate(zip(senders, _shares(n, len(senders)), strict=True)):
+        role.command(f"send {share} {tag}{i}")
+
+
+def _recv(receivers: list[Role], n: int) -> None:
+    for role, share in zip(receivers, _shares(n, len(receivers)), strict=True):
+        role.command(f"recv {share}")  # competing consumers on one queue: each stops once it has its share
+
+
+def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several clients' results as one: first start to last end, CPU and counts summed."""
+    return {
+        "count": sum(r["count"] for r in results),
+        "start": min(r["start"] for r in results),
+        "end": max(r["end"] for r in results),
+        "cpu": sum(r["cpu"] for r in results),
+        "duplicates": sum(r.get("duplicates", 0) for r in results),
+        "batches": sum(r.get("batches", 0) for r in results),
+    }
+
+
 def measure(target: Target, n: int, run: int) -> None:
     """The three phases on one broker; the queue is empty before and after."""
-    assert target.sender is not None and target.receiver is not None
-    snd, rcv = target.sender, target.receiver
+    snd, rcv = target.senders, target.receivers
 
     cpu0 = tree_cpu(target.pid)
-    snd.command(f"send {n} r{run}s")
-    s = snd.result()
+    _send(snd, n, f"r{run}s")
+    s = _merge([role.result() for role in snd])
     target.record("send", n, s["end"] - s["start"], tree_cpu(target.pid) - cpu0, s["cpu"])
 
     cpu0 = tree_cpu(target.pid)
-    rcv.command(f"recv {n}")
-    r = rcv.result()
+    _recv(rcv, n)
+    r = _merge([role.result() for role in rcv])
     _check(target, r, n)
     target.record("receive", n, r["end"] - r["start"], tree_cpu(target.pid) - cpu0, r["cpu"], r["batches"])
 
     cpu0 = tree_cpu(target.pid)
-    rcv.command(f"recv {n}")  # the receiver waits (max_wait) for the first message
-    snd.command(f"send {n} r{run}b")
-    s, r = snd.result(), rcv.result()
+    _recv(rcv, n)  # the receivers wait (max_wait) for the first message
+    _send(snd, n, f"r{run}b")
+    s, r = _merge([role.result() for role in snd]), _merge([role.result() for role in rcv])
     _check(target, r, n)
-    # From the first send to the last complete: the receiver started earlier and only waited until then.
+    # From the first send to the last complete: the receivers started earlier and only waited until then.
     target.record("both", n, r["end"] - s["start"], tree_cpu(target.pid) - cpu0, s["cpu"] + r["cpu"], r["batches"])
 
 
 def _check(target: Target, r: dict[str, Any], n: int) -> None:
+    # Each receiver counts duplicates among its own messages; messages-ids are distinct per run, and the shares
+    # add up to n, so a duplicate across receivers would leave one receiver short and stall the phase.
     if r["count"] != n or r["duplicates"]:
         raise RuntimeError(f"{target.label}: received {r['count']} of {n}, {r['duplicates']} duplicates")
 
@@ -434,6 +465,16 @@ def print_table(targets: list[Target], n: int) -> None:
         cells = "".join(f"{fmt_range(t.rates[p]):>26}" for p in PHASES)
         cpu = f"{statistics.median(t.broker_us['both']):.0f} / {statistics.median(t.client_us['both']):.0f}"
         print(f"{t.label:<38}{cells}{cpu:>22}{statistics.median(t.batch['both']):>14.1f}")
+    print()
+    # Broker and clients share the machine's cores: their CPU per message bounds "both" whatever the workers do.
+    cores = os.cpu_count() or 1
+    for t in targets:
+        if t.rates:
+            per = statistics.median(t.broker_us["both"]) + statistics.median(t.client_us["both"])
+            print(
+                f"CPU ceiling of both, {t.label}: {per:.0f} us/msg (broker + clients) on {cores} cores "
+                f"-> at most {cores * 1e6 / per:,.0f} msgs/s with the machine to itself"
+            )
     print()
 
 
@@ -478,6 +519,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="measure each broker this many times (interleaved)")
     parser.add_argument("--window", type=int, default=100, help="sends in flight (default 100)")
     parser.add_argument("--credit", type=int, default=100, help="receiver credit per batch (default 100)")
+    parser.add_argument("--senders", type=int, default=1, help="sending clients (processes) per phase (default 1)")
+    parser.add_argument(
+        "--receivers", type=int, default=1, help="receiving clients (processes) per phase, competing (default 1)"
+    )
     parser.add_argument("--no-rabbitmq", action="store_true", help="skip RabbitMQ")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install rabbitmq-server")
     parser.add_argument("--workers-only", action="store_true", help="shardbus only (same as --no-rabbitmq)")
@@ -503,7 +548,11 @@ def main() -> None:
     rabbit_note: str | None = "--no-rabbitmq" if args.no_rabbitmq or args.workers_only else None
     workers_note: str | None = None
     try:
-        print(f"{os.cpu_count()} CPUs; {n} messages per phase, window {args.window}, credit {args.credit}", flush=True)
+        print(
+            f"{os.cpu_count()} CPUs; {n} messages per phase, window {args.window}, credit {args.credit}, "
+            f"{args.senders} sender(s), {args.receivers} receiver(s)",
+            flush=True,
+        )
         if serve_has_workers():
             plan: list[tuple[str, str, int | None]] = [
                 ("shardbus serve --workers 1", "workers1", 1),
@@ -547,9 +596,9 @@ def main() -> None:
         for run in range(args.repeat):
             for t in list(live):  # interleaved, so that a busy moment of the machine does not hit one broker only
                 try:
-                    if t.sender is None or t.receiver is None:
-                        t.sender = Role("send", t.url, t.entity, args.window)
-                        t.receiver = Role("recv", t.url, t.entity, args.credit)
+                    if not t.senders:
+                        t.senders = [Role("send", t.url, t.entity, args.window) for _ in range(args.senders)]
+                        t.receivers = [Role("recv", t.url, t.entity, args.credit) for _ in range(args.receivers)]
                     measure(t, n, run)
                 except Exception as exc:
                     if t.kind != "rabbitmq":
@@ -566,9 +615,8 @@ def main() -> None:
         print_ratios(targets, workers_note, rabbit_note)
     finally:
         for t in targets:
-            for role in (t.sender, t.receiver):
-                if role is not None:
-                    role.stop()
+            for role in (*t.senders, *t.receivers):
+                role.stop()
         for b in reversed(brokers):
             b.stop()
         shutil.rmtree(folder, ignore_errors=True)

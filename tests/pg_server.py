@@ -13,6 +13,7 @@ Also a command line, which scripts/test.sh uses so the shell script and the pyte
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -20,6 +21,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 PG_USER = "postgres"
@@ -62,8 +65,10 @@ def _run(cmd: list[str], timeout: float) -> None:
         raise ServerUnavailable(f"{Path(cmd[0]).name} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
 
 
-def start(directory: Path | str) -> str:
-    """Create and start a cluster in ``directory`` (created if missing); return its DSN."""
+def start(directory: Path | str, listen: tuple[str, ...] = ("127.0.0.1",), trust: tuple[str, ...] = ()) -> str:
+    """Create and start a cluster in ``directory`` (created if missing); return its DSN (on the first ``listen``
+    address). ``trust``: more networks (CIDR) whose clients may connect without a password, for test hosts in
+    network namespaces."""
     bindir = find_bindir()
     if bindir is None:
         raise ServerUnavailable("no PostgreSQL server binaries (initdb, pg_ctl); install Debian's 'postgresql'")
@@ -79,10 +84,13 @@ def start(directory: Path | str) -> str:
     data = base / "data"
     _run([str(bindir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-locale",
           "--no-sync"], timeout=120)  # fmt: skip
+    if trust:
+        with open(data / "pg_hba.conf", "a") as hba:
+            hba.writelines(f"host all all {network} trust\n" for network in trust)
     last: ServerUnavailable | None = None
     for _ in range(3):  # the free port may be taken between probing and binding: try another
         port = _free_port()
-        options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={base}"
+        options = f"-p {port} -c listen_addresses={','.join(listen)} -c unix_socket_directories={base}"
         try:
             _run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(base / "server.log"), "-w", "-t", "60",
                   "-o", options, "start"], timeout=90)  # fmt: skip
@@ -90,7 +98,7 @@ def start(directory: Path | str) -> str:
             last = exc
             continue
         (base / "port").write_text(str(port))
-        return f"host=127.0.0.1 port={port} user={PG_USER} dbname=postgres"
+        return f"host={listen[0]} port={port} user={PG_USER} dbname=postgres"
     log = base / "server.log"
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
     raise ServerUnavailable(f"pg_ctl start failed: {last}\n{tail}")
@@ -106,6 +114,24 @@ def stop(directory: Path | str) -> None:
         except (ServerUnavailable, subprocess.TimeoutExpired) as exc:
             print(f"pg_server: stop failed: {exc}", file=sys.stderr)
     shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scratch_database(dsn: str) -> Iterator[str]:
+    """A new, empty database on the server of ``dsn`` for one test (its own ``shardbus`` schema, leases and
+    registry); yields its DSN and drops it afterwards, disconnecting whoever is still connected."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = f"sbtest_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(**{**conninfo_to_dict(dsn), "dbname": name})
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def main(argv: list[str]) -> int:

@@ -3,16 +3,79 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .logs import configure as configure_logs
 from .model.errors import ShardbusError
 from .namespace import DEFAULT_NAMESPACE
-from .server import DEFAULT_KEY, Broker
+from .server import DEFAULT_KEY, Broker, connection_string
+
+if TYPE_CHECKING:
+    from .http.tls import TlsFiles
+
+
+def _print_ready(args: argparse.Namespace, port: int, started: float, conn_str: str, tls: TlsFiles) -> None:
+    print(f"shardbus listening on {args.host}:{port} (ready in {time.monotonic() - started:.2f} s)")
+    print(f"data directory: {args.data_dir}")
+    print(f"connection string: {conn_str}")
+    if tls.ca is not None:
+        print(f"HTTPS (admin client) CA certificate: {tls.ca}  (connection_verify=<this file>)")
+    else:
+        print(f"HTTPS certificate: {tls.cert}")
+    print(f"health: http://{args.host}:{port}/health", flush=True)
+
+
+def _serve_frontends(args: argparse.Namespace) -> int:
+    """``--frontends M`` (M > 1): this process supervises workers and front-end processes (cluster/frontend.py)."""
+    started = time.monotonic()
+    from .cluster.frontend import FrontendSupervisor
+    from .http.tls import ensure_certificates, own_certificate
+    from .namespace import remove_orphan_partitions
+
+    if args.workers < 1 or getattr(args, "metadata", None):
+        reason = "is not supported with --metadata yet" if args.workers >= 1 else "needs --workers 1 or more"
+        print(f"shardbus: cannot start: --frontends {reason}", file=sys.stderr)
+        return 2
+    extra = ["--namespace", args.namespace, "--log-level", args.log_level, "--log-format", args.log_format]
+    for flag, value in (("--config", args.config), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if value is not None:
+            extra += [flag, str(Path(value).resolve())]
+    for name in args.tls_host or ():
+        extra += ["--tls-host", name]
+    try:
+        if args.config is not None:
+            from .config import load_config
+
+            load_config(args.config)  # checked whole before any process starts (each front end applies it)
+        if args.tls_cert is not None and args.tls_key is not None:
+            tls = own_certificate(args.tls_cert, args.tls_key)
+        else:  # created here, once, before front ends that would race to create them
+            tls = ensure_certificates(args.data_dir, [args.host, *(args.tls_host or ())])
+        remove_orphan_partitions(args.data_dir)  # here, while no front end can be creating an entity
+        supervisor = FrontendSupervisor(
+            args.data_dir, args.host, args.port, args.key, args.workers, args.frontends, extra, args.config is not None
+        )
+        supervisor.stop_on_signals().start()
+    except (ShardbusError, OSError, ValueError, RuntimeError) as exc:
+        print(f"shardbus: cannot start: {exc}", file=sys.stderr)
+        return 2
+    _print_ready(args, supervisor.port, started, connection_string(args.host, supervisor.port, args.key), tls)
+    print(f"front ends: {args.frontends} processes, workers: {args.workers} processes", flush=True)
+    try:
+        supervisor.serve_until_signal()
+    finally:
+        supervisor.close()
+    print("shardbus stopped; everything acknowledged is on disk.", flush=True)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.frontends > 1:
+        return _serve_frontends(args)
     started = time.monotonic()
     try:
         broker = Broker(
@@ -25,21 +88,16 @@ def _serve(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_hosts=args.tls_host or (),
-            workers=args.workers,
+            workers=0 if args.metadata else args.workers,
+            metadata=args.metadata,
+            fork_workers=True,  # nothing is open in this process yet: workers start in ~50 ms, not ~400
         )
     except (ShardbusError, OSError, ValueError) as exc:
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
         return 2
 
     def ready(b: Broker) -> None:
-        print(f"shardbus listening on {args.host}:{b.server.port} (ready in {time.monotonic() - started:.2f} s)")
-        print(f"data directory: {args.data_dir}")
-        print(f"connection string: {b.connection_string}")
-        if b.ca_path is not None:
-            print(f"HTTPS (admin client) CA certificate: {b.ca_path}  (connection_verify=<this file>)")
-        else:
-            print(f"HTTPS certificate: {b.tls.cert}")
-        print(f"health: http://{args.host}:{b.server.port}/health", flush=True)
+        _print_ready(args, b.server.port, started, b.connection_string, b.tls)
 
     try:
         broker.serve_forever(on_ready=ready)
@@ -79,9 +137,22 @@ def serve_main(argv: list[str]) -> int:
     serve.add_argument(
         "--workers",
         type=int,
-        default=0,
+        default=os.cpu_count() or 1,
         metavar="N",
-        help="run the partition brokers in N worker processes (0: inside the serving process)",
+        help="run the partition brokers in N worker processes (one per core unless told; 0: in this process)",
+    )
+    serve.add_argument(
+        "--frontends",
+        type=int,
+        default=1,
+        metavar="M",
+        help="serve the port from M front-end processes sharing the workers (SO_REUSEPORT; 1: this process)",
+    )
+    serve.add_argument(
+        "--metadata",
+        default=None,
+        metavar="DSN",
+        help="serve partitions from the workers (any host) registered in this PostgreSQL metadata store",
     )
     serve.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument(

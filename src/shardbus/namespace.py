@@ -6,6 +6,16 @@ an unavailable partition reports its availability as "Limited".
 
 On disk (``<data_dir>/<namespace name>/``): ``catalog.db`` lists entities and rules; every queue and topic has
 a folder ``entities/<id>/`` with one store per partition, ``p<NN>.db``.
+
+Shared catalog: several front-end processes (``shardbus serve --frontends M``) each open a ``Namespace`` over the
+same directory, their partitions in the same workers. The catalog is the truth; each namespace's registry is a
+copy it keeps in step (``_refresh``): management calls and entity lookups first ask the catalog whether another
+process committed since the last look (one ``PRAGMA data_version``), and the upkeep thread asks every tick. When
+it did, the catalog is read again and the difference applied: new entities are opened (a worker already serving
+a partition just adds this front end to it), deleted ones are dropped here (their handles closed; the deleting
+front end removed their stores), changed descriptions and rules replace ours. AMQP senders and receivers look
+their entity up once per link, so messages never pay for the check. Two processes creating the same name race
+in the catalog's write transaction: one wins, the other gets EntityAlreadyExists and removes its partitions.
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ from .model.tiers import MB, Quotas, Tier, TierRules
 from .partition.broker import PartitionBroker, PartitionConfig, SlotSettings
 from .partition.handle import PartitionFactory, PartitionHandle, PartitionSpec
 from .store.base import StoreError
-from .store.catalog import Catalog
+from .store.catalog import Catalog, CatalogSnapshot
 from .store.sqlite import SqliteStore
 
 DEFAULT_NAMESPACE = "sbemulatorns"
@@ -126,7 +136,10 @@ class Namespace:
         clock: Callable[[], float] = time.time,
         maintenance: bool = True,
         partition_factory: PartitionFactory | None = None,
+        remove_orphans: bool = True,
     ) -> None:
+        """``remove_orphans``: delete partition folders the catalog does not list (creations a crash cut short);
+        a front end that starts while others may be creating entities passes False."""
         self.name = name
         self.root = Path(data_dir) / name
         self._clock = clock
@@ -160,8 +173,8 @@ class Namespace:
         self._entities: dict[str, QueueEntity | TopicEntity] = {}  # queues and topics by lower-cased name
         self._ids: dict[int, Any] = {}
         self._created: dict[int, tuple[float, float]] = {}
-        self._load()
         self._closed = False
+        self._load(remove_orphans)
         self._maintenance_stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         if maintenance:
@@ -177,42 +190,113 @@ class Namespace:
     # ------------------------------------------------------------------------------------------------------
     # start-up and shutdown
     # ------------------------------------------------------------------------------------------------------
-    def _load(self) -> None:
-        entries = self.catalog.entries()
-        rules = self.catalog.rules()
-        known_dirs = set()
-        for e in sorted(entries, key=lambda e: e.kind != "queue" and e.kind != "topic"):
+    def _load(self, remove_orphans: bool) -> None:
+        snapshot = self.catalog.snapshot()
+        self._apply(snapshot)
+        self.catalog.seen(snapshot)
+        if remove_orphans:
+            _remove_orphans(self.root, snapshot)
+
+    def _refresh(self) -> None:
+        """Catch up with what other processes changed in the catalog (see the module docstring). Cheap when
+        nothing changed: one pragma."""
+        if self._closed or not self.catalog.changed():
+            return
+        with self._lock:  # a lookup that finds a change waits here while another thread applies it
+            if not self._closed and self.catalog.changed():
+                snapshot = self.catalog.snapshot()
+                self._apply(snapshot)
+                self.catalog.seen(snapshot)
+
+    def _apply(self, snapshot: CatalogSnapshot) -> None:
+        """Make the registry list what ``snapshot`` lists: drop what is gone, open what is new (starting its
+        partitions), take descriptions and rules that changed."""
+        listed = {e.id: e for e in snapshot.entries}
+        for entity_id, known in list(self._ids.items()):
+            if entity_id in listed:
+                continue
+            if isinstance(known, SubscriptionEntity):
+                if known.topic.entity_id in listed:  # else it goes with its topic
+                    self._forget_subscription(known)
+            else:
+                self._forget_sender_entity(known)
+        opened: list[QueueEntity | TopicEntity] = []
+        for e in snapshot.entries:
+            if e.kind not in (EntityKind.QUEUE, EntityKind.TOPIC):
+                continue
+            known = self._ids.get(e.id)
+            if known is None:
+                if e.kind == EntityKind.QUEUE:
+                    entity: QueueEntity | TopicEntity = self._open_queue(
+                        e.id, QueueDescription.from_dict(e.description)
+                    )
+                else:
+                    entity = self._open_topic(e.id, TopicDescription.from_dict(e.description))
+                self._entities[entity.path.lower()] = entity
+                opened.append(entity)
+            elif self._created.get(e.id) != (e.created, e.updated):
+                self._describe_sender_entity(known, e.description)
             self._created[e.id] = (e.created, e.updated)
-            if e.kind == EntityKind.QUEUE:
-                desc = QueueDescription.from_dict(e.description)
-                self._entities[desc.name.lower()] = self._open_queue(e.id, desc)
-                known_dirs.add(str(e.id))
-            elif e.kind == EntityKind.TOPIC:
-                desc = TopicDescription.from_dict(e.description)
-                self._entities[desc.name.lower()] = self._open_topic(e.id, desc)
-                known_dirs.add(str(e.id))
-        for e in entries:
-            if e.kind == EntityKind.SUBSCRIPTION:
+        for e in snapshot.entries:
+            if e.kind != EntityKind.SUBSCRIPTION:
+                continue
+            topic = self._ids.get(e.parent)
+            if not isinstance(topic, TopicEntity):
+                continue
+            rules = [Rule.from_dict(r) for _, r, _ in snapshot.rules.get(e.id, [])]
+            sub = self._ids.get(e.id)
+            if sub is None:
                 sub_desc = SubscriptionDescription.from_dict(e.description)
-                topic = self._ids[e.parent]
-                sub_rules = [Rule.from_dict(r) for _, r, _ in rules.get(e.id, [])]
-                sub = SubscriptionEntity(sub_desc, topic, e.id, sub_rules)
+                sub = SubscriptionEntity(sub_desc, topic, e.id, rules)
                 for p in topic.partitions:
                     p.configure_slot(e.id, self._slot_settings(sub_desc, sub.path))
                 topic.add_subscription(sub)
                 self._watch(sub)
                 self._ids[e.id] = sub
-        for entity in self._entities.values():
+            else:
+                if self._created.get(e.id) != (e.created, e.updated):
+                    sub_desc = SubscriptionDescription.from_dict(e.description)
+                    sub.description = sub_desc
+                    for p in sub.partitions:
+                        p.configure_slot(sub.slot, self._slot_settings(sub_desc, sub_desc.path))
+                sub.rules = rules
+            self._created[e.id] = (e.created, e.updated)
+        for entity in opened:
             for p in entity.partitions:
                 try:
-                    p.start()
+                    p.start()  # a worker already running it (another front end's) keeps it as it is
                 except PartitionUnavailable:
                     pass  # stays unavailable; the entity reports Limited
-        entities_dir = self.root / "entities"
-        if entities_dir.exists():  # partition files of entities whose creation never finished
-            for child in entities_dir.iterdir():
-                if child.name not in known_dirs:
-                    shutil.rmtree(child, ignore_errors=True)
+
+    def _describe_sender_entity(self, entity: QueueEntity | TopicEntity, stored: dict[str, Any]) -> None:
+        kind = QueueDescription if isinstance(entity, QueueEntity) else TopicDescription
+        desc = self._effective(kind.from_dict(stored))
+        entity.description = desc
+        for p in entity.partitions:
+            p.config = self._partition_config(desc, p.id)
+            if isinstance(desc, QueueDescription):
+                p.configure_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name))
+
+    def _forget_sender_entity(self, entity: QueueEntity | TopicEntity) -> None:
+        """Another process deleted the entity: stop serving it here (it removed the stores)."""
+        if self._entities.get(entity.path.lower()) is entity:
+            del self._entities[entity.path.lower()]
+        self._ids.pop(entity.entity_id, None)
+        self._created.pop(entity.entity_id, None)
+        self._forwarder.forget(entity)
+        for sub in list(getattr(entity, "subscriptions", {}).values()):
+            self._forget_subscription(sub)
+        for p in entity.partitions:
+            try:
+                p.close()
+            except ShardbusError:
+                pass  # its worker is gone or never had it: nothing to close
+
+    def _forget_subscription(self, sub: SubscriptionEntity) -> None:
+        sub.topic.remove_subscription(sub.description.name)
+        self._forwarder.forget(sub)
+        self._ids.pop(sub.slot, None)
+        self._created.pop(sub.slot, None)
 
     def close(self) -> None:
         """Stop every partition (waiting for queued writes) and the catalog."""
@@ -243,6 +327,10 @@ class Namespace:
             self._wake.clear()
             if self._maintenance_stop.is_set():
                 return
+            try:
+                self._refresh()  # another front end's deletions stop here within a tick
+            except Exception:  # upkeep must never stop; the next lookup tries again
+                log.exception("reading the catalog failed")
             now = time.monotonic()
             prune = now - last_prune > 60
             for entity in list(self._entities.values()):
@@ -410,18 +498,21 @@ class Namespace:
     # lookups
     # ------------------------------------------------------------------------------------------------------
     def _sender_entity(self, name: str) -> QueueEntity | TopicEntity:
+        self._refresh()
         entity = self._entities.get(_strip(name).lower())
         if entity is None:
             raise EntityNotFound(f"The messaging entity '{self.name}/{name}' could not be found.")
         return entity
 
     def _queue(self, name: str) -> QueueEntity:
+        self._refresh()
         entity = self._entities.get(name.lower())
         if not isinstance(entity, QueueEntity):
             raise EntityNotFound(f"The messaging entity '{self.name}/{name}' could not be found (queue).")
         return entity
 
     def _topic(self, name: str) -> TopicEntity:
+        self._refresh()
         entity = self._entities.get(name.lower())
         if not isinstance(entity, TopicEntity):
             raise EntityNotFound(f"The messaging entity '{self.name}/{name}' could not be found (topic).")
@@ -436,6 +527,7 @@ class Namespace:
     def resolve(self, path: str) -> tuple[Target, SubQueue]:
         """A receive path (``queue``, ``topic/Subscriptions/sub``, with an optional ``/$DeadLetterQueue`` or
         ``/$Transfer/$DeadLetterQueue``) to its target and sub-queue. Case-insensitive, like the service."""
+        self._refresh()
         path = _strip(path)
         lower = path.lower()
         sub_queue = SubQueue.MAIN
@@ -493,6 +585,7 @@ class Namespace:
 
     def _create_sender_entity(self, desc: QueueDescription | TopicDescription) -> Any:
         with self._lock:
+            self._refresh()  # a name another front end just took is refused before any partition is made
             desc = self._effective(desc)
             desc.validate(self.tier)
             if isinstance(desc, QueueDescription):
@@ -513,11 +606,17 @@ class Namespace:
                         [p.create_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name)) for p in entity.partitions]
                     )
                 created = self.catalog.insert(entity_id, desc.kind.value, None, desc.name, desc.to_dict())
-            except BaseException:
+            except BaseException as exc:
                 for p in entity.partitions:
                     p.stop("creation failed")
+                    if self._partition_factory is not None:
+                        p.delete()  # its worker forgets it (and its store)
                 self._ids.pop(entity_id, None)
                 shutil.rmtree(folder, ignore_errors=True)
+                if isinstance(exc, EntityAlreadyExists):  # another front end created it a moment ago
+                    raise EntityAlreadyExists(
+                        f"The messaging entity '{self.name}/{desc.name}' already exists."
+                    ) from None
                 raise
             self._created[entity_id] = (created, created)
             self._entities[desc.name.lower()] = entity
@@ -538,9 +637,11 @@ class Namespace:
         return self._topic(name).description
 
     def list_queues(self) -> list[QueueDescription]:
+        self._refresh()
         return [e.description for e in self._entities.values() if isinstance(e, QueueEntity)]
 
     def list_topics(self) -> list[TopicDescription]:
+        self._refresh()
         return [e.description for e in self._entities.values() if isinstance(e, TopicEntity)]
 
     def update_queue(self, name: str, **changes: Any) -> QueueDescription:
@@ -559,14 +660,14 @@ class Namespace:
             if isinstance(desc, QueueDescription):
                 self._check_forwarding(desc, desc.name)
             self._require_healthy(entity.partitions, f"update '{old.name}'")
-            self.catalog.update(entity.entity_id, desc.to_dict())
+            updated = self.catalog.update(entity.entity_id, desc.to_dict())
             entity.description = desc
             for p in entity.partitions:
                 p.config = self._partition_config(desc, p.id)
                 if isinstance(desc, QueueDescription):
                     p.configure_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name))
             created, _ = self._created[entity.entity_id]
-            self._created[entity.entity_id] = (created, time.time())
+            self._created[entity.entity_id] = (created, updated)
             return desc
 
     def delete_queue(self, name: str) -> None:
@@ -619,14 +720,18 @@ class Namespace:
             slot = self.catalog.next_id()
             settings = self._slot_settings(desc, desc.path)
             self._wait([p.create_slot(slot, settings) for p in topic.partitions])
-            created = self.catalog.insert(
-                slot,
-                EntityKind.SUBSCRIPTION.value,
-                topic.entity_id,
-                desc.name,
-                desc.to_dict(),
-                [(rule.name, rule.to_dict())],
-            )
+            try:
+                created = self.catalog.insert(
+                    slot,
+                    EntityKind.SUBSCRIPTION.value,
+                    topic.entity_id,
+                    desc.name,
+                    desc.to_dict(),
+                    [(rule.name, rule.to_dict())],
+                )
+            except EntityAlreadyExists:  # another front end created it a moment ago
+                self._wait([p.drop_slot(slot) for p in topic.partitions])
+                raise EntityAlreadyExists(f"The messaging entity '{self.name}/{desc.path}' already exists.") from None
             self._created[slot] = (created, created)
             sub = SubscriptionEntity(desc, topic, slot, [rule])
             topic.add_subscription(sub)
@@ -648,12 +753,12 @@ class Namespace:
             desc.validate(self.tier)
             self._check_forwarding(desc, desc.path)
             self._require_healthy(sub.partitions, f"update '{desc.path}'")
-            self.catalog.update(sub.slot, desc.to_dict())
+            updated = self.catalog.update(sub.slot, desc.to_dict())
             sub.description = desc
             for p in sub.partitions:
                 p.configure_slot(sub.slot, self._slot_settings(desc, desc.path))
             created, _ = self._created[sub.slot]
-            self._created[sub.slot] = (created, time.time())
+            self._created[sub.slot] = (created, updated)
             return desc
 
     def delete_subscription(self, topic_name: str, name: str) -> None:
@@ -717,6 +822,7 @@ class Namespace:
     def get_runtime_properties(self, path: str) -> RuntimeProperties:
         """Counts summed over partitions for a queue, topic or subscription path; availability is "Limited"
         when any partition is unavailable."""
+        self._refresh()
         lower = _strip(path).lower()
         entity = self._entities.get(lower)
         if isinstance(entity, TopicEntity):
@@ -725,12 +831,14 @@ class Namespace:
         return target.runtime()
 
     def availability(self, path: str) -> str:
+        self._refresh()
         lower = _strip(path).lower()
         entity = self._entities.get(lower)
         partitions = entity.partitions if entity is not None else self.resolve(path)[0].partitions
         return "Available" if all(p.healthy for p in partitions) else "Limited"
 
     def created_updated(self, path: str) -> tuple[float, float]:
+        self._refresh()
         entity = self._entities.get(_strip(path).lower()) or self.resolve(path)[0]
         key = entity.entity_id if hasattr(entity, "entity_id") else entity.slot
         return self._created[key]
@@ -824,6 +932,26 @@ class Namespace:
 
     def complete_below(self, path: str, marks: dict[int, int]) -> None:
         self._wait(self.submit_complete_below(path, marks))
+
+
+def remove_orphan_partitions(data_dir: Path | str) -> None:
+    """Remove every namespace's partition folders its catalog does not list (creations a crash cut short), as
+    ``Namespace.open`` does; for a supervisor, before it starts front ends that open with ``remove_orphans=False``."""
+    for catalog_path in Path(data_dir).glob("*/catalog.db"):
+        catalog = Catalog(catalog_path)
+        try:
+            _remove_orphans(catalog_path.parent, catalog.snapshot())
+        finally:
+            catalog.close()
+
+
+def _remove_orphans(root: Path, snapshot: CatalogSnapshot) -> None:
+    known = {str(e.id) for e in snapshot.entries if e.kind in (EntityKind.QUEUE, EntityKind.TOPIC)}
+    entities_dir = root / "entities"
+    if entities_dir.exists():
+        for child in entities_dir.iterdir():
+            if child.name not in known:
+                shutil.rmtree(child, ignore_errors=True)
 
 
 def _strip(name: str) -> str:

@@ -27,6 +27,7 @@ from .http.tls import TlsFiles, ensure_certificates, own_certificate
 from .namespace import DEFAULT_NAMESPACE, Namespace
 
 if TYPE_CHECKING:
+    from .cluster.placement import MetadataCluster
     from .cluster.supervisor import LocalCluster
 
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
@@ -46,6 +47,15 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
+def connection_string(host: str, port: int, key: str) -> str:
+    """What clients of a broker listening on ``host:port`` with ``key`` connect with."""
+    host = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::", "::1") else host
+    return (
+        f"Endpoint=sb://{host}:{port};SharedAccessKeyName={DEFAULT_KEY_NAME};"
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true"
+    )
+
+
 class Broker:
     def __init__(
         self,
@@ -60,6 +70,10 @@ class Broker:
         tls_key: Path | str | None = None,
         tls_hosts: list[str] | tuple[str, ...] = (),
         workers: int = 0,
+        metadata: str | None = None,
+        cluster: Any = None,
+        reuse_port: bool = False,
+        fork_workers: bool = False,
         **namespace_options: Any,
     ) -> None:
         """``namespace_options`` open the default namespace (tier, premium_partitions, quotas);
@@ -67,7 +81,10 @@ class Broker:
         name they connect with (its first label); localhost and bare IP addresses get the default one.
         ``tls_cert``/``tls_key``: the HTTPS certificate chain and key to use instead of the local CA's;
         ``tls_hosts``: more host names for the local CA's server certificate. ``workers``: run the partition
-        brokers in that many worker processes (0: in this process)."""
+        brokers in that many worker processes (0: in this process). ``cluster``: instead, workers another process
+        runs, already linked (``cluster.frontend.AttachedCluster``; closed with the broker). ``reuse_port``: share
+        the port with other front ends (SO_REUSEPORT). ``fork_workers``: start the workers by forking this process
+        (fast; only where nothing else is open yet: ``shardbus serve``)."""
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("give both tls_cert and tls_key, or neither")
         self.data_dir = Path(data_dir)
@@ -76,20 +93,31 @@ class Broker:
         self.key = key
         self.default_namespace = namespace
         self.namespaces: dict[str, Namespace] = {}
-        self.cluster: LocalCluster | None = None
+        self.cluster: LocalCluster | MetadataCluster | None = None
         configs = []
         if config is not None:
             from .config import load_config
 
             configs = load_config(config)  # validated whole before anything is opened
         try:
-            if workers > 0:
+            if cluster is not None:  # a front end of ``serve --frontends M`` (cluster/frontend.py)
+                self.cluster = cluster
+                namespace_options["partition_factory"] = cluster.partition
+            elif workers > 0:
                 from .cluster.supervisor import LocalCluster  # only multi-process brokers pay for it
 
                 clock = namespace_options.get("clock", time.time)
-                self.cluster = LocalCluster(self.data_dir, workers, key, clock=clock).start()
+                self.cluster = LocalCluster(self.data_dir, workers, key, clock=clock, fork=fork_workers).start()
                 namespace_options["partition_factory"] = self.cluster.partition
-            opened = {k: v for k, v in namespace_options.items() if k in ("partition_factory", "clock")}
+            elif metadata is not None:
+                # ``metadata``: a PostgreSQL DSN; partitions run on the workers registered there (any host)
+                from .cluster.placement import MetadataCluster
+
+                clock = namespace_options.get("clock", time.time)
+                self.cluster = MetadataCluster(metadata, self.data_dir, key, clock=clock).start()
+                namespace_options["partition_factory"] = self.cluster.partition
+            shared = ("partition_factory", "clock", "remove_orphans")
+            opened = {k: v for k, v in namespace_options.items() if k in shared}
             for cfg in configs:
                 ns = Namespace.open(
                     self.data_dir, name=cfg.name, tier=cfg.tier, premium_partitions=cfg.premium_partitions, **opened
@@ -123,7 +151,7 @@ class Broker:
             self._close_namespaces()
             raise
         self.http = HttpFrontend(self.directory)
-        self.server = AmqpServer(self.directory, host, port, http=self.http, tls=context)
+        self.server = AmqpServer(self.directory, host, port, http=self.http, tls=context, reuse_port=reuse_port)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -139,11 +167,7 @@ class Broker:
 
     @property
     def connection_string(self) -> str:
-        host = "localhost" if self.host in ("127.0.0.1", "0.0.0.0", "::", "::1") else self.host
-        return (
-            f"Endpoint=sb://{host}:{self.server.port};SharedAccessKeyName={DEFAULT_KEY_NAME};"
-            f"SharedAccessKey={self.key};UseDevelopmentEmulator=true"
-        )
+        return connection_string(self.host, self.server.port, self.key)
 
     # --- background mode ------------------------------------------------------------------------------------
     def start(self) -> Broker:

@@ -11,6 +11,12 @@ unavailable at once (calls in flight fail with ``PartitionUnavailable``, so keyl
 partitions) and the link reconnects in the background; once it is back, it opens, configures and starts again
 every partition it served, which reload from their stores, and they become healthy.
 
+In-doubt sends: a send whose request was in flight when the connection dropped may or may not have been stored
+(the worker may have committed it just before it died), and a keyless one is stored on another partition at
+once. So every ``enqueue`` carries a batch id the worker stores with it; a partition remembers the ids of its
+sends that failed ``PartitionUnavailable`` (``in_doubt``) and is not healthy while it has any. Restoring it ends
+with ``revoke_in_doubt``, which removes those batches if they are there; only then is it healthy again.
+
 Time: every request carries the front end's clock and the ``tick_all`` upkeep runs from here, so a worker started
 with ``--follow-caller-clock`` lives on the front end's (possibly fake) time.
 """
@@ -25,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from ..amqp import events as E
@@ -42,6 +49,7 @@ log = logging.getLogger("shardbus.cluster")
 CALL_TIMEOUT = 30.0
 RECONNECT_DELAY = 0.2
 TICK_INTERVAL = 0.1
+REVOKE_ROUNDS = 5
 
 
 def _done(value: Any) -> Future:
@@ -150,19 +158,36 @@ class WorkerLink:
         log.info("connected to worker %s at %s:%s", self.name, host, port)
 
     async def _restore(self) -> None:
-        """Open (again) every partition this link serves, as after a worker restart: settings, slots, start."""
-        loop = asyncio.get_running_loop()
+        """Open (again) every partition this link serves, as after a worker restart."""
         for p in list(self.partitions.values()):
-            now = p.clock()
-            calls = [self.call(p, p.key, "open", [p.config], now)]
-            calls += [self.call(p, p.key, "configure_slot", [slot, s], now) for slot, s in p.slots.items()]
-            if p.wanted:
-                calls.append(self.call(p, p.key, "start", [], now))
-            for f in calls:
-                try:
-                    await asyncio.wrap_future(f, loop=loop)
-                except ShardbusError as exc:
-                    p.failure = str(exc)
+            await self.restore_partition(p)
+
+    async def restore_partition(self, p: RemotePartition) -> None:
+        """The steps that (re)establish one partition on this link's worker: settings, slots, start. Used after a
+        reconnect and when a partition moves here from another worker (``RemotePartition.move_to``)."""
+        loop = asyncio.get_running_loop()
+        now = p.clock()
+        calls = [self.call(p, p.key, "open", [p.config], now)]
+        calls += [self.call(p, p.key, "configure_slot", [slot, s], now) for slot, s in p.slots.items()]
+        if p.wanted:
+            calls.append(self.call(p, p.key, "start", [], now))
+        first_error: str | None = None
+        for f in calls:
+            try:
+                await asyncio.wrap_future(f, loop=loop)
+            except ShardbusError as exc:
+                first_error = first_error or str(exc)  # the later calls fail because the first did
+                p.failure = first_error
+        # It stays unhealthy until this is done. Sends refused while it was starting add ids (harmless ones:
+        # they were never stored), so repeat until none is left.
+        for _ in range(REVOKE_ROUNDS):
+            if not (p.wanted and first_error is None and p.in_doubt):
+                break
+            try:
+                await asyncio.wrap_future(p.revoke_in_doubt(), loop=loop)
+            except ShardbusError as exc:
+                p.failure = str(exc)
+                break
 
     async def _serve(self) -> None:
         """Until the connection ends: send what waits for credit (replies arrive through ``_delivery``)."""
@@ -324,6 +349,7 @@ class RemotePartition:
         self.slots: dict[int, SlotSettings] = {}
         self.wanted = False  # started by the front end (so restarted after a worker restart)
         self.failure: str | None = "not started"
+        self.in_doubt: set[str] = set()  # batch ids of sends that failed in flight: maybe stored (see above)
         self._precheck = spec.precheck
         link.partitions[self.key] = self
         if link.connected:  # else the link opens it when it connects (WorkerLink._restore)
@@ -350,13 +376,65 @@ class RemotePartition:
     # --- life cycle and health ----------------------------------------------------------------------
     @property
     def healthy(self) -> bool:
-        return self.link.connected and self.failure is None
+        return self.link.connected and self.failure is None and not self.in_doubt
+
+    def move_to(self, link: WorkerLink) -> Future:
+        """Serve this partition from ``link``'s worker from now on (its own died, or lost the partition's lease;
+        ``cluster/placement.py`` decides). The new worker restores it as after a reconnect
+        (``WorkerLink.restore_partition``); until that is done it is unavailable. The future is done when it is."""
+        if link is not self.link:
+            self.link.partitions.pop(self.key, None)
+            self.link = link
+        link.partitions[self.key] = self
+        self.failure = f"moving to worker {link.name}"
+        return asyncio.run_coroutine_threadsafe(link.restore_partition(self), link.client.loop)
 
     def start(self) -> None:
         if self._precheck is not None:
             self._precheck()
         self.wanted = True
         self._sync("start")
+        for _ in range(REVOKE_ROUNDS):  # see WorkerLink.restore_partition
+            if not self.in_doubt:
+                break
+            self._wait(self.revoke_in_doubt())
+
+    def revoke_in_doubt(self) -> Future:
+        """Remove from the partition the sends this front end saw fail in flight (``in_doubt``), if its worker
+        stored them: a step of restoring a partition (after a reconnect, a restart, a move), after ``start`` and
+        before the partition is used. Never blocks; the future's result is how many messages went."""
+        batches = sorted(self.in_doubt)
+        if not batches:
+            return _done(0)
+        future = self._call("revoke_batches", batches)
+
+        def done(f: Future) -> None:
+            if f.exception() is None:
+                self.in_doubt.difference_update(batches)
+                if f.result():
+                    log.info("partition %s: revoked %s in-doubt message(s)", self.key, f.result())
+
+        future.add_done_callback(done)
+        return future
+
+    def _unavailable_text(self) -> str:
+        if not self.link.connected:
+            return self.link._down_text(self)
+        reason = self.failure or "its sends in doubt are being taken back"
+        return (
+            f"Partition {self.id} of '{self.config.path}' is unavailable ({reason}). Messages with a partition key "
+            "that maps to it cannot be processed now; retry later."
+        )
+
+    def _check_readable(self) -> None:
+        """Nobody reads a message that may yet be taken back: a partition with sends in doubt refuses reads."""
+        if self.in_doubt:
+            raise PartitionUnavailable(self._unavailable_text())
+
+    def _note_in_doubt(self, batch_id: str, future: Future) -> None:
+        """A send that failed for want of its partition may have been stored all the same (see the docstring)."""
+        if not future.cancelled() and isinstance(future.exception(), PartitionUnavailable):
+            self.in_doubt.add(batch_id)
 
     def stop(self, reason: str = "the partition broker is stopped") -> None:
         self.wanted = False
@@ -386,8 +464,8 @@ class RemotePartition:
         self.link.partitions.pop(self.key, None)
         self.failure = "the namespace is closed"
 
-    def inject_store_failure(self) -> None:
-        self._sync("inject_store_failure")
+    def inject_store_failure(self, after_write: bool = False) -> None:
+        self._sync("inject_store_failure", after_write)
 
     def inject_busy_sends(self, count: int) -> None:
         self._sync("inject_busy_sends", count)
@@ -411,13 +489,26 @@ class RemotePartition:
 
     # --- messages -----------------------------------------------------------------------------------
     def enqueue(self, items: list[tuple[str | None, list[tuple[int, Message]]]]) -> Future:
-        return self._call("enqueue", items)
+        if not self.healthy:  # down, or not restored yet (its worker may not even have opened it again)
+            refused: Future = RemoteVerdict()
+            refused.set_exception(PartitionUnavailable(self._unavailable_text()))
+            return refused
+        batch_id = uuid.uuid4().hex
+        future = self._call("enqueue", items, batch_id)
+        # registered first, so the partition is unhealthy before a keyless sender's callback picks another
+        future.add_done_callback(partial(self._note_in_doubt, batch_id))
+        return future
 
     def cancel_scheduled(self, local_seqs: list[int]) -> Future:
         return self._call("cancel_scheduled", local_seqs)
 
     def lock_messages(self, slot: int, queue: int, max_count: int) -> list[Message]:
+        self._check_readable()
         return self._sync("lock_messages", slot, queue, max_count)
+
+    def submit_lock_messages(self, slot: int, queue: int, max_count: int) -> Future:
+        """``lock_messages`` without waiting: the future completes (on the cluster loop) with the reply."""
+        return self._call("lock_messages", slot, queue, max_count)
 
     def next_due_ms(self, slot: int, queue: int) -> int | None:
         return self._sync("next_due_ms", slot, queue)
@@ -497,6 +588,7 @@ class RemotePartition:
     def peek(
         self, slot: int, queue: int, from_local_seq: int, max_count: int, session_id: str | None = None
     ) -> list[Message]:
+        self._check_readable()
         return self._sync("peek", slot, queue, from_local_seq, max_count, session_id)
 
     def last_sequence(self) -> int:
@@ -509,6 +601,7 @@ class RemotePartition:
         return self._sync("completed_mark", slot, queue)
 
     def browse_range(self, slot: int, queue: int, start: int, end: int, max_count: int) -> list[Message]:
+        self._check_readable()
         return self._sync("browse_range", slot, queue, start, end, max_count)
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:

@@ -6,19 +6,24 @@ it listens. Placement spreads every entity's partitions over all workers: partit
 worker ``(e + p) mod N``, so it does not depend on creation order and a restart with the same N finds every
 partition where it was (with another N, partitions move; on one host their stores are in the same place anyway).
 
-A worker that exits unexpectedly (a crash, SIGKILL) is started again at once; meanwhile its partitions are
-unavailable, and its link reconnects to the new process and restores them (``remote.WorkerLink``).
+A worker that exits unexpectedly (a crash, SIGKILL) is started again at once, on the port it first got;
+meanwhile its partitions are unavailable, and every front end's link (in this process, or in the front-end
+processes of ``serve --frontends M``, ``cluster/frontend.py``) reconnects to the new process and restores them
+(``remote.WorkerLink``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from ..partition.handle import PartitionHandle, PartitionSpec
 from .remote import ClusterClient, RemotePartition
@@ -29,23 +34,44 @@ READY_TIMEOUT = 30.0
 class WorkerProcess:
     """One worker child process."""
 
-    def __init__(self, index: int, data_dir: Path, key: str, follow_caller_clock: bool) -> None:
+    def __init__(self, index: int, data_dir: Path, key: str, follow_caller_clock: bool, fork: bool = False) -> None:
+        """``fork``: the first start forks this process (see ``ForkedWorker``) when it can."""
         self.index = index
         self.data_dir = data_dir
         self.key = key
         self.follow_caller_clock = follow_caller_clock
-        self.process: subprocess.Popen[str] | None = None
+        self.fork = fork
+        self.process: subprocess.Popen[str] | ForkedWorker | None = None
         self.address: tuple[str, int] | None = None
 
     def start(self) -> tuple[str, int]:
-        command = [sys.executable, "-m", "shardbus.cluster.worker", "--listen", "127.0.0.1:0", "--exit-with-parent"]
-        command += ["--data-dir", str(self.data_dir)]
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the process (``wait_ready`` then learns its address). A restart listens on the port the first
+        start got, so every front end's link, wherever it runs, reconnects to it unchanged."""
+        listen = "127.0.0.1:0" if self.address is None else f"{self.address[0]}:{self.address[1]}"
+        args = ["--listen", listen, "--exit-with-parent", "--data-dir", str(self.data_dir)]
         if self.follow_caller_clock:
-            command.append("--follow-caller-clock")
-        env = dict(os.environ, SHARDBUS_CLUSTER_KEY=self.key)
+            args.append("--follow-caller-clock")
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()  # the previous (dead) process's pipe
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        if self.fork and self.address is None and threading.active_count() == 1:
+            self.process = ForkedWorker(args, self.key)
+            return
+        env = dict(os.environ, SHARDBUS_CLUSTER_KEY=self.key)
+        # a session of its own: a terminal's Ctrl-C reaches only the supervisor, which stops it after the front ends
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "shardbus.cluster.worker", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+
+    def wait_ready(self) -> tuple[str, int]:
+        assert self.process is not None
         line = _read_line(self.process, READY_TIMEOUT)
         if not line.startswith("READY "):
             self.process.kill()
@@ -76,7 +102,72 @@ class WorkerProcess:
             self.process.stdout.close()
 
 
-def _read_line(process: subprocess.Popen[str], timeout: float) -> str:
+class ForkedWorker:
+    """A worker forked from this process: no interpreter to start, nothing to import (about 50 ms instead of
+    400), with the part of ``subprocess.Popen`` the supervisor uses. Only for a process with a single thread and
+    nothing open that a child must not keep (a listening socket, say): ``shardbus serve`` at start-up. Restarts
+    start a fresh interpreter, since by then the process has threads."""
+
+    def __init__(self, args: list[str], key: str) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: runs the worker, never returns here
+            code = 1
+            try:
+                os.close(read)
+                for sig in (signal.SIGINT, signal.SIGTERM):  # not the supervisor's handlers: the worker sets its own
+                    signal.signal(sig, signal.SIG_DFL)
+                os.setsid()  # as start_new_session: a terminal's Ctrl-C reaches only the supervisor
+                os.dup2(write, 1)  # the READY line goes to the supervisor
+                os.close(write)
+                os.environ["SHARDBUS_CLUSTER_KEY"] = key
+                from .worker import main
+
+                code = main(args)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write)
+        self.pid = pid
+        self.stdout: TextIO | None = os.fdopen(read)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _read_line(process: subprocess.Popen[str] | ForkedWorker, timeout: float) -> str:
     """The child's first line, without hanging forever on a child that never prints it."""
     result: list[str] = []
     reader = threading.Thread(target=lambda: result.append(process.stdout.readline() if process.stdout else ""))
@@ -84,6 +175,21 @@ def _read_line(process: subprocess.Popen[str], timeout: float) -> str:
     reader.start()
     reader.join(timeout)
     return result[0].strip() if result else ""
+
+
+def place(spec: PartitionSpec, workers: int) -> int:
+    """Which of ``workers`` workers (by index) serves a partition (see the module's docstring)."""
+    return (spec.entity_id + spec.config.partition_id) % workers
+
+
+def remote_partition(client: ClusterClient, data_dir: Path, workers: int, spec: PartitionSpec) -> PartitionHandle:
+    """A partition on worker ``place(spec, workers)`` (``client``'s link named by that index); its store path,
+    relative to the data directory front ends and workers share, names it on its worker."""
+    try:
+        key = spec.store.resolve().relative_to(data_dir.resolve()).as_posix()
+    except ValueError:
+        raise ValueError(f"{spec.store} is outside the cluster's data directory {data_dir}") from None
+    return RemotePartition(client.link(str(place(spec, workers)), None), key, spec)
 
 
 class LocalCluster:
@@ -98,21 +204,43 @@ class LocalCluster:
         clock: Callable[[], float] = time.time,
         follow_caller_clock: bool = False,
         restart: bool = True,
+        connect: bool = True,
+        fork: bool = False,
     ) -> None:
+        """``connect=False``: only run the workers (``serve --frontends M``: front-end processes connect to
+        ``addresses``); there is no client here then. ``fork``: first start the workers by forking this process
+        (``ForkedWorker``; ``shardbus serve`` does, where nothing else is open yet)."""
         if workers < 1:
             raise ValueError("a cluster needs at least one worker")
         self.data_dir = Path(data_dir)
         self.key = key
         self.restart = restart
-        self.workers = [WorkerProcess(i, self.data_dir, key, follow_caller_clock) for i in range(workers)]
-        self.client = ClusterClient(key, clock)
+        self.workers = [WorkerProcess(i, self.data_dir, key, follow_caller_clock, fork) for i in range(workers)]
+        self.client: ClusterClient | None = None  # created by start, after the workers (its thread would stop a fork)
+        self._connect = connect
+        self._clock = clock
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
 
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where the workers listen, in placement order (a restarted worker keeps its address)."""
+        return [w.address for w in self.workers if w.address is not None]
+
     def start(self) -> LocalCluster:
-        for w in self.workers:
-            self.client.link(str(w.index), w.start())
-        if not self.client.wait_connected(READY_TIMEOUT):
+        try:
+            for w in self.workers:  # all at once: start-up costs one worker's, not N
+                w.spawn()
+            if self._connect:
+                self.client = ClusterClient(self.key, self._clock)
+            for w in self.workers:
+                address = w.wait_ready()
+                if self.client is not None:
+                    self.client.link(str(w.index), address)
+        except BaseException:
+            self.close()
+            raise
+        if self.client is not None and not self.client.wait_connected(READY_TIMEOUT):
             self.close()
             raise RuntimeError("the front end could not connect to its workers")
         self._watcher = threading.Thread(target=self._watch, name="shardbus-supervisor", daemon=True)
@@ -121,17 +249,12 @@ class LocalCluster:
 
     def place(self, spec: PartitionSpec) -> int:
         """Which worker serves a partition (see the module's docstring)."""
-        return (spec.entity_id + spec.config.partition_id) % len(self.workers)
+        return place(spec, len(self.workers))
 
     def partition(self, spec: PartitionSpec) -> PartitionHandle:
-        """The namespace's partition factory: the partition's store path, relative to the data directory both
-        share, names it on its worker."""
-        try:
-            key = spec.store.resolve().relative_to(self.data_dir.resolve()).as_posix()
-        except ValueError:
-            raise ValueError(f"{spec.store} is outside the cluster's data directory {self.data_dir}") from None
-        worker = self.workers[self.place(spec)]
-        return RemotePartition(self.client.link(str(worker.index), None), key, spec)
+        """The namespace's partition factory (see ``remote_partition``)."""
+        assert self.client is not None, "a cluster started with connect=False has no client"
+        return remote_partition(self.client, self.data_dir, len(self.workers), spec)
 
     def kill(self, index: int) -> None:
         """For tests and benches: SIGKILL a worker, as a crash would (the supervisor restarts it)."""
@@ -145,7 +268,9 @@ class LocalCluster:
                 if w.process is None or w.alive() or not self.restart or self._closing.is_set():
                     continue
                 try:
-                    self.client.link(str(w.index), w.start())
+                    address = w.start()
+                    if self.client is not None:
+                        self.client.link(str(w.index), address)
                 except Exception:  # it stays dead: try again on a later round
                     time.sleep(0.5)
 
@@ -160,6 +285,7 @@ class LocalCluster:
         self._closing.set()
         if self._watcher is not None:
             self._watcher.join(5)
-        self.client.close()
+        if self.client is not None:
+            self.client.close()
         for w in self.workers:
             w.stop()

@@ -8,6 +8,12 @@ listeners become ``event`` frames to every front end that opened it, coalesced p
 
 Run one with ``shardbus worker --listen HOST:PORT --data-dir DIR --key KEY``; ``shardbus serve --workers N``
 starts N of them itself. The key is the cluster's secret: front ends sign in with SASL PLAIN as ``cluster``.
+
+Cluster mode (``--metadata DSN``, workers on any host): the worker registers in the cluster's metadata store
+(``metadata.py``) and keeps every partition's store in PostgreSQL at that DSN, one schema per partition
+(``store_schema``). Opening a partition takes its lease first (refused, naming the holder, while another worker
+holds it); the heartbeat renews the leases, and a partition whose lease is lost is stopped at once (fencing).
+Closing or deleting a partition gives its lease up, so another worker may take it without waiting.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -31,9 +39,11 @@ from ..amqp.performatives import Error
 from ..amqp.transport import AmqpProtocol
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
 from ..partition.broker import PartitionBroker, PartitionConfig
-from ..store.base import StoreError
+from ..store.base import MessageStore, StoreError
+from ..store.postgres import PostgresStore, drop_partition_schema, partition_schema
 from ..store.sqlite import SqliteStore
 from . import wire
+from .metadata import DEFAULT_LEASE_TTL, ClusterMetadata, WorkerMembership
 
 log = logging.getLogger("shardbus.worker")
 
@@ -50,6 +60,7 @@ CALLS = frozenset(
         "create_slot",
         "drop_slot",
         "enqueue",
+        "revoke_batches",
         "cancel_scheduled",
         "lock_messages",
         "next_due_ms",
@@ -102,31 +113,75 @@ class CallerClock:
         return self.now if self.follow else time.time()
 
 
-class PartitionHost:
-    """The partition brokers of one worker, by partition key ("<namespace>/<entity id>/<partition>")."""
+_STORE_KEY = re.compile(r"(?P<namespace>[^/]+)/entities/(?P<entity>\d+)/p(?P<partition>\d+)\.db")
 
-    def __init__(self, data_dir: Path, follow_caller_clock: bool) -> None:
+
+def store_schema(key: str, config: PartitionConfig) -> str:
+    """The PostgreSQL schema of a partition, from its key (``<namespace>/entities/<id>/p<NN>.db``, the namespace's
+    store path): ``partition_schema`` of that entity and partition, so every worker derives the same one."""
+    match = _STORE_KEY.fullmatch(key)
+    if match is None:
+        raise InvalidOperation(f"partition key {key!r} does not name a partition store")
+    return partition_schema(int(match["entity"]), config.path, int(match["partition"]), namespace=match["namespace"])
+
+
+class PartitionHost:
+    """The partition brokers of one worker, by partition key ("<namespace>/entities/<id>/p<NN>.db").
+
+    Stores are SQLite files under the data directory, or (``membership`` and ``dsn`` given: cluster mode)
+    PostgreSQL schemas guarded by partition leases.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        follow_caller_clock: bool,
+        membership: WorkerMembership | None = None,
+        dsn: str | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.follow_caller_clock = follow_caller_clock
+        self.membership = membership
+        self.dsn = dsn
         self.partitions: dict[str, PartitionBroker] = {}
         self.clocks: dict[str, CallerClock] = {}
         self.store_paths: dict[str, Path] = {}
+        self.schemas: dict[str, str] = {}
         self.on_available: Callable[[str, int], None] = lambda key, slot: None
 
     def open(self, key: str, config: PartitionConfig) -> None:
         """Serve a partition (idempotent: a second front end, or a reconnecting one, opens it again). ``key`` is
-        also its store's path under the data directory."""
-        if key in self.partitions:
-            self.partitions[key].config = config
+        also its store's path under the data directory (or names its PostgreSQL schema). In cluster mode this
+        takes the partition's lease first, and raises PartitionUnavailable while another worker holds it."""
+        current = self.partitions.get(key)
+        if current is not None and (self.membership is None or key in self.membership.held):
+            current.config = config
             return
-        path = (self.data_dir / key).resolve()
-        if not path.is_relative_to(self.data_dir.resolve()):
-            raise InvalidOperation(f"partition {key!r} would leave the worker's data directory")
+        if self.membership is not None and self.dsn is not None:
+            schema = store_schema(key, config)
+            self.membership.acquire(key)
+            if current is not None:  # fenced after losing its lease: a new broker reloads the store
+                current.stop("its lease was lost")
+            lease, dsn = (key, self.membership.name), self.dsn
+            factory: Callable[[], MessageStore] = lambda: PostgresStore(dsn, schema, lease=lease)  # noqa: E731
+            self.schemas[key] = schema
+        else:
+            path = (self.data_dir / key).resolve()
+            if not path.is_relative_to(self.data_dir.resolve()):
+                raise InvalidOperation(f"partition {key!r} would leave the worker's data directory")
+            factory = lambda: SqliteStore(path)  # noqa: E731
+            self.store_paths[key] = path
         clock = self.clocks[key] = CallerClock(self.follow_caller_clock)
-        broker = PartitionBroker(config, lambda: SqliteStore(path), clock)
+        broker = PartitionBroker(config, factory, clock)
         broker.listeners.append(lambda slot: self.on_available(key, slot))
         self.partitions[key] = broker
-        self.store_paths[key] = path
+
+    def fence(self, key: str) -> None:
+        """The partition's lease is lost (from the heartbeat thread): stop serving it at once. It stays listed,
+        unhealthy, so front ends see why; opening it again takes the lease again."""
+        broker = self.partitions.get(key)
+        if broker is not None:
+            broker.stop("this worker lost the partition's lease")
 
     def get(self, key: str) -> PartitionBroker:
         broker = self.partitions.get(key)
@@ -135,19 +190,24 @@ class PartitionHost:
         return broker
 
     def close(self, key: str, reason: str = "the namespace is closed") -> None:
-        """Stop serving a partition (its store stays)."""
+        """Stop serving a partition (its store stays; its lease, if any, is given up once it is flushed)."""
         broker = self.partitions.pop(key, None)
         self.clocks.pop(key, None)
         if broker is not None:
             broker.stop(reason)
+        if self.membership is not None and key in self.membership.held:
+            self.membership.release(key)
 
     def delete(self, key: str) -> None:
         """The entity is gone: stop the partition and remove its store."""
         path = self.store_paths.pop(key, None)
+        schema = self.schemas.pop(key, None)
         self.close(key, "the entity was deleted")
         if path is not None:
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
+        if schema is not None and self.dsn is not None:
+            drop_partition_schema(self.dsn, schema)
 
     def health(self) -> dict[str, str | None]:
         return {key: None if p.healthy else (p.failure or "stopped") for key, p in self.partitions.items()}
@@ -165,8 +225,8 @@ class PartitionHost:
         return self.health()
 
     def stop_all(self) -> None:
-        for p in self.partitions.values():
-            p.stop("the worker is stopping")
+        for key in list(self.partitions):
+            self.close(key, "the worker is stopping")
 
 
 class WorkerConnection:
@@ -269,7 +329,10 @@ class WorkerConnection:
 
     def _reply(self, request_id: int, key: str, ok: bool, value: Any) -> None:
         broker = self.host.partitions.get(key)
-        health = None if broker is None or broker.healthy else (broker.failure or "stopped")
+        if broker is None:  # calls on the whole worker (key "") have no partition to describe
+            health = f"partition {key} is not served by this worker" if key else None
+        else:
+            health = None if broker.healthy else (broker.failure or "stopped")
         self.send(wire.encode_frame([request_id, ok, value, health]))
 
     def send(self, payload: bytes) -> None:
@@ -304,7 +367,10 @@ class WorkerConnection:
         return self.worker.in_thread(self.host.delete, key)
 
     def _close(self, key: str) -> Future:
+        """This front end is done with the partition; it keeps running while another front end uses it."""
         self.opened.discard(key)
+        if any(key in c.opened for c in self.worker.connections if c is not self):
+            return self.worker.in_thread(lambda: None)
         return self.worker.in_thread(self.host.close, key)
 
     def _tick(self, _key: str, clocks: dict[str, float]) -> dict[str, str | None]:
@@ -328,11 +394,23 @@ SPECIAL: dict[str, Callable[..., Any]] = {
 class Worker:
     """Serves a ``PartitionHost`` over AMQP on one port; runs its loop in the calling thread (``run``)."""
 
-    def __init__(self, data_dir: Path | str, key: str, *, follow_caller_clock: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path | str,
+        key: str,
+        *,
+        follow_caller_clock: bool = False,
+        membership: WorkerMembership | None = None,
+        dsn: str | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if membership is None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
         self.key = key
-        self.host = PartitionHost(self.data_dir, follow_caller_clock)
+        self.membership = membership
+        if membership is not None:
+            membership.on_lost = lambda partition_key: self.host.fence(partition_key)
+        self.host = PartitionHost(self.data_dir, follow_caller_clock, membership, dsn)
         self.host.on_available = self._on_available
         self.connections: set[WorkerConnection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -388,6 +466,8 @@ class Worker:
                 if conn.protocol is not None:
                     conn.protocol.flush()
         await self.loop.run_in_executor(None, self.host.stop_all)
+        if self.membership is not None:
+            await self.loop.run_in_executor(None, self.membership.stop)
         self._threads.shutdown(wait=True)
 
     def stop(self) -> None:
@@ -407,12 +487,31 @@ def _exit_with_parent(worker: Worker) -> None:
     threading.Thread(target=watch, name="shardbus-watch-parent", daemon=True).start()
 
 
+def _advertised_host(listen_host: str) -> str:
+    """The address to give front ends when ``--advertise`` is not set: the listen address unless it is a
+    wildcard, else this host's name resolved."""
+    if listen_host in ("", "0.0.0.0", "::"):
+        return socket.gethostbyname(socket.gethostname())
+    return listen_host
+
+
 def main(argv: list[str] | None = None) -> int:
     """``shardbus worker``: serve partition brokers to front ends."""
     parser = argparse.ArgumentParser(prog="shardbus worker", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free port)")
     parser.add_argument("--data-dir", default="./shardbus-data", help="where this worker's partition stores live")
     parser.add_argument("--key", default=os.environ.get("SHARDBUS_CLUSTER_KEY", "SAS_KEY_VALUE"))
+    parser.add_argument(
+        "--metadata",
+        default=None,
+        metavar="DSN",
+        help="join the cluster whose metadata store (and partition stores) is this PostgreSQL database",
+    )
+    parser.add_argument("--name", default=None, help="this worker's unique name in the cluster (default: host-pid)")
+    parser.add_argument("--advertise", default=None, metavar="HOST:PORT", help="where front ends reach this worker")
+    parser.add_argument(
+        "--lease-ttl", type=float, default=DEFAULT_LEASE_TTL, help="seconds a dead worker keeps its partitions"
+    )
     parser.add_argument("--follow-caller-clock", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # serve --workers
     args = parser.parse_args(argv)
@@ -423,9 +522,23 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s worker %(levelname)s %(message)s")
     tune_garbage_collector()
-    worker = Worker(args.data_dir, args.key, follow_caller_clock=args.follow_caller_clock)
+    membership = None
+    if args.metadata:
+        name = args.name or f"{socket.gethostname()}-{os.getpid()}"
+        try:
+            metadata = ClusterMetadata(args.metadata)
+        except StoreError as exc:
+            print(f"shardbus worker: cannot join the cluster: {exc}", file=sys.stderr)
+            return 2
+        membership = WorkerMembership(metadata, name, "", args.lease_ttl, lambda key: None)
+    worker = Worker(
+        args.data_dir, args.key, follow_caller_clock=args.follow_caller_clock, membership=membership, dsn=args.metadata
+    )
 
     def ready(bound: int) -> None:
+        if membership is not None:
+            membership.address = args.advertise or f"{_advertised_host(host)}:{bound}"
+            membership.start()  # front ends find it from now on
         # the supervisor (cluster/supervisor.py) reads this line to learn the port
         print(f"READY {host or '127.0.0.1'}:{bound}", flush=True)
 

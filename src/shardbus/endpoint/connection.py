@@ -27,6 +27,7 @@ import asyncio
 import bisect
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -175,6 +176,8 @@ class ServiceBusConnection:
         self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
         self._coordinators: set[Any] = set()
         self._transactions: dict[bytes, _Txn] = {}
+        self._later_fns: list[Callable[[], None]] = []  # for the loop, from other threads (``_later``)
+        self._later_lock = threading.Lock()
         self.closed = False
 
     # ------------------------------------------------------------------------------------------------------
@@ -210,22 +213,30 @@ class ServiceBusConnection:
             self.protocol.flush()
 
     def _later(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the connection's event loop (from any thread), then write what it produced."""
-
-        def run() -> None:
-            if self.closed or self.amqp.is_done:
+        """Run ``fn`` on the connection's event loop (from any thread), then write what it produced. Calls made
+        while earlier ones wait run in the same loop callback and share one write: one wake-up and one send
+        per batch instead of per call (answers from workers and disks arrive in bursts)."""
+        with self._later_lock:
+            self._later_fns.append(fn)
+            if len(self._later_fns) > 1:
                 return
+        try:
+            self.loop.call_soon_threadsafe(self._run_later)
+        except RuntimeError:  # the loop closed while the broker stops: nobody is left to answer
+            pass
+
+    def _run_later(self) -> None:
+        with self._later_lock:
+            fns, self._later_fns = self._later_fns, []
+        for fn in fns:
+            if self.closed or self.amqp.is_done:
+                break
             try:
                 fn()
             except Exception:  # a bug in one connection closes that connection only
                 log.exception("internal error", extra=self._context())
                 self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
-            self._flush()
-
-        try:
-            self.loop.call_soon_threadsafe(run)
-        except RuntimeError:  # the loop closed while the broker stops: nobody is left to answer
-            pass
+        self._flush()
 
     # ------------------------------------------------------------------------------------------------------
     # connection, SASL, sessions
@@ -621,10 +632,14 @@ class ServiceBusConnection:
         receiver = state.receiver
         session = link.session
         sent = 0
+
+        def more() -> None:  # partitions answer on other threads: never wait for them on this loop
+            self._later(lambda: self._pump(link))
+
         try:
             while link.link_credit > 0 and session.remote_incoming_window > 0 and sent < MAX_PUMP:
                 room = min(link.link_credit, session.remote_incoming_window, MAX_PUMP - sent)
-                messages = receiver.take(room)
+                messages = receiver.take(room, more)
                 if not messages:
                     break
                 sent += self._transfer(link, receiver, messages)
@@ -674,11 +689,12 @@ class ServiceBusConnection:
 
             state.listening = wake
             target.add_listener(wake)
-        due = target.next_due_ms(state.receiver.sub_queue)
-        delay = 1.0 if due is None else min(1.0, max(0.01, due / 1000 - time.time()))
+        # What time makes receivable (lock expiry, scheduled messages) the partitions' upkeep finds every 100 ms
+        # and announces like a send, so the timer is only a safety net; asking every partition for its next due
+        # time here would block this loop on their workers.
         if state.timer is not None:
             state.timer.cancel()
-        state.timer = self.loop.call_later(delay, lambda: self._later(lambda: self._pump(link)))
+        state.timer = self.loop.call_later(1.0, lambda: self._later(lambda: self._pump(link)))
 
     def _on_disposition(self, e: ev.DispositionReceived) -> None:
         if not e.role:

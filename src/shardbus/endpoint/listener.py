@@ -104,12 +104,16 @@ class AmqpServer:
         port: int = 5672,
         http: Any = None,
         tls: ssl.SSLContext | None = None,
+        reuse_port: bool = False,
     ) -> None:
+        """``reuse_port``: share the port with other processes doing the same (SO_REUSEPORT; the kernel spreads
+        new connections over them), as the front ends of ``shardbus serve --frontends M`` do."""
         self.directory = directory
         self.host = host
         self.port = port
         self.http = http
         self.tls = tls
+        self.reuse_port = reuse_port
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.connections: set[Any] = set()  # every open connection's protocol (each has a ``transport``)
         self._server: asyncio.base_events.Server | None = None
@@ -128,7 +132,12 @@ class AmqpServer:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._server = await self.loop.create_server(
-            lambda: _Sniffer(self), self.host, self.port, reuse_address=True, backlog=1024
+            lambda: _Sniffer(self),
+            self.host,
+            self.port,
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,
+            backlog=1024,
         )
         sockets = self._server.sockets or []
         if sockets and self.port == 0:

@@ -7,7 +7,10 @@ copy keeps its topic partition, hence its partition key). ``QueueEntity`` and ``
 - the partition-key rule (model.routing) picks one partition for a keyed message or batch; if that partition
   is unavailable the send fails with ``PartitionUnavailable`` (retriable) and other keys keep working;
 - keyless sends go round-robin, and when the chosen partition is unavailable, or its store fails while
-  writing, the next healthy partition takes the message, so the send succeeds;
+  writing, the next healthy partition takes the message, so the send succeeds. Exactly once: the failed write
+  may have reached the disk all the same (a worker killed after committing), so the partition takes that copy
+  back before it is healthy again (``PartitionBroker.start`` for its own failed writes, and for a worker's
+  partition ``RemotePartition.revoke_in_doubt``), and until then no send or receive uses it;
 - a topic copies each message to every subscription whose rules match, within the same partition.
 """
 
@@ -313,7 +316,7 @@ class _Sender:
         exc = future.exception()
         if exc is None:
             on_done(indices, [None] * len(indices))
-        elif isinstance(exc, PartitionUnavailable):  # the store failed mid-write: keyless batches go elsewhere
+        elif isinstance(exc, PartitionUnavailable):  # failed mid-write (taken back if it landed): keyless go elsewhere
             for i, items, key in zip(indices, item_lists, keys, strict=True):
                 if key is None:
                     self._submit_one(i, None, items, on_done)

@@ -1,22 +1,51 @@
 """A receiver on a queue or subscription: receive fan-out across partitions and the front end's cache.
 
+Theory of operation
+-------------------
 As the seeds describe it: a receive asks every partition for messages, returns what arrives first, and keeps
 the rest in this receiver's cache, their locks running, for the next receive; the receiver never sees
-partitions. A cached message whose lock ran out is dropped from the cache (its partition makes it available
-again). Settlement goes straight to the owning partition, which the lock token names.
+partitions. Settlement goes straight to the owning partition, which the lock token names.
+
+Asking. ``take`` serves the cache first; for what is still missing it sends one request to every partition
+that is worth asking *at once* (``submit_lock_messages``: a remote partition's request goes out without
+waiting, a local one answers at once) and handles each answer as it arrives (``_answered``: the messages join
+the cache). The blocking form waits for the answers of the requests it sent; a front end passes ``on_more``
+instead and is called back (any thread) when an answer brought messages, so its event loop never waits for a
+worker. Per partition the receiver knows:
+
+    asking   a request is in flight          → not asked again until it answers (or REPLY_LIMIT passes)
+    empty    it answered with fewer than asked and no "messages available" event came since the request left
+             → not asked, until such an event (the partition's listener), EMPTY_TRUST seconds (restarts and
+               dead-lettering raise no event) or a health change
+    ready    anything else                   → asked
+
+An event counts only if it came after the request left (an epoch per partition), so an answer that crossed an
+event never marks a partition empty. Only the main queue keeps "empty": dead-letter sub-queues raise no events.
+All partitions worth asking share a budget of about twice the request (at least one message each), so the
+cache holds at most about one request more than asked for.
+
+Holding. A cached message that no receive call takes within CACHE_HOLD seconds is released to its partition
+(no delivery counted), so another receiver or front end can take it long before its lock would expire; a
+cached message whose lock ran out is dropped (its partition makes it available again). Closing the receiver
+releases what it cached, and messages that arrive after that.
 
 ReceiveAndDelete takes messages the same way but deletes each one as it is handed to the caller, so a
-cached message is never lost: closing the receiver releases what it cached.
+cached message is never lost.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from functools import partial
 
 from ..model.errors import InvalidOperation, MessageLockLost, MessageNotFound, PartitionUnavailable
 from ..model.message import Message, ReceiveMode, SubQueue
@@ -25,6 +54,20 @@ from ..partition.broker import PartitionBroker, Settle
 from .entity import Target
 
 LockRef = Message | uuid.UUID
+
+# A message waits at most this long in a receiver's cache for a receive call, then goes back to its partition.
+# Long enough for a client's next receive (a processing loop, the next credit) to find it; short against the
+# shortest lock the service allows (5 s), so a message handed out from the cache keeps most of its lock, and
+# another front end waits seconds for it instead of the whole lock duration (60 s by default).
+CACHE_HOLD = 2.0
+# How long an empty answer is believed without an event (an idle receiver asks each partition this often).
+EMPTY_TRUST = 2.0
+# A request not answered for this long (a hung worker) no longer holds its partition back, nor a blocking take.
+REPLY_LIMIT = 30.0
+# How long a target's next due time (lock expiry, scheduled message) is reused. Partitions tick every 100 ms
+# and raise an event for what became receivable, so this only bounds how soon a waiter re-checks.
+NEXT_DUE_TTL = 1.0
+NEXT_DUE_RETRY = 0.1
 
 
 def _token(ref: LockRef) -> uuid.UUID:
@@ -80,14 +123,29 @@ class Receiver(Settling):
         self.mode = mode
         self.sub_queue = sub_queue
         self._clock = clock
-        self._cache: deque[Message] = deque()
+        self._cache: deque[tuple[Message, float]] = deque()  # (message, when it was cached: monotonic)
         self._rotation = 0
         self.closed = False
+        self._lock = threading.Lock()
+        self._answers = threading.Condition(self._lock)
+        count = len(target.partitions)
+        self._asking: list[float | None] = [None] * count  # when the request in flight left
+        self._empty: list[float | None] = [None] * count  # when a partition answered "no more"
+        self._epoch = [0] * count  # "messages available" events seen, per partition
+        self._got = [0] * count  # how many the last answer brought
+        self._share = [0] * count  # how many the request in flight asks for
+        self._asked = 0  # messages asked for by the requests in flight
+        self._track_empty = sub_queue is SubQueue.MAIN
+        self._listening = False
+        self._on_more: Callable[[], None] | None = None
+        self._taking = False
+        self._error: BaseException | None = None
+        self._sweep_due: float | None = None
 
     # --- receiving -----------------------------------------------------------------------------------------
     def try_receive(self, max_count: int = 1) -> list[Message]:
-        """Whatever is available now, up to ``max_count``, without waiting (never blocks on I/O in
-        peek-lock mode; in receive-and-delete mode the deletes are waited for)."""
+        """Whatever is available now, up to ``max_count``, without waiting for new messages (peek-lock: waits
+        only for the partitions' answers; receive-and-delete: also for the deletes)."""
         out = self.take(max_count)
         if self.mode is ReceiveMode.RECEIVE_AND_DELETE and out:
             return self._delete_taken(out)
@@ -107,49 +165,211 @@ class Receiver(Settling):
             remaining = math.inf if deadline is None else deadline - now
             if remaining <= 0:
                 return []
-            due = self.target.next_due_ms(self.sub_queue)
+            due = next_due_ms(self.target, self.sub_queue, self._clock)
             wait = min(remaining, 0.5 if due is None else max(0.0, due / 1000 - now))
             self.target.wait(generation, wait)
 
-    def take(self, max_count: int) -> list[Message]:
-        """Lock up to ``max_count`` messages (from the cache first) without waiting for anything. In
+    def take(self, max_count: int, on_more: Callable[[], None] | None = None) -> list[Message]:
+        """Lock up to ``max_count`` messages, from the cache first, then from the partitions. Without
+        ``on_more`` it waits for the answers of the partitions it asked. With ``on_more`` it never waits: it
+        returns what is there, and ``on_more`` is called (once, from any thread) when an answer brings more. In
         receive-and-delete mode the caller then removes them with ``submit_complete`` (front ends do, so as not
         to block on the delete)."""
         if self.closed:
             raise InvalidOperation("The receiver is closed.")
         self.target.check_receive(session=self._sessionless_ok)
-        now_ms = int(self._clock() * 1000)
+        if not self._listening:
+            self._listen()  # before any request leaves, so no event that follows it goes unheard
         out: list[Message] = []
+        with self._lock:
+            self._pop_cached(out, max_count)
+            if len(out) >= max_count:
+                return out
+            requests = self._plan(max_count, max_count - len(out))
+            if on_more is not None:
+                self._on_more = on_more
+                self._taking = True  # answers that arrive before the cache is read again need no call back
+        if requests:
+            self._send(requests)
+        if on_more is not None:
+            with self._lock:
+                self._taking = False
+                self._pop_cached(out, max_count)
+        else:
+            # Waiting: partitions that filled their share may hold more, so they are asked again (with a
+            # larger share, as the empty ones drop out) until the request is met or nobody has more.
+            while requests:
+                self._wait_for([pid for pid, _, _ in requests])
+                with self._lock:
+                    self._pop_cached(out, max_count)
+                    full = {pid for pid, count, _ in requests if self._got[pid] >= count}
+                    requests = self._plan(max_count, max_count - len(out), full) if len(out) < max_count else []
+                if requests:
+                    self._send(requests)
+        if not out and self._error is not None:
+            with self._lock:
+                error, self._error = self._error, None
+            if error is not None:
+                raise error
+        return out
+
+    def _pop_cached(self, out: list[Message], max_count: int) -> None:
+        """Move cached messages whose lock still runs to ``out`` (under the lock)."""
         cache = self._cache
+        if not cache:
+            return
+        now_ms = int(self._clock() * 1000)
         while cache and len(out) < max_count:
-            m = cache.popleft()
+            m = cache.popleft()[0]
             if m.locked_until_ms is not None and m.locked_until_ms > now_ms:
                 out.append(m)
-        need = max_count - len(out)
-        if need <= 0:
-            return out
-        partitions = [p for p in self.target.partitions if p.healthy]
-        if not partitions:
-            return out
+
+    def _plan(self, max_count: int, need: int, among: set[int] | None = None) -> list[tuple[int, int, int]]:
+        """Which partitions (of ``among``) to ask for how many: (partition, count, epoch) (under the lock; marks
+        them asking)."""
+        partitions = self.target.partitions
+        n = len(partitions)
+        if n != len(self._asking):  # never expected (partition counts are fixed), but stay consistent
+            return []
+        now = time.monotonic()
         # Rotate the starting partition so no partition is always asked (and answers) first.
-        self._rotation = (self._rotation + 1) % max(1, len(partitions))
-        partitions = partitions[self._rotation :] + partitions[: self._rotation]
-        # Each partition is asked for the whole request, as the service's front end does; the budget stops
-        # the cache from growing past about one more request (but every partition is asked at least for one
-        # message, so low-volume receives still reach all of them).
-        budget = max(need + len(partitions) - 1, 2 * need)
-        fetched: list[Message] = []
-        for p in partitions:
-            ask = min(need, budget - len(fetched))
-            if ask <= 0:
-                break
+        self._rotation = start = (self._rotation + 1) % n
+        chosen = []
+        for k in range(n):
+            pid = (start + k) % n
+            if among is not None and pid not in among:
+                continue
+            if not partitions[pid].healthy:
+                self._empty[pid] = None  # it may come back with messages and no event
+                continue
+            asked = self._asking[pid]
+            if asked is not None and now - asked < REPLY_LIMIT:
+                continue
+            empty = self._empty[pid]
+            if empty is not None and now - empty < EMPTY_TRUST:
+                continue
+            chosen.append(pid)
+        if not chosen:
+            return []
+        # Ask every partition at least for one, in all about twice the request (fewer while some are in
+        # flight): what arrives beyond the request waits in the cache for the next one.
+        budget = max(need + len(chosen) - 1, 2 * max_count) - self._asked
+        if budget <= 0:
+            return []
+        each = min(max(need, max_count), max(1, -(-budget // len(chosen))))
+        for pid in chosen:
+            if self._asking[pid] is not None:  # gave up on its earlier request: that share is not coming
+                self._asked -= self._share[pid]
+            self._asking[pid] = now
+            self._share[pid] = each
+        self._asked += each * len(chosen)
+        return [(pid, each, self._epoch[pid]) for pid in chosen]
+
+    def _send(self, requests: list[tuple[int, int, int]]) -> None:
+        partitions, slot, queue = self.target.partitions, self.target.slot, self.sub_queue
+        for pid, count, epoch in requests:
             try:
-                fetched.extend(p.lock_messages(self.target.slot, self.sub_queue, ask))
+                future = partitions[pid].submit_lock_messages(slot, queue, count)
+            except Exception as exc:  # a partition that cannot even take the request answers "unavailable"
+                future = Future()
+                future.set_exception(exc)
+            future.add_done_callback(lambda f, pid=pid, count=count, epoch=epoch: self._answered(pid, count, epoch, f))
+
+    def _answered(self, pid: int, count: int, epoch: int, future: Future) -> None:
+        """A partition's answer (any thread): its messages join the cache; a short answer marks it empty."""
+        error = None
+        failed = True
+        try:
+            messages: list[Message] = future.result()
+            failed = False
+        except PartitionUnavailable:
+            messages = []
+        except Exception as exc:
+            messages, error = [], exc
+        wake = None
+        with self._lock:
+            if self._asking[pid] is not None and self._share[pid] == count:
+                self._asking[pid] = None
+                self._asked -= count
+            self._got[pid] = len(messages)
+            closed = self.closed
+            if not closed:
+                now = time.monotonic()
+                short = len(messages) < count and not failed
+                self._empty[pid] = now if short and self._track_empty and self._epoch[pid] == epoch else None
+                if messages:
+                    self._cache.extend((m, now) for m in messages)
+                    if self._sweep_due is None:
+                        self._sweep_due = now + CACHE_HOLD
+                        _sweeper.schedule(self, self._sweep_due)
+                if error is not None:
+                    self._error = error
+                if (messages or error is not None) and not self._taking:
+                    wake, self._on_more = self._on_more, None
+            self._answers.notify_all()
+        if closed:
+            self._release(messages)
+        elif wake is not None:
+            wake()
+
+    def _wait_for(self, pids: list[int]) -> None:
+        """Until the requests to ``pids`` are answered (or REPLY_LIMIT passes)."""
+        deadline = time.monotonic() + REPLY_LIMIT
+        with self._answers:
+            while any(self._asking[pid] is not None for pid in pids):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._answers.wait(remaining)
+
+    def _listen(self) -> None:
+        """Hear the partitions' "messages available" events (from the first request on)."""
+        if not self._listening and self._track_empty and not self.closed:
+            self._listening = True
+            _hub(self.target).add(self)
+
+    def _heard(self, pid: int) -> None:
+        with self._lock:
+            self._epoch[pid] += 1
+            self._empty[pid] = None
+
+    def _unlisten(self) -> None:
+        if self._listening:
+            self._listening = False
+            _hub(self.target).remove(self)
+
+    def _sweep(self) -> None:
+        """Release what waited in the cache longer than CACHE_HOLD (the sweeper thread calls this)."""
+        stale: list[Message] = []
+        with self._lock:
+            now = time.monotonic()
+            cache = self._cache
+            while cache and cache[0][1] + CACHE_HOLD <= now:
+                stale.append(cache.popleft()[0])
+            self._sweep_due = None if not cache else cache[0][1] + CACHE_HOLD
+            if self._sweep_due is not None:
+                _sweeper.schedule(self, self._sweep_due)
+        self._release(stale)
+
+    def _release(self, messages: list[Message]) -> None:
+        """Give messages back to their partitions without counting a delivery and without waiting: one
+        settlement per partition, one by one if the group is refused (a lock in it was lost)."""
+        by_partition: dict[int, list[uuid.UUID]] = {}
+        for m in messages:
+            if m.lock_token is not None:
+                by_partition.setdefault(partition_of_lock_token(m.lock_token), []).append(m.lock_token)
+        slot = self.target.slot
+        for pid, tokens in by_partition.items():
+            partition = self.target.partitions[pid]  # it answered, so it exists
+            try:
+                future = partition.settle(slot, [Settle("release", t) for t in tokens])
+            except MessageLockLost as exc:  # a local partition refuses at once
+                future = Future()
+                future.set_exception(exc)
             except PartitionUnavailable:
                 continue
-        out.extend(fetched[:need])
-        cache.extend(fetched[need:])
-        return out
+            if len(tokens) > 1:
+                future.add_done_callback(lambda f, p=partition, tokens=tokens: _release_each(f, p, slot, tokens))
 
     def _delete_taken(self, messages: list[Message]) -> list[Message]:
         """Complete what a receive-and-delete receive hands out, one store operation per partition."""
@@ -222,13 +442,13 @@ class Receiver(Settling):
         """Give back what the cache still holds (without counting a delivery)."""
         if self.closed:
             return
-        self.closed = True
-        while self._cache:
-            m = self._cache.popleft()
-            try:
-                self._partition(m.lock_token).release(self.target.slot, m.lock_token)
-            except (MessageLockLost, PartitionUnavailable):
-                pass
+        with self._lock:
+            self.closed = True
+            cached = [m for m, _ in self._cache]
+            self._cache.clear()
+            self._answers.notify_all()
+        self._unlisten()
+        self._release(cached)
 
     def __enter__(self) -> Receiver:
         return self
@@ -248,6 +468,119 @@ def settle(
     """Settle one message in its partition; a release needs no write, so gives no future."""
     future = partition.settle(slot, [Settle(outcome, token, reason, description)])
     return None if outcome == "release" else future
+
+
+def _release_each(group: Future, partition: PartitionBroker, slot: int, tokens: list[uuid.UUID]) -> None:
+    """A grouped release was refused (one of its locks was lost): release the others one by one."""
+    if group.cancelled() or group.exception() is None:
+        return
+    for token in tokens:
+        try:
+            partition.settle(slot, [Settle("release", token)])
+        except (MessageLockLost, PartitionUnavailable):
+            continue
+
+
+class _Hub:
+    """The receivers of one target, told of its partitions' "messages available" events: one listener per
+    partition for the target's life (receivers come and go far more often than entities)."""
+
+    def __init__(self, target: Target) -> None:
+        self.slot = target.slot
+        self._lock = threading.Lock()
+        self._receivers: dict[int, weakref.ref[Receiver]] = {}  # replaced, never changed: read without the lock
+        for pid, p in enumerate(target.partitions):
+            # First, so a receiver hears of messages before the entity's listener wakes it; in place, as the
+            # entity's was added, since the partition may be calling its listeners right now (at worst it calls
+            # this one twice).
+            p.listeners.insert(0, partial(self._heard, pid))
+
+    def add(self, receiver: Receiver) -> None:
+        key = id(receiver)
+        with self._lock:
+            self._receivers = {**self._receivers, key: weakref.ref(receiver, lambda _: self._drop(key))}
+
+    def remove(self, receiver: Receiver) -> None:
+        self._drop(id(receiver))
+
+    def _drop(self, key: int) -> None:
+        with self._lock:
+            if key in self._receivers:
+                self._receivers = {k: v for k, v in self._receivers.items() if k != key}
+
+    def _heard(self, pid: int, slot: int) -> None:
+        if slot == self.slot:
+            for ref in self._receivers.values():
+                receiver = ref()
+                if receiver is not None:
+                    receiver._heard(pid)
+
+
+_hubs: weakref.WeakKeyDictionary[Target, _Hub] = weakref.WeakKeyDictionary()
+_hubs_lock = threading.Lock()
+
+
+def _hub(target: Target) -> _Hub:
+    with _hubs_lock:
+        hub = _hubs.get(target)
+        if hub is None:
+            hub = _hubs[target] = _Hub(target)
+        return hub
+
+
+class _Sweeper:
+    """One daemon thread for every receiver of the process: calls ``Receiver._sweep`` when its cache's oldest
+    message reaches CACHE_HOLD. It holds the receivers it will sweep, so a receiver dropped without ``close``
+    still gives its cache back."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Receiver]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, receiver: Receiver, due: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._order), receiver))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="shardbus-receive-cache", daemon=True)
+                self._thread.start()
+            elif self._heap[0][0] == due:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > (now := time.monotonic()):
+                    self._cond.wait(None if not self._heap else self._heap[0][0] - now)
+                _, _, receiver = heapq.heappop(self._heap)
+            if not receiver.closed:
+                try:
+                    receiver._sweep()
+                except Exception:  # a release that cannot be sent: its lock runs out instead
+                    pass
+
+
+_sweeper = _Sweeper()
+_due_cache: weakref.WeakKeyDictionary[Target, dict[int, tuple[float, int | None]]] = weakref.WeakKeyDictionary()
+
+
+def next_due_ms(target: Target, sub_queue: SubQueue, clock: Callable[[], float] = time.time) -> int | None:
+    """``target.next_due_ms`` reused for NEXT_DUE_TTL (an answer that ``clock`` has passed, for NEXT_DUE_RETRY):
+    waiting receivers ask it after every empty receive, and it asks every partition."""
+    now = time.monotonic()
+    cached = _due_cache.get(target, {}).get(int(sub_queue))
+    if cached is not None:
+        asked_at, due = cached
+        age = now - asked_at
+        if age < NEXT_DUE_RETRY or (age < NEXT_DUE_TTL and (due is None or due > clock() * 1000)):
+            return due
+    try:
+        due = target.next_due_ms(sub_queue)
+    except PartitionUnavailable:
+        due = None
+    _due_cache.setdefault(target, {})[int(sub_queue)] = (now, due)
+    return due
 
 
 def receive_deferred(

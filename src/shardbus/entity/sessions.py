@@ -110,8 +110,9 @@ class SessionReceiver(Settling):
         return self.partition
 
     # --- receiving -------------------------------------------------------------------------------------------
-    def take(self, max_count: int) -> list[Message]:
-        """Lock up to ``max_count`` of the session's next messages without waiting."""
+    def take(self, max_count: int, on_more: Callable[[], None] | None = None) -> list[Message]:
+        """Lock up to ``max_count`` of the session's next messages (one partition: its answer is waited for, so
+        ``on_more``, ``Receiver.take``'s call back, is never needed)."""
         if self.closed:
             raise InvalidOperation("The session receiver is closed.")
         return self.partition.lock_session_messages(self.slot, self.session_id, self.token, max_count)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -47,13 +48,14 @@ class HttpFrontend:
 
     def health(self, request: HttpRequest) -> HttpResponse:
         """Alive: the process answers. Ready: the listener accepts connections. Per namespace: entities whose
-        partitions are not all available (their availability is Limited)."""
+        partitions are not all available (their availability is Limited). ``pid``: the process that answered
+        (with ``serve --frontends M``, one of the front ends sharing the port)."""
         namespaces: dict[str, Any] = {}
         for name, ns in self.directory.namespaces.items():
             entities = [d.name for d in ns.list_queues()] + [d.name for d in ns.list_topics()]
             limited = sorted(e for e in entities if ns.availability(e) == "Limited")
             namespaces[name] = {"tier": ns.tier.tier.value, "entities": len(entities), "limited": limited}
-        body = {"alive": True, "ready": self.ready, "namespaces": namespaces}
+        body = {"alive": True, "ready": self.ready, "pid": os.getpid(), "namespaces": namespaces}
         status = 200 if self.ready else 503
         return HttpResponse(status, json.dumps(body).encode(), JSON_TYPE, [("cache-control", "no-store")])
 

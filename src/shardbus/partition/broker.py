@@ -33,6 +33,15 @@ abandon, defer or dead-letter; a crash may forget increments of locks that simpl
 Health: a store error or a stop makes the partition unavailable; every call then raises
 ``PartitionUnavailable``. ``start`` (again) reloads everything from the store.
 
+Sends whose outcome is unknown (in-doubt batches): a write that fails may still have reached the disk (a commit
+whose fsync failed; a worker killed after committing, before its reply left). The sender was told it failed,
+and a keyless batch has already been stored on another partition, so such a batch must not come back. Two
+records make that possible: a failed ``enqueue`` leaves its sequence-number range here, and the next ``start``
+deletes whatever of it the store holds before the partition is healthy again; and an ``enqueue`` that carries a
+``batch_id`` (a front end's request to a worker, whose process may die with this memory) stores a *batch
+record* with its messages (a duplicate-detection entry named ``BATCH_ID_PREFIX``, so no store format changes),
+which the front end names in ``revoke_batches`` once it can reach the partition again.
+
 Threading: one lock guards the state; store writes run on the committer's thread. Methods never block on I/O
 except the ``*_sync`` conveniences, which wait for their write.
 """
@@ -45,6 +54,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..model.entities import RuntimeProperties
@@ -70,6 +80,12 @@ MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 # settings, and remembered for a day: long enough for a forwarder to retry after any restart.
 TRANSFER_ID_PREFIX = "\x00transfer:"
 TRANSFER_ID_RETENTION_MS = 24 * 3600 * 1000
+# Batch records (see "Sends whose outcome is unknown" above) live in the dedup table as
+# "\x00batch:<batch id>:<first seq>:<end seq>". A front end revokes within moments of reaching the partition again
+# (a dead worker prunes nothing, and a (re)started partition counts their age from its start), so two minutes of
+# running time is plenty and keeps the table small.
+BATCH_ID_PREFIX = "\x00batch:"
+BATCH_ID_RETENTION_MS = 120_000
 TTL_EXPIRED_REASON = "TTLExpiredException"
 MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-queue>"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
@@ -178,6 +194,16 @@ def _ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
 
 
+def _batch_key(batch_id: str, first: int, end: int) -> str:
+    return f"{BATCH_ID_PREFIX}{batch_id}:{first}:{end}"
+
+
+def _finished(value: Any) -> Future:
+    done: Future = Future()
+    done.set_result(value)
+    return done
+
+
 def _mark_key(key: str) -> tuple[int, int]:
     slot, queue = key[len(MARK_PREFIX) :].split(":")
     return int(slot), int(queue)
@@ -211,7 +237,8 @@ class PartitionBroker:
         self._committer: GroupCommitter | None = None
         self._healthy = False
         self._failure: str | None = None
-        self._fail_next_write = False
+        self._fail_next_write: str | None = None  # fault injection: "before" or "after" the write lands
+        self._in_doubt: list[tuple[int, int]] = []  # [first, end) of failed enqueues; kept across restarts
         self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
         self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
@@ -246,10 +273,28 @@ class PartitionBroker:
             self._next_seq = self._visible_next = snapshot.meta.get("next_seq", 1)
             self._marks = {_mark_key(k): v for k, v in snapshot.meta.items() if k.startswith(MARK_PREFIX)}
             self._dedup = snapshot.dedup
+            for key in [k for k in self._dedup if k.startswith(BATCH_ID_PREFIX)]:
+                del self._dedup[key]
+                batch_id, first, end = key[len(BATCH_ID_PREFIX) :].rsplit(":", 2)
+                self._batches[batch_id] = (int(first), int(end), now)  # age counts from this start
             for slot, rows in snapshot.rows.items():
                 for row in rows:
                     self._load_row(slot, row, now)
             self._session_states = dict(snapshot.session_states)
+            if self._in_doubt:  # before anyone can see them: gone, and durably so, or the start fails
+                ops: list[Op] = []
+                for first, end in self._in_doubt:
+                    self._revoke_range(first, end, ops)
+                try:
+                    if ops:
+                        store.apply(ops)
+                except StoreError as exc:
+                    store.close()
+                    self._store = self._committer = None
+                    self._reset_memory()
+                    self._failure = str(exc)
+                    raise PartitionUnavailable(self._unavailable_text()) from exc
+                self._in_doubt = []
             self._healthy = True
             self._failure = None
 
@@ -276,9 +321,10 @@ class PartitionBroker:
         """The entity was deleted: stop for good (the namespace removes the store's folder)."""
         self.stop("the entity was deleted")
 
-    def inject_store_failure(self) -> None:
-        """Fault injection for tests: the next store write fails as a disk error would."""
-        self._fail_next_write = True
+    def inject_store_failure(self, after_write: bool = False) -> None:
+        """Fault injection for tests: the next store write fails as a disk error would; ``after_write``: it
+        reaches the disk first (a commit whose outcome is unknown, as when its fsync fails)."""
+        self._fail_next_write = "after" if after_write else "before"
 
     def inject_busy_sends(self, count: int) -> None:
         """Fault injection for tests: the next ``count`` sends are refused with ServerBusy (the partition stays up)."""
@@ -294,6 +340,9 @@ class PartitionBroker:
         self._dedup = {}
         self._session_states: dict[tuple[int, str], bytes] = {}
         self._size = 0
+        self._batches: dict[str, tuple[int, int, int]] = {}  # batch id -> [first, end) seqs, kept since (ms)
+        self._staged: dict[str, tuple[list[int], list[str]]] = {}  # uncommitted batch -> its slots, dedup ids
+        self._revoked_staged: set[str] = set()  # revoked before their commit: never made visible
 
     def _on_store_failure(self, exc: BaseException) -> BaseException:
         with self._lock:
@@ -400,19 +449,104 @@ class PartitionBroker:
     # ------------------------------------------------------------------------------------------------------
     # sending
     # ------------------------------------------------------------------------------------------------------
-    def enqueue(self, items: list[tuple[str | None, list[tuple[int, Message]]]]) -> Future:
+    def enqueue(self, items: list[tuple[str | None, list[tuple[int, Message]]]], batch_id: str | None = None) -> Future:
         """Store messages; each item is (duplicate-detection id or None, [(slot, the copy that slot gets), ...]).
 
         All items commit together or not at all. The future's result is the list of client-visible sequence
-        numbers, one per item, None for a duplicate that duplicate detection dropped.
+        numbers, one per item, None for a duplicate that duplicate detection dropped. With ``batch_id`` the
+        batch is stored with a batch record, so that ``revoke_batches`` can take it back (see the docstring).
         """
         with self._lock:
             self._check()
-            ops, on_commit = self._stage_enqueue(items, _ms(self._clock))
-            return self._write(ops, on_commit)
+            now = _ms(self._clock)
+            first = self._next_seq
+            ops, on_commit = self._stage_enqueue(items, now, batch_id)
+            end = self._next_seq
+            if end == first:  # only duplicates: nothing of it is stored, nothing to revoke
+                return self._write(ops, on_commit)
+            if batch_id is not None:
+                self._batches[batch_id] = (first, end, now)
+                slots = [op[1] for op in ops if op[0] == "put"]
+                dedup_ids = [k for op in ops if op[0] == "dedup" for k, _ in op[1]]
+                self._staged[batch_id] = (slots, dedup_ids)
+                ops.append(("dedup", [(_batch_key(batch_id, first, end), now)]))
+            future = self._write(ops, on_commit)
+        future.add_done_callback(partial(self._enqueue_done, first, end, batch_id))
+        return future
+
+    def _enqueue_done(self, first: int, end: int, batch_id: str | None, future: Future) -> None:
+        """A failed write may have landed all the same: remember its range for the next ``start``."""
+        if batch_id is None and future.exception() is None:
+            return
+        with self._lock:
+            if batch_id is not None:
+                self._staged.pop(batch_id, None)
+                self._revoked_staged.discard(batch_id)
+            if future.exception() is not None:
+                self._in_doubt.append((first, end))
+
+    def revoke_batches(self, batch_ids: list[str]) -> Future:
+        """Take back the batches ``enqueue`` stored under these ids, if it did: their messages and the
+        duplicate-detection entries they made go, as if never sent (idempotent; unknown ids are ignored). A
+        front end calls it for the sends it saw fail in flight, before it uses the partition again. The
+        future's result is how many messages went."""
+        with self._lock:
+            self._check()
+            ops: list[Op] = []
+            gone = 0
+            for batch_id in batch_ids:
+                found = self._batches.pop(batch_id, None)
+                if found is None:
+                    continue
+                first, end, _ = found
+                dedup_gone = [_batch_key(batch_id, first, end)]
+                staged = self._staged.pop(batch_id, None)
+                if staged is None:
+                    gone += self._revoke_range(first, end, ops)
+                else:  # still on its way to the disk: delete behind it, and never make it visible
+                    slots, dedup_ids = staged
+                    self._revoked_staged.add(batch_id)
+                    ops += [("delete", slot, list(range(first, end))) for slot in slots]
+                    for key in dedup_ids:
+                        self._dedup.pop(key, None)
+                    dedup_gone += dedup_ids
+                    gone += end - first
+                ops.append(("dedup_delete", dedup_gone))
+            if not ops:
+                return _finished(0)
+            return self._write(ops, lambda: gone)
+
+    def _revoke_range(self, first: int, end: int, ops: list[Op]) -> int:
+        """Remove the stored messages numbered [first, end) from every slot and sub-queue, with the
+        duplicate-detection entries and batch record they came with; append the store ops. How many went."""
+        gone = 0
+        dedup_gone: list[str] = []
+        deletes: dict[int, list[int]] = {}
+        for q in self._queues.values():
+            entries = q.entries
+            for seq in [s for s in range(first, end) if s in entries]:
+                entry = entries.pop(seq)
+                self._drop_lock(q, entry)
+                self._size -= entry.size
+                deletes.setdefault(entry.slot, []).append(seq)
+                gone += 1
+                msg = entry.msg
+                key = msg.transfer_id if msg.transfer_id is not None else msg.message_id
+                # only the entry this very send made (another send of the id may have made a later one)
+                if key is not None and self._dedup.get(str(key)) == msg.enqueued_time_ms:
+                    del self._dedup[str(key)]
+                    dedup_gone.append(str(key))
+        for batch_id, (b_first, b_end, _) in list(self._batches.items()):
+            if b_first == first:
+                del self._batches[batch_id]
+                dedup_gone.append(_batch_key(batch_id, b_first, b_end))
+        ops += [("delete", slot, seqs) for slot, seqs in deletes.items()]
+        if dedup_gone:
+            ops.append(("dedup_delete", dedup_gone))
+        return gone
 
     def _stage_enqueue(
-        self, items: list[tuple[str | None, list[tuple[int, Message]]]], now: int
+        self, items: list[tuple[str | None, list[tuple[int, Message]]]], now: int, batch_id: str | None = None
     ) -> tuple[list[Op], Callable[[], list[int | None]]]:
         """Validate and number messages; return the store ops and the callback that makes them visible.
         Raises (leaving nothing behind) when the batch is refused."""
@@ -470,7 +604,8 @@ class PartitionBroker:
 
         def make_visible() -> list[int | None]:
             with self._lock:
-                if self._healthy:
+                revoked = batch_id is not None and batch_id in self._revoked_staged
+                if self._healthy and not revoked:
                     touched = self._add_visible(visible)
                     # commits run in submission order, so everything numbered below ``seq`` is now visible
                     self._visible_next = max(self._visible_next, seq)
@@ -1221,7 +1356,7 @@ class PartitionBroker:
     def prune_dedup(self) -> None:
         """Forget message ids older than the duplicate-detection window."""
         with self._lock:
-            if not self._healthy or not self._dedup:
+            if not self._healthy or not (self._dedup or self._batches):
                 return
             now = _ms(self._clock)
             cutoff = now - self.config.dedup_window_ms
@@ -1231,9 +1366,14 @@ class PartitionBroker:
                 for k, seen in self._dedup.items()
                 if seen < (transfer_cutoff if k.startswith(TRANSFER_ID_PREFIX) else cutoff)
             ]
+            for key in stale:
+                del self._dedup[key]
+            batch_cutoff = now - BATCH_ID_RETENTION_MS
+            for batch_id, (first, end, since) in list(self._batches.items()):
+                if since < batch_cutoff and batch_id not in self._staged:
+                    del self._batches[batch_id]
+                    stale.append(_batch_key(batch_id, first, end))
             if stale:
-                for key in stale:
-                    del self._dedup[key]
                 self._write([("dedup_delete", stale)])
 
     def tick(self) -> None:
@@ -1255,6 +1395,15 @@ class PartitionBroker:
                 self._write(writes)
         self._notify(touched)
 
+    def submit_lock_messages(self, slot: int, queue: int, max_count: int) -> Future:
+        """``lock_messages`` as an already answered future (``PartitionHandle``: a remote partition answers later)."""
+        future: Future = Future()
+        try:
+            future.set_result(self.lock_messages(slot, queue, max_count))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
 
 class _FaultableStore:
     """Wraps the real store so tests can make the next write fail like a disk error."""
@@ -1267,10 +1416,12 @@ class _FaultableStore:
         return self._store.load()
 
     def apply(self, ops: list[Op]) -> None:
-        if self._broker._fail_next_write:
-            self._broker._fail_next_write = False
+        when, self._broker._fail_next_write = self._broker._fail_next_write, None
+        if when == "before":
             raise StoreError("injected store failure")
         self._store.apply(ops)
+        if when == "after":
+            raise StoreError("injected store failure (after the write landed)")
 
     def close(self) -> None:
         self._store.close()

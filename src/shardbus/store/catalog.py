@@ -3,16 +3,27 @@
 Messages never go here; each partition has its own store. The catalog is written last when an entity is
 created and first when one is deleted, so a crash in between leaves at worst orphan partition files, which
 ``Namespace.open`` removes.
+
+Several front-end processes may open the same catalog (``shardbus serve --frontends M``). Every write is one
+``BEGIN IMMEDIATE`` transaction (waiting up to ``BUSY_TIMEOUT`` for another process's), so ids from ``next_id``
+stay unique and a name can be inserted once: the second insert of a name raises ``EntityAlreadyExists``.
+``changed`` tells, with SQLite's ``PRAGMA data_version`` (it moves only when another connection commits), whether
+another process wrote since the last ``snapshot``; it costs one statement, no read of the tables.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..model.errors import EntityAlreadyExists, EntityNotFound
+
+BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's write transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -32,6 +43,7 @@ CREATE TABLE IF NOT EXISTS rules (
     created REAL NOT NULL,
     PRIMARY KEY (entity, name)
 );
+CREATE UNIQUE INDEX IF NOT EXISTS entities_unique_name ON entities (IFNULL(parent, 0), lower(name));
 """
 
 
@@ -46,16 +58,54 @@ class CatalogEntry:
     updated: float
 
 
+@dataclass(slots=True)
+class CatalogSnapshot:
+    """Everything the catalog lists, read in one transaction; ``version`` is its ``data_version`` then."""
+
+    entries: list[CatalogEntry]
+    rules: dict[int, list[tuple[str, dict[str, Any], float]]]
+    version: int
+
+
 class Catalog:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # one connection shared by the namespace's threads: statements and transactions take turns
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+        self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(_SCHEMA)  # IF NOT EXISTS: front ends opening it together each wait their turn
+        self._seen_version = self._data_version()
+
+    def _data_version(self) -> int:
+        with self._lock:
+            return self._db.execute("PRAGMA data_version").fetchone()[0]
+
+    def changed(self) -> bool:
+        """Whether another process committed to the catalog since the snapshot last passed to ``seen`` (cheap:
+        one pragma)."""
+        return self._data_version() != self._seen_version
+
+    def snapshot(self) -> CatalogSnapshot:
+        """Every entry and rule, consistently."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                version = self._db.execute("PRAGMA data_version").fetchone()[0]
+                return CatalogSnapshot(self.entries(), self.rules(), version)
+            finally:
+                self._db.execute("COMMIT")
+
+    def seen(self, snapshot: CatalogSnapshot) -> None:
+        """The reader has applied ``snapshot``: ``changed`` compares with it from now on. (Marked only once
+        applied, so that a lookup on another thread never takes a half-applied registry for an up-to-date one.)"""
+        self._seen_version = snapshot.version
 
     def get_meta(self) -> dict[str, Any]:
-        return {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+        with self._lock:
+            return {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
 
     def set_meta(self, values: dict[str, Any]) -> None:
         with self._tx():
@@ -72,14 +122,17 @@ class Catalog:
         return value
 
     def entries(self) -> list[CatalogEntry]:
-        rows = self._db.execute("SELECT id, kind, parent, name, description, created, updated FROM entities")
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, kind, parent, name, description, created, updated FROM entities"
+            ).fetchall()
         return [CatalogEntry(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in rows]
 
     def rules(self) -> dict[int, list[tuple[str, dict[str, Any], float]]]:
         out: dict[int, list[tuple[str, dict[str, Any], float]]] = {}
-        for entity, name, rule, created in self._db.execute(
-            "SELECT entity, name, rule, created FROM rules ORDER BY created"
-        ):
+        with self._lock:
+            rows = self._db.execute("SELECT entity, name, rule, created FROM rules ORDER BY created").fetchall()
+        for entity, name, rule, created in rows:
             out.setdefault(entity, []).append((name, json.loads(rule), created))
         return out
 
@@ -92,8 +145,17 @@ class Catalog:
         description: dict[str, Any],
         rules: list[tuple[str, dict[str, Any]]] = (),
     ) -> float:
+        """Add an entity; EntityAlreadyExists when the name is taken (maybe by another process, a moment ago),
+        EntityNotFound when the parent is gone."""
         now = time.time()
         with self._tx():
+            taken = self._db.execute(
+                "SELECT 1 FROM entities WHERE IFNULL(parent, 0) = ? AND lower(name) = lower(?)", (parent or 0, name)
+            ).fetchone()
+            if taken:
+                raise EntityAlreadyExists(f"The messaging entity '{name}' already exists.")
+            if parent is not None and not self._db.execute("SELECT 1 FROM entities WHERE id=?", (parent,)).fetchone():
+                raise EntityNotFound(f"The parent entity of '{name}' was deleted.")
             self._db.execute(
                 "INSERT INTO entities VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (entry_id, kind, parent, name, json.dumps(description), now, now),
@@ -105,10 +167,12 @@ class Catalog:
     def update(self, entry_id: int, description: dict[str, Any]) -> float:
         now = time.time()
         with self._tx():
-            self._db.execute(
+            cursor = self._db.execute(
                 "UPDATE entities SET description=?, updated=? WHERE id=?",
                 (json.dumps(description), now, entry_id),
             )
+            if cursor.rowcount != 1:
+                raise EntityNotFound(f"The messaging entity {entry_id} was deleted.")
         return now
 
     def delete(self, entry_ids: list[int]) -> None:
@@ -120,6 +184,13 @@ class Catalog:
     def put_rule(self, entity: int, name: str, rule: dict[str, Any]) -> float:
         now = time.time()
         with self._tx():
+            taken = self._db.execute(
+                "SELECT 1 FROM rules WHERE entity=? AND lower(name)=lower(?)", (entity, name)
+            ).fetchone()
+            if taken:
+                raise EntityAlreadyExists(f"The rule '{name}' already exists.")
+            if not self._db.execute("SELECT 1 FROM entities WHERE id=?", (entity,)).fetchone():
+                raise EntityNotFound(f"The subscription of rule '{name}' was deleted.")
             self._db.execute("INSERT INTO rules VALUES (?, ?, ?, ?)", (entity, name, json.dumps(rule), now))
         return now
 
@@ -137,18 +208,30 @@ class Catalog:
             self._db.execute("DELETE FROM rules WHERE entity=? AND name=?", (entity, name))
 
     def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
+        return _Transaction(self._db, self._lock)
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
 
 class _Transaction:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    """A write transaction: this process's other threads wait on the lock, other processes on SQLite's."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
         self._db = db
+        self._lock = lock
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        self._lock.acquire()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        try:
+            self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self._lock.release()

@@ -14,7 +14,10 @@ dropped and the next call connects again. A connection lost during COMMIT leaves
 which is why the broker treats any store error as "partition unavailable" and reloads from the store on restart.
 
 Also here: ``PostgresLeases``, a small lease table (in the ``shardbus`` schema) for partition takeover, timed by
-the database's clock so that the brokers' clocks need not agree.
+the database's clock so that the brokers' clocks need not agree. A store opened with ``lease=(key, owner)`` is
+fenced by it: every batch first checks, inside its own transaction, that ``owner`` still holds an unexpired lease
+on ``key`` (taking a share lock on the lease row, so a takeover waits for the batch's commit), and fails with
+StoreError otherwise. A broker whose lease was lost therefore cannot write, even if it has not noticed yet.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from .base import Op, Row, Snapshot, StoreError, Update
 
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
 LEASE_SCHEMA = "shardbus"
+_REQUIRE_LEASE = f"{LEASE_SCHEMA}.require_lease"
+_LEASE_FENCE_ERROR = "SB001"  # the SQLSTATE require_lease raises
 # Serialises CREATE ... IF NOT EXISTS across processes: concurrent creation of the same schema or table can
 # fail with a unique violation on the catalog instead of being a no-op.
 _DDL_LOCK_KEY = 0x73686172_64627573  # "shardbus"
@@ -146,9 +151,10 @@ def _py_text(raw: bytes) -> str:
 class PostgresStore:
     """A ``MessageStore`` in one PostgreSQL schema. Not thread-safe: its partition's committer serialises use."""
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, lease: tuple[str, str] | None = None) -> None:
         self.dsn = dsn
         self.schema = schema
+        self.lease = lease  # (partition key, owner): every batch requires that lease (see the module docstring)
         self._q = sql.Identifier(schema).as_string()  # quoted once; table names inside are m<int>, always safe
         self._conn: psycopg.Connection | None = None
         self._ops: dict[str, Callable[..., None]] = {
@@ -232,6 +238,8 @@ class PostgresStore:
             # statement without waiting and collects the replies at COMMIT. An error in one statement makes the
             # server skip the rest and the whole block raise.
             with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                if self.lease is not None:
+                    cur.execute(f"SELECT {_REQUIRE_LEASE}(%s, %s)", self.lease)
                 for op in _plan(ops):
                     dispatch[op[0]](cur, *op[1:])
         except psycopg.Error as exc:
@@ -377,6 +385,11 @@ class PostgresLeases:
             f"CREATE SCHEMA IF NOT EXISTS {schema}",
             f"CREATE TABLE IF NOT EXISTS {self._table} (partition_key text PRIMARY KEY, owner text NOT NULL, "
             "expires_at timestamptz NOT NULL)",
+            # the fence of a leased store (PostgresStore(lease=...)): FOR SHARE makes a takeover wait for the batch
+            f"CREATE OR REPLACE FUNCTION {_REQUIRE_LEASE}(k text, o text) RETURNS void LANGUAGE plpgsql AS $$ "
+            f"BEGIN PERFORM 1 FROM {self._table} WHERE partition_key = k AND owner = o AND expires_at > now() "
+            "FOR SHARE; IF NOT FOUND THEN RAISE EXCEPTION 'the lease on partition % is not held by %', k, o "
+            f"USING ERRCODE = '{_LEASE_FENCE_ERROR}'; END IF; END $$",
         ]
         try:
             with self._lock:
@@ -407,6 +420,27 @@ class PostgresLeases:
         with self._lock:
             row = self._run(lambda conn: conn.execute(query, (partition_key, owner, float(ttl_s))).fetchone())
         return row is not None
+
+    def renew(self, owner: str, partition_keys: list[str], ttl_s: float) -> set[str]:
+        """Extend ``owner``'s unexpired leases on these partitions by ``ttl_s`` from now, in one statement; returns
+        the keys renewed. A lease that expired is not renewed even if nobody took it: its holder must stop (the
+        store fence already refuses its writes) and acquire it again."""
+        if not partition_keys:
+            return set()
+        query = (
+            f"UPDATE {self._table} SET expires_at = now() + make_interval(secs => %s) "
+            "WHERE owner = %s AND partition_key = ANY(%s) AND expires_at > now() RETURNING partition_key"
+        )
+        with self._lock:
+            rows = self._run(lambda conn: conn.execute(query, (float(ttl_s), owner, list(partition_keys))).fetchall())
+        return {row[0] for row in rows}
+
+    def holders(self) -> dict[str, str]:
+        """Every unexpired lease: partition key -> holder."""
+        query = f"SELECT partition_key, owner FROM {self._table} WHERE expires_at > now()"
+        with self._lock:
+            rows = self._run(lambda conn: conn.execute(query).fetchall())
+        return dict(rows)
 
     def release(self, partition_key: str, owner: str) -> None:
         """Give the lease up (only if ``owner`` holds it; someone else's lease is left alone)."""
