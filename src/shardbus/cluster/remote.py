@@ -174,10 +174,16 @@ class WorkerLink:
         first_error: str | None = None
         for f in calls:
             try:
-                await asyncio.wrap_future(f, loop=loop)
+                await asyncio.wait_for(asyncio.wrap_future(f, loop=loop), CALL_TIMEOUT)
             except ShardbusError as exc:
                 first_error = first_error or str(exc)  # the later calls fail because the first did
                 p.failure = first_error
+            except TimeoutError:
+                # A reply that never comes would leave the partition down for good: drop the connection instead,
+                # so the link reconnects and restores everything again.
+                p.failure = f"worker {self.name} did not answer while restoring partition {p.key}"
+                self._abort(p.failure)
+                return
         # It stays unhealthy until this is done. Sends refused while it was starting add ids (harmless ones:
         # they were never stored), so repeat until none is left.
         for _ in range(REVOKE_ROUNDS):
@@ -239,6 +245,13 @@ class WorkerLink:
         for future, partition in pending.values():
             if not future.done():
                 future.set_exception(PartitionUnavailable(self._down_text(partition)))
+
+    def _abort(self, reason: str) -> None:
+        """Close the connection (the run loop then fails what is in flight, reconnects and restores)."""
+        log.warning("dropping the connection to worker %s: %s", self.name, reason)
+        amqp = self._amqp
+        if amqp is not None and amqp._protocol is not None and amqp._protocol.transport is not None:
+            amqp._protocol.transport.close()
 
     def health(self, states: dict[str, str | None]) -> None:
         for key, failure in states.items():
