@@ -25,11 +25,26 @@ if [ -z "${SHARDBUS_TEST_POSTGRES_DSN:-}" ]; then
     fi
 fi
 
-.venv/bin/pytest -q -p no:cacheprovider "$@"
-
-# The whole run (no arguments) passes the core and AMQP suites once more with every partition broker in one of two
-# worker processes (tests/conftest.py): remote partitions must behave exactly like local ones.
-if [ "$#" = 0 ]; then
-    SHARDBUS_TEST_WORKERS=2 .venv/bin/pytest -q -p no:cacheprovider tests/core tests/endpoint \
-        --deselect tests/endpoint/test_bench_smoke.py --deselect tests/endpoint/test_scale_bench_smoke.py
+if [ "$#" != 0 ]; then
+    status=0
+    .venv/bin/pytest -q -p no:cacheprovider "$@" || status=$?
+    exit "$status"  # not exec: the EXIT trap stops PostgreSQL
 fi
+
+# The whole run is two passes at once (most tests wait on sockets, timers and fsync, so two share 2 cores well):
+# every suite with partition brokers in the test process, and the core and AMQP suites once more with every
+# partition broker in one of two worker processes (tests/conftest.py): remote partitions must behave exactly like
+# local ones. The store adapter tests touch no partition broker, so they run in the first pass only.
+workers_log=$(mktemp)
+SHARDBUS_TEST_WORKERS=2 .venv/bin/pytest -q -p no:cacheprovider tests/core tests/endpoint \
+    --deselect tests/endpoint/test_bench_smoke.py --deselect tests/endpoint/test_scale_bench_smoke.py \
+    --deselect tests/core/test_store_adapters.py >"$workers_log" 2>&1 &
+workers_pid=$!
+embedded=0
+.venv/bin/pytest -q -p no:cacheprovider --durations=20 || embedded=$?
+remote=0
+wait "$workers_pid" || remote=$?
+echo "--- second pass: core and AMQP suites with SHARDBUS_TEST_WORKERS=2 ---"
+cat "$workers_log"
+rm -f "$workers_log"
+[ "$embedded" = 0 ] && [ "$remote" = 0 ]
