@@ -36,9 +36,8 @@ def _serve_frontends(args: argparse.Namespace) -> int:
     from .http.tls import ensure_certificates, own_certificate
     from .namespace import remove_orphan_partitions
 
-    if args.workers < 1 or getattr(args, "metadata", None):
-        reason = "is not supported with --metadata yet" if args.workers >= 1 else "needs --workers 1 or more"
-        print(f"shardbus: cannot start: --frontends {reason}", file=sys.stderr)
+    if args.workers < 1 and not args.metadata:
+        print("shardbus: cannot start: --frontends needs --workers 1 or more (or --metadata)", file=sys.stderr)
         return 2
     extra = ["--namespace", args.namespace, "--log-level", args.log_level, "--log-format", args.log_format]
     for flag, value in (("--config", args.config), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
@@ -57,14 +56,23 @@ def _serve_frontends(args: argparse.Namespace) -> int:
             tls = ensure_certificates(args.data_dir, [args.host, *(args.tls_host or ())])
         remove_orphan_partitions(args.data_dir)  # here, while no front end can be creating an entity
         supervisor = FrontendSupervisor(
-            args.data_dir, args.host, args.port, args.key, args.workers, args.frontends, extra, args.config is not None
+            args.data_dir,
+            args.host,
+            args.port,
+            args.key,
+            0 if args.metadata else args.workers,
+            args.frontends,
+            extra,
+            args.config is not None,
+            metadata=args.metadata,
         )
         supervisor.stop_on_signals().start()
     except (ShardbusError, OSError, ValueError, RuntimeError) as exc:
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
         return 2
     _print_ready(args, supervisor.port, started, connection_string(args.host, supervisor.port, args.key), tls)
-    print(f"front ends: {args.frontends} processes, workers: {args.workers} processes", flush=True)
+    workers = "registered in the metadata store" if args.metadata else f"{args.workers} processes"
+    print(f"front ends: {args.frontends} processes, workers: {workers}", flush=True)
     try:
         supervisor.serve_until_signal()
     finally:

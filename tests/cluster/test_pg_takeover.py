@@ -308,3 +308,77 @@ def test_a_worker_that_loses_its_leases_stops_those_partitions_and_they_are_plac
     finally:
         for w in workers:
             w.stop()
+
+
+def test_two_front_end_processes_place_partitions_from_the_metadata_store(db, tmp_path):
+    """``shardbus serve --metadata DSN --frontends 2``: two front-end processes on one port, both over the workers
+    registered in the metadata store; whichever front end a client lands on, it reaches every partition."""
+    import json
+    import urllib.request
+
+    from azure.servicebus.management import ServiceBusAdministrationClient
+
+    from shardbus.cluster.metadata import ClusterMetadata
+
+    workers = [WorkerProc("alpha", db), WorkerProc("beta", db)]
+    data = tmp_path / "data"
+    command = [sys.executable, "-m", "shardbus.cli", "serve", "--port", "0", "--data-dir", str(data)]
+    command += ["--metadata", db, "--frontends", "2", "--key", CLUSTER_KEY]
+    with open(tmp_path / "serve.log", "w") as err:
+        serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
+    try:
+        connection_string = ""
+        assert serve.stdout is not None
+        for line in serve.stdout:
+            if line.startswith("connection string: "):
+                connection_string = line.split(": ", 1)[1].strip()
+            if line.startswith("front ends:"):
+                break
+        assert connection_string, (tmp_path / "serve.log").read_text()
+        port = int(connection_string.split("localhost:")[1].split(";")[0])
+        pids = set()
+        for _ in range(200):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
+                pids.add(json.load(response)["pid"])
+            if len(pids) == 2:
+                break
+        assert len(pids) == 2, "both front ends serve the port"
+
+        with ServiceBusAdministrationClient.from_connection_string(
+            connection_string, connection_verify=str(data / "tls" / "ca.pem"), retry_total=0
+        ) as admin:
+            admin.create_queue("orders", enable_partitioning=True)
+        sent = [f"m{i}" for i in range(60)]
+        for n in range(0, len(sent), 10):  # a client each: new connections land on both front ends
+            with (
+                ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client,
+                client.get_queue_sender("orders") as sender,
+            ):
+                sender.send_messages([ServiceBusMessage(b"x", message_id=m) for m in sent[n : n + 10]])
+        metadata = ClusterMetadata(db)
+        try:
+            placed = {k: w for k, w in metadata.placement().items() if k.startswith("sbemulatorns/entities/")}
+        finally:
+            metadata.close()
+        assert len(placed) == 16 and set(placed.values()) == {"alpha", "beta"}, placed
+        got: list[str] = []
+        for _ in range(4):  # receivers on either front end get every message, each once
+            with (
+                ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client,
+                client.get_queue_receiver("orders", max_wait_time=3) as receiver,
+            ):
+                while batch := receiver.receive_messages(max_message_count=50, max_wait_time=3):
+                    for m in batch:
+                        got.append(str(m.message_id))
+                        receiver.complete_message(m)
+            if len(got) >= len(sent):
+                break
+        assert sorted(got) == sorted(sent)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(10)
+        for w in workers:
+            w.stop()

@@ -41,6 +41,7 @@ from .remote import ClusterClient
 from .supervisor import READY_TIMEOUT, LocalCluster, _read_line, remote_partition
 
 KEY_VARIABLE = "SHARDBUS_CLUSTER_KEY"
+METADATA_VARIABLE = "SHARDBUS_METADATA_DSN"
 WATCH_INTERVAL = 0.1
 RETRY_DELAY = 0.5
 
@@ -136,15 +137,21 @@ class FrontendSupervisor:
         frontends: int,
         frontend_args: list[str] | None = None,
         first_alone: bool = False,
+        metadata: str | None = None,
     ) -> None:
         """``frontend_args``: more options for every front end (``--namespace``, ``--config``, TLS, logging);
-        ``first_alone``: start front end 0 before the others (it applies a config)."""
-        if frontends < 1 or workers < 1:
+        ``first_alone``: start front end 0 before the others (it applies a config); ``metadata``: the front ends
+        place partitions on the workers registered in this metadata store (any host) instead of on ``workers``
+        local ones (then 0)."""
+        if frontends < 1 or (workers < 1 and metadata is None):
             raise ValueError("front-end processes share worker processes: give at least one of each")
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port
-        self.cluster = LocalCluster(self.data_dir, workers, key, connect=False, fork=True)
+        self.cluster: LocalCluster | None = None  # with ``metadata`` the workers are not ours
+        if metadata is None:
+            self.cluster = LocalCluster(self.data_dir, workers, key, connect=False, fork=True)
+        self._metadata = metadata
         self._key = key
         self._count = frontends
         self._extra = list(frontend_args or [])
@@ -156,15 +163,19 @@ class FrontendSupervisor:
 
     def start(self) -> FrontendSupervisor:
         """Workers, then the front ends (see the module's docstring); returns once all serve."""
-        self.cluster.start()  # first: forked workers must not inherit the reserved port
+        if self.cluster is not None:
+            self.cluster.start()  # first: forked workers must not inherit the reserved port
         try:
             self._reserved = _reserve_port(self.host, self.port)
             self.port = self._reserved.getsockname()[1]
             command = [sys.executable, "-m", "shardbus.cluster.frontend", "--host", self.host]
             command += ["--data-dir", str(self.data_dir), "--exit-with-parent", *self._extra]
-            for address in self.cluster.addresses:
-                command += ["--worker", f"{address[0]}:{address[1]}"]
             env = dict(os.environ, **{KEY_VARIABLE: self._key})
+            if self.cluster is not None:
+                for address in self.cluster.addresses:
+                    command += ["--worker", f"{address[0]}:{address[1]}"]
+            if self._metadata is not None:  # like the key: in the environment (a DSN may hold a password)
+                env[METADATA_VARIABLE] = self._metadata
             self.frontends = [FrontendProcess(i, command, env) for i in range(self._count)]
             if self._closing.is_set():
                 raise RuntimeError("stopped by a signal while starting")
@@ -213,7 +224,8 @@ class FrontendSupervisor:
             fe.terminate()
         for fe in self.frontends:
             fe.stop()
-        self.cluster.close()
+        if self.cluster is not None:
+            self.cluster.close()
         if self._reserved is not None:
             self._reserved.close()
 
@@ -258,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5672)
     parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--worker", action="append", type=_address, required=True, metavar="HOST:PORT")
+    parser.add_argument("--worker", action="append", type=_address, default=[], metavar="HOST:PORT")
     parser.add_argument("--namespace", default=None)
     parser.add_argument("--config", default=None)
     parser.add_argument("--tls-cert", default=None)
@@ -277,12 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     key = os.environ.get(KEY_VARIABLE, DEFAULT_KEY)
     if args.exit_with_parent:
         _exit_with_parent()
-    cluster = AttachedCluster(args.data_dir, args.worker, key)
-    if not cluster.wait_connected():
-        cluster.close()
-        print("shardbus front end: cannot reach the workers", file=sys.stderr)
-        return 2
+    metadata = os.environ.get(METADATA_VARIABLE)
     options: dict[str, Any] = {} if args.namespace is None else {"namespace": args.namespace}
+    cluster: AttachedCluster | None = None
+    if metadata:  # partitions on the workers registered in the metadata store (placement.MetadataCluster)
+        options["metadata"] = metadata
+    elif args.worker:
+        cluster = options["cluster"] = AttachedCluster(args.data_dir, args.worker, key)
+        if not cluster.wait_connected():
+            cluster.close()
+            print("shardbus front end: cannot reach the workers", file=sys.stderr)
+            return 2
+    else:
+        print(f"shardbus front end: give --worker addresses or {METADATA_VARIABLE}", file=sys.stderr)
+        return 2
     try:
         broker = Broker(
             data_dir=args.data_dir,
@@ -293,13 +313,13 @@ def main(argv: list[str] | None = None) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_hosts=args.tls_host or (),
-            cluster=cluster,
             reuse_port=True,
             remove_orphans=False,  # the supervisor did, before any front end could be creating entities
             **options,
         )
     except (ShardbusError, OSError, ValueError) as exc:
-        cluster.close()
+        if cluster is not None:
+            cluster.close()
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
         return 2
     try:
