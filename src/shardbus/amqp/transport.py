@@ -2,8 +2,13 @@
 
 ``AmqpProtocol`` is an ``asyncio.Protocol`` (callbacks, no per-connection task: cheapest way to run many
 connections). On every ``data_received`` it feeds the bytes to the connection, hands each event to the handler,
-then writes ``data_to_send()`` and closes the socket once the connection is done. It keeps one timer for the
-connection's idle-timeout bookkeeping. A handler that acts later (after awaiting something) calls ``flush()``.
+then writes ``data_to_send()`` (all the answers of that read in one ``transport.write``) and closes the socket once
+the connection is done. A handler that acts later (after awaiting something) calls ``flush()``, which only
+schedules the write (``call_soon``, once): everything the connection produces until the loop gets to it goes out
+in one write, one syscall per connection and loop turn instead of one per reply (a lone request waits for no
+timer, only for the callbacks already queued). A callback that is itself the end of such a batch calls
+``flush_now()``. It keeps one timer for the connection's idle-timeout bookkeeping, moved only when the deadline
+comes earlier (a late timer finds nothing due and is set again).
 
 ``AmqpClient`` is a minimal asyncio client on top: connect with SASL ANONYMOUS/PLAIN, open a session, attach
 senders and receivers, send a message and await its outcome, grant credit and receive deliveries. It is meant for
@@ -63,23 +68,27 @@ class AmqpProtocol(asyncio.Protocol):
         self.handler = handler
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._write_scheduled = False
 
     # ---------------------------------------------------------------------------- asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
         self.flush()
 
     def data_received(self, data: bytes) -> None:
         self.conn.receive_data(data)
         self._dispatch()
-        self.flush()
+        self._write()  # answers made while handling the read go out now, together
 
     def eof_received(self) -> bool | None:
         self.conn.receive_data(b"")
         self._dispatch()
-        self.flush()
+        self._write()  # now: the transport closes itself when this returns
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -103,7 +112,21 @@ class AmqpProtocol(asyncio.Protocol):
                 raise
 
     def flush(self) -> None:
+        """Write pending output at the end of this loop turn (see the module docstring); call on the loop."""
+        if self._write_scheduled or self.transport is None or self._closed:
+            return
+        self._write_scheduled = True
+        self._loop.call_soon(self._write)  # type: ignore[union-attr]
+
+    def flush_now(self) -> None:
+        """Write pending output at once: for callers that run at the end of a loop turn themselves (a callback
+        scheduled to batch work), where deferring once more would only cost another turn."""
+        if self.transport is not None and not self._closed:
+            self._write()
+
+    def _write(self) -> None:
         """Write pending output, close the socket when the connection is done, re-arm the timer."""
+        self._write_scheduled = False
         if self.transport is None or self._closed:
             return
         data = self.conn.data_to_send()
@@ -120,16 +143,18 @@ class AmqpProtocol(asyncio.Protocol):
         if deadline is None:
             return
         if self._timer is not None:
+            if self._timer_at <= deadline:
+                return  # it fires early, finds nothing due and is set again: cheaper than moving it per write
             self._timer.cancel()
-        loop = asyncio.get_running_loop()
         # Connection deadlines are time.monotonic(); asyncio's loop.time() is monotonic too.
-        self._timer = loop.call_at(deadline, self._on_timer)
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._on_timer)  # type: ignore[union-attr]
 
     def _on_timer(self) -> None:
         self._timer = None
         self.conn.tick()
         self._dispatch()
-        self.flush()
+        self._write()
 
 
 async def serve(

@@ -72,7 +72,12 @@ class WorkerLink:
         self._sender: ClientSender | None = None
         self._receiver: ClientReceiver | None = None
         self._pending: dict[int, tuple[Future, RemotePartition | None]] = {}
-        self._outbox: list[bytes] = []
+        # Requests from any thread wait in the outbox; the first one of a burst wakes the loop (one
+        # call_soon_threadsafe per burst), which packs them all into as few transfers as it can (wire.transfers).
+        self._lock = threading.Lock()
+        self._outbox: list[bytes] = []  # packed frames
+        self._flush_scheduled = False
+        self._ready: list[bytes] = []  # transfers waiting for link credit (the loop thread's)
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
@@ -84,9 +89,14 @@ class WorkerLink:
             future.set_exception(PartitionUnavailable(self._down_text(partition)))
             return future
         request_id = next(self._ids)
-        payload = wire.encode_frame([request_id, key, now, operation, args])
+        frame = wire.pack_frame([request_id, key, now, operation, args])
         self._pending[request_id] = (future, partition)
-        self.client.loop.call_soon_threadsafe(self._send, payload)
+        with self._lock:
+            self._outbox.append(frame)
+            if self._flush_scheduled:
+                return future
+            self._flush_scheduled = True
+        self.client.loop.call_soon_threadsafe(self._flush)
         return future
 
     def _down_text(self, partition: RemotePartition | None) -> str:
@@ -97,23 +107,24 @@ class WorkerLink:
         )
 
     # --- the loop thread ---------------------------------------------------------------------------
-    def _send(self, payload: bytes) -> None:
-        self._outbox.append(payload)
-        if len(self._outbox) == 1:
-            self.client.loop.call_soon(self._flush)
-
     def _flush(self) -> None:
+        with self._lock:
+            self._flush_scheduled = False
+            frames, self._outbox = self._outbox, []
+        if frames:
+            self._ready += wire.transfers(frames)
         sender, amqp = self._sender, self._amqp
-        if sender is None or amqp is None or not self.connected:
+        if sender is None or amqp is None or not self.connected or not self._ready:
             return
         link = sender.link
-        count = min(len(self._outbox), link.credit)
+        count = min(len(self._ready), link.credit)
         conn = amqp._conn
-        for payload in self._outbox[:count]:
+        for payload in self._ready[:count]:
             conn.send_transfer(link, b"", payload, settled=True)
-        del self._outbox[:count]
-        amqp._flush()
-        if self._outbox:
+        del self._ready[:count]
+        if amqp._protocol is not None:
+            amqp._protocol.flush_now()  # this already runs once per burst, at the end of a loop turn
+        if self._ready:
             self._wakeup.set()  # wait for credit in the run loop
 
     async def run(self) -> None:
@@ -214,22 +225,22 @@ class WorkerLink:
         receiver = self._receiver
         if receiver is not None and receiver.link.credit < CREDIT // 2:
             receiver.grant(CREDIT)
-        frame = wire.decode_frame(delivery.payload)
-        if frame[0] == 0:  # event: a slot gained messages
-            p = self.partitions.get(frame[1])
-            if p is not None:
-                p._available(frame[2])
-            return
-        request_id, ok, value, health = frame
-        future, partition = self._pending.pop(request_id, (None, None))
-        if partition is not None:
-            partition.failure = health
-        if future is None or future.done():
-            return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(wire.decode_error(value))
+        for frame in wire.decode_frames(delivery.payload):
+            if frame[0] == 0:  # event: a slot gained messages
+                p = self.partitions.get(frame[1])
+                if p is not None:
+                    p._available(frame[2])
+                continue
+            request_id, ok, value, health = frame
+            future, partition = self._pending.pop(request_id, (None, None))
+            if partition is not None:
+                partition.failure = health
+            if future is None or future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(wire.decode_error(value))
 
     def _lost(self, reason: str) -> None:
         self.connected = False
@@ -241,7 +252,9 @@ class WorkerLink:
         for p in self.partitions.values():
             p.failure = reason
         pending, self._pending = self._pending, {}
-        self._outbox.clear()
+        with self._lock:
+            self._outbox.clear()
+        self._ready.clear()
         for future, partition in pending.values():
             if not future.done():
                 future.set_exception(PartitionUnavailable(self._down_text(partition)))

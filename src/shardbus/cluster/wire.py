@@ -2,12 +2,15 @@
 
 The transport is AMQP 1.0 on our own engine (``amqp/``): one connection per front end and worker, a request link
 and a reply link, pre-settled transfers. Each transfer is a plain AMQP message whose only section is one ``data``
-section; inside it a MessagePack array names the call and carries its arguments. MessagePack because the values
+section; inside it a MessagePack array of frames, each a MessagePack array that names the call and carries its
+arguments (or answers one). A sender puts every frame that waits when it writes into as few transfers as it can
+(up to ``BATCH_BYTES`` each): under load one transfer carries many requests or replies, and the per-transfer cost
+(performative, framing, events, link credit) is paid once for all of them. MessagePack because the values
 are our own Python objects (messages with every broker field, settlements, settings) that the store already packs
 this way (``store/records.py``): one encoder for disk and wire, and no AMQP type mapping of broker fields to keep
 in step with the model.
 
-Frames (the MessagePack array in the data section):
+Frames (the elements of the MessagePack array in the data section; one transfer may mix kinds):
 
     request  [id, partition key, now, operation, args]     front end -> worker
     reply    [id, ok, value | [error class, text], health]  worker -> front end
@@ -20,6 +23,7 @@ Frames (the MessagePack array in the data section):
 from __future__ import annotations
 
 import dataclasses
+import operator
 import struct
 import uuid
 from typing import Any
@@ -40,6 +44,18 @@ _EXT_ENUM = 22  # (tag, value) of the model's IntEnums, which would otherwise ar
 _MESSAGE_FIELDS = Message.__slots__
 _ENUMS: dict[int, type] = {1: SubQueue, 2: MessageState, 3: BodyType}
 _ENUM_TAGS = {cls: tag for tag, cls in _ENUMS.items()}
+# Every message crosses the wire twice per send and receive: its packing and unpacking avoid per-field Python
+# calls. The enum members' ext values are made once; a message's fields are read by one attrgetter and set by one
+# generated tuple assignment (as ``dataclasses`` generates code), several times faster than getattr/setattr loops.
+_ENUM_EXTS = {
+    cls: {member: msgpack.ExtType(_EXT_ENUM, bytes([tag, int(member)])) for member in cls}
+    for tag, cls in _ENUMS.items()
+}
+_ENUM_MEMBERS = {bytes([tag, int(member)]): member for tag, cls in _ENUMS.items() for member in cls}
+_message_values = operator.attrgetter(*_MESSAGE_FIELDS)
+_namespace: dict[str, Any] = {}
+exec("def _fill_message(m, values):\n    " + ", ".join(f"m.{f}" for f in _MESSAGE_FIELDS) + ", = values\n", _namespace)
+_fill_message = _namespace["_fill_message"]
 
 # Dataclasses that travel as their field values; the tag is part of the protocol, never reuse one.
 _RECORDS: dict[int, type] = {1: Settle, 2: SlotSettings, 3: PartitionConfig, 4: SlotStats, 5: RuntimeProperties}
@@ -47,17 +63,18 @@ _RECORD_TAGS = {cls: tag for tag, cls in _RECORDS.items()}
 _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _RECORDS.values()}
 
 _DATA_SECTION = b"\x00\x53\x75\xb0"  # described type 0x75 (data), binary with a 4-byte length
+BATCH_BYTES = 256 * 1024  # frames per transfer up to this size: big enough to amortize, small enough to stream
 
 
 def _default(value: Any) -> Any:
-    if isinstance(value, Message):
-        return msgpack.ExtType(_EXT_MESSAGE, _pack([getattr(value, name) for name in _MESSAGE_FIELDS]))
     cls = type(value)
+    if cls is Message or isinstance(value, Message):
+        return msgpack.ExtType(_EXT_MESSAGE, _pack(list(_message_values(value))))
+    exts = _ENUM_EXTS.get(cls)
+    if exts is not None:
+        return exts[value]
     if cls is tuple:
         return list(value)
-    tag = _ENUM_TAGS.get(cls)
-    if tag is not None:
-        return msgpack.ExtType(_EXT_ENUM, bytes([tag, int(value)]))
     tag = _RECORD_TAGS.get(cls)
     if tag is not None:
         return msgpack.ExtType(_EXT_RECORD, _pack([tag, *(getattr(value, f) for f in _RECORD_FIELDS[cls])]))
@@ -66,13 +83,11 @@ def _default(value: Any) -> Any:
 
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_MESSAGE:
-        values = _unpack(data)
         m = Message.__new__(Message)
-        for name, value in zip(_MESSAGE_FIELDS, values, strict=True):
-            setattr(m, name, value)
+        _fill_message(m, _unpack(data))
         return m
     if code == _EXT_ENUM:
-        return _ENUMS[data[0]](data[1])
+        return _ENUM_MEMBERS[data]
     if code == _EXT_RECORD:
         tag, *values = _unpack(data)
         cls = _RECORDS[tag]
@@ -80,9 +95,21 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return records._ext_hook(code, data)
 
 
+# Packers to reuse: ``msgpack.packb`` makes a new one per call, and each allocates (and the kernel maps) a buffer
+# of 256 KB, several times what packing a message costs. A pack takes one from the pool, so the nested packs of
+# ``_default`` and other threads get others; list pop and append are atomic.
+_PACKERS: list[msgpack.Packer] = []
+
+
 def _pack(value: Any) -> bytes:
-    # strict types: int and str subclasses (AMQP types in annotations, the model's enums) keep their type
-    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+    try:
+        packer = _PACKERS.pop()
+    except IndexError:
+        # strict types: int and str subclasses (AMQP types in annotations, the model's enums) keep their type
+        packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
+    data = packer.pack(value)  # a failed pack drops its packer (it may hold part of the value)
+    _PACKERS.append(packer)
+    return data
 
 
 def _unpack(data: bytes) -> Any:
@@ -90,17 +117,59 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, raw=False)
 
 
+def pack_frame(frame: list[Any]) -> bytes:
+    """One frame's MessagePack bytes, to go into a transfer with others (``transfers``)."""
+    return _pack(frame)
+
+
+def transfers(frames: list[bytes]) -> list[bytes]:
+    """Packed frames as the payloads of as few AMQP transfers as ``BATCH_BYTES`` allows (a bigger frame travels
+    alone): each a bare message of one data section holding a MessagePack array of the frames, in order."""
+    out: list[bytes] = []
+    batch: list[bytes] = []
+    size = 0
+    for frame in frames:
+        if batch and size + len(frame) > BATCH_BYTES:
+            out.append(_transfer(batch, size))
+            batch, size = [], 0
+        batch.append(frame)
+        size += len(frame)
+    if batch:
+        out.append(_transfer(batch, size))
+    return out
+
+
+def _transfer(batch: list[bytes], size: int) -> bytes:
+    n = len(batch)  # the MessagePack array header, written by hand: the frames are packed already
+    head = (
+        bytes((0x90 | n,))
+        if n < 16
+        else b"\xdc" + n.to_bytes(2, "big")
+        if n < 0x10000
+        else b"\xdd" + n.to_bytes(4, "big")
+    )
+    return b"".join((_DATA_SECTION, struct.pack(">I", size + len(head)), head, *batch))
+
+
 def encode_frame(frame: list[Any]) -> bytes:
-    """A frame as the payload of one AMQP transfer: a bare message of one data section."""
-    body = _pack(frame)
-    return _DATA_SECTION + struct.pack(">I", len(body)) + body
+    """A frame as the payload of one AMQP transfer of its own."""
+    return transfers([_pack(frame)])[0]
+
+
+def decode_frames(payload: bytes) -> list[list[Any]]:
+    """The frames of one transfer, in order."""
+    if payload[:4] != _DATA_SECTION:
+        raise ValueError("not a shardbus cluster transfer (expected one data section)")
+    (size,) = struct.unpack_from(">I", payload, 4)
+    frames = _unpack(payload[8 : 8 + size])
+    # a peer from before batching sends one bare frame per transfer (its first element is an int, not a frame)
+    return frames if type(frames[0]) is list else [frames]
 
 
 def decode_frame(payload: bytes) -> list[Any]:
-    if payload[:4] != _DATA_SECTION:
-        raise ValueError("not a shardbus cluster frame (expected one data section)")
-    (size,) = struct.unpack_from(">I", payload, 4)
-    return _unpack(payload[8 : 8 + size])
+    """The frame of a transfer that carries one."""
+    (frame,) = decode_frames(payload)
+    return frame
 
 
 def encode_error(exc: BaseException) -> list[str]:

@@ -238,7 +238,9 @@ class WorkerConnection:
         self.protocol: AmqpProtocol | None = None
         self.amqp: Connection | None = None
         self.replies: Any = None  # our sending link
-        self.outbox: list[bytes] = []
+        self.outbox: list[bytes] = []  # packed reply and event frames, sent together once per loop turn
+        self._ready: list[bytes] = []  # transfers waiting for link credit
+        self._drain_scheduled = False
         self.opened: set[str] = set()  # partition keys this front end opened (it gets their events)
         self._now = 0.0  # the time the request being served carried
         self.closed = False
@@ -248,7 +250,8 @@ class WorkerConnection:
         self.protocol = protocol
         conn = self.amqp = protocol.conn
         if isinstance(e, E.DeliveryReceived):
-            self._request(wire.decode_frame(e.payload))
+            for frame in wire.decode_frames(e.payload):
+                self._request(frame)
             if e.link.credit < CREDIT // 2:
                 conn.flow(e.link, link_credit=CREDIT)
         elif isinstance(e, E.FlowReceived):
@@ -333,22 +336,31 @@ class WorkerConnection:
             health = f"partition {key} is not served by this worker" if key else None
         else:
             health = None if broker.healthy else (broker.failure or "stopped")
-        self.send(wire.encode_frame([request_id, ok, value, health]))
+        self.send(wire.pack_frame([request_id, ok, value, health]))
 
-    def send(self, payload: bytes) -> None:
-        self.outbox.append(payload)
-        self._drain()
+    def send(self, frame: bytes) -> None:
+        """Queue a packed frame (on the loop): what a loop turn queues goes out together (``wire.transfers``)."""
+        self.outbox.append(frame)
+        if not self._drain_scheduled and self.worker.loop is not None:
+            self._drain_scheduled = True
+            self.worker.loop.call_soon(self._drain)
 
     def _drain(self) -> None:
+        self._drain_scheduled = False
         link, conn = self.replies, self.amqp
         if link is None or conn is None or self.closed or conn.is_done:
             return
-        count = min(len(self.outbox), link.credit)
-        for payload in self.outbox[:count]:
+        if self.outbox:
+            self._ready += wire.transfers(self.outbox)
+            self.outbox = []
+        count = min(len(self._ready), link.credit)
+        if not count:
+            return
+        for payload in self._ready[:count]:
             conn.send_transfer(link, b"", payload, settled=True)
-        del self.outbox[:count]
+        del self._ready[:count]
         if self.protocol is not None:
-            self.protocol.flush()
+            self.protocol.flush_now()  # already at the end of a loop turn (or in a flow's handling)
 
     # --- special operations (not PartitionBroker methods) ------------------------------------------
     def _open(self, key: str, config: PartitionConfig) -> None:
@@ -416,13 +428,30 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._threads = ThreadPoolExecutor(4, thread_name_prefix="shardbus-worker-store")
         self._events: set[tuple[str, int]] = set()
+        self._soon: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []  # for the loop, from any thread
+        self._soon_lock = threading.Lock()
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop, from any thread. A group commit completes many writes at once: their
+        replies share one wake-up of the loop (one ``call_soon_threadsafe`` per burst) and, in order, one turn."""
         assert self.loop is not None
+        with self._soon_lock:
+            self._soon.append((fn, args))
+            if len(self._soon) > 1:
+                return
         try:
-            self.loop.call_soon_threadsafe(fn, *args)
+            self.loop.call_soon_threadsafe(self._run_soon)
         except RuntimeError:  # the loop closed: the worker is stopping
             pass
+
+    def _run_soon(self) -> None:
+        with self._soon_lock:
+            calls, self._soon = self._soon, []
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:  # one failed reply must not drop the others of its burst
+                log.exception("worker callback %r failed", fn)
 
     def in_thread(self, fn: Callable[..., Any], *args: Any) -> Future:
         return self._threads.submit(fn, *args)
@@ -437,10 +466,10 @@ class Worker:
     def _send_events(self) -> None:
         events, self._events = self._events, set()
         for key, slot in events:
-            payload = wire.encode_frame([0, key, slot])
+            frame = wire.pack_frame([0, key, slot])
             for conn in list(self.connections):
                 if key in conn.opened:
-                    conn.send(payload)
+                    conn.send(frame)
 
     async def serve(self, host: str, port: int, ready: Callable[[int], None] | None = None) -> None:
         self.loop = asyncio.get_running_loop()

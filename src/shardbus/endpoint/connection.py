@@ -236,7 +236,8 @@ class ServiceBusConnection:
             except Exception:  # a bug in one connection closes that connection only
                 log.exception("internal error", extra=self._context())
                 self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
-        self._flush()
+        if self.protocol is not None:
+            self.protocol.flush_now()  # a burst's callback already: no need to wait for another loop turn
 
     # ------------------------------------------------------------------------------------------------------
     # connection, SASL, sessions
@@ -705,8 +706,8 @@ class ServiceBusConnection:
                 continue
             token = uuid_of_bytes_le(ref.delivery_tag)
             if type(e.state) is Accepted:
-                if not self._pending_completes:
-                    self.loop.call_soon(self._flush_completes)  # once every event of this read is handled
+                if not self._pending_completes:  # once every event of this read is handled:
+                    self.loop.call_soon(self._flush_completes, True)
                 self._pending_completes.append((ref, state.receiver, token, e.settled))
                 continue
             if self._pending_completes:
@@ -716,10 +717,10 @@ class ServiceBusConnection:
             else:
                 self._settle_delivery(ref, state.receiver, token, e.state, e.settled)
 
-    def _flush_completes(self) -> None:
+    def _flush_completes(self, write_now: bool = False) -> None:
         """Complete what the client accepted, one store operation per receiver and partition (all-or-nothing
         there, so a group with a lost lock is settled one by one to give each delivery its own outcome); echo
-        the unsettled ones with range dispositions."""
+        the unsettled ones with range dispositions (written at once with ``write_now``: the read's last step)."""
         pending, self._pending_completes = self._pending_completes, []
         if not pending or self.closed or self.amqp.is_done:
             return
@@ -742,9 +743,22 @@ class ServiceBusConnection:
             # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
             for future in futures:
                 future.add_done_callback(_log_failure)
-            for ref, _, _, settled in items:
-                if not settled and ref.link.attached:
-                    echo.setdefault(id(ref.link.session), (ref.link, []))[1].append(ref.delivery_id)
+            self._echo_accepted(items, echo)
+        self._send_echoes(echo)
+        if write_now and self.protocol is not None:
+            self.protocol.flush_now()
+        else:
+            self._flush()
+
+    @staticmethod
+    def _echo_accepted(items: list[tuple[Any, Any, uuid.UUID, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
+        """Note the unsettled deliveries of ``items`` for an ``accepted`` echo, by session (``_send_echoes``)."""
+        for ref, _, _, settled in items:
+            if not settled and ref.link.attached:
+                echo.setdefault(id(ref.link.session), (ref.link, []))[1].append(ref.delivery_id)
+
+    def _send_echoes(self, echo: dict[int, tuple[Any, list[int]]]) -> None:
+        """Echo ``accepted`` for the noted deliveries: one range disposition per run of consecutive ids."""
         for link, ids in echo.values():
             # Only ids in the list may be covered: the others in between may be another link's deliveries.
             ids.sort()
@@ -755,7 +769,6 @@ class ServiceBusConnection:
                     start = did
                 prev = did
             self.amqp.disposition(link, start, None if prev == start else prev, state=Accepted())
-        self._flush()
 
     # ------------------------------------------------------------------------------------------------------
     # AMQP transactions (a coordinator link declares and discharges; transfers and dispositions carry
@@ -891,9 +904,9 @@ class ServiceBusConnection:
     def _group_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
         """A remote partition answered a grouped complete: echo it, or settle one by one for each own outcome."""
         if future.exception() is None:
-            for ref, _, _, settled in items:
-                if not settled and ref.link.attached:
-                    self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=Accepted())
+            echo: dict[int, tuple[Any, list[int]]] = {}
+            self._echo_accepted(items, echo)
+            self._send_echoes(echo)  # range dispositions, as for local partitions
             return
         for ref, _, token, settled in items:
             self._settle_delivery(ref, receiver, token, Accepted(), settled)
