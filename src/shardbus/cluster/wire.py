@@ -95,21 +95,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return records._ext_hook(code, data)
 
 
-# Packers to reuse: ``msgpack.packb`` makes a new one per call, and each allocates (and the kernel maps) a buffer
-# of 256 KB, several times what packing a message costs. A pack takes one from the pool, so the nested packs of
-# ``_default`` and other threads get others; list pop and append are atomic.
-_PACKERS: list[msgpack.Packer] = []
-
-
-def _pack(value: Any) -> bytes:
-    try:
-        packer = _PACKERS.pop()
-    except IndexError:
-        # strict types: int and str subclasses (AMQP types in annotations, the model's enums) keep their type
-        packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
-    data = packer.pack(value)  # a failed pack drops its packer (it may hold part of the value)
-    _PACKERS.append(packer)
-    return data
+# strict types: int and str subclasses (AMQP types in annotations, the model's enums) keep their type
+_pack = records.PackerPool(default=_default, use_bin_type=True, strict_types=True).pack
 
 
 def _unpack(data: bytes) -> Any:

@@ -34,10 +34,31 @@ def register_type(tag: int, cls: type, to_plain: Any, from_plain: Any) -> None:
     _registered_by_type[cls] = tag
 
 
+class PackerPool:
+    """Reusable MessagePack packers. ``msgpack.packb`` makes a new packer per call, and each allocates (and the
+    kernel maps) a 256 KB buffer, several times what packing a message costs; one shared packer is no better, as
+    a ``default`` hook runs Python code mid-pack, letting another thread (or a nested pack) into the same buffer.
+    A pack takes a packer from the pool, so nested packs and other threads get others (list pop and append are
+    atomic)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._free: list[msgpack.Packer] = []
+
+    def pack(self, value: Any) -> bytes:
+        try:
+            packer = self._free.pop()
+        except IndexError:
+            packer = msgpack.Packer(**self._options)
+        data = packer.pack(value)  # a failed pack drops its packer (it may hold part of the value)
+        self._free.append(packer)
+        return data
+
+
 def _default(value: Any) -> Any:
     tag = _registered_by_type.get(type(value))
     if tag is not None:
-        return msgpack.ExtType(_EXT_PICKLED_TYPE, msgpack.packb((tag, _registered[tag][1](value)), default=_default))
+        return msgpack.ExtType(_EXT_PICKLED_TYPE, _packer.pack((tag, _registered[tag][1](value))))
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
@@ -62,7 +83,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-_packer = msgpack.Packer(default=_default, use_bin_type=True)
+_packer = PackerPool(default=_default, use_bin_type=True)
 
 
 def pack_message(m: Message) -> bytes:
