@@ -497,9 +497,9 @@ def test_lease_survives_a_lost_connection(pg_dsn: str, leases: Callable[[], Post
     a = leases()
     key = f"ns/orders/{uuid.uuid4().hex}"
     assert a.acquire(key, "broker-a", 30)
-    assert a._conn is not None
+    backend = a._db.run(lambda conn: conn.info.backend_pid)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(%s)", (a._conn.info.backend_pid,))
+        conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
     with pytest.raises(StoreError):
         a.acquire(key, "broker-a", 30)
     assert a.acquire(key, "broker-a", 30)  # reconnected; the lease was kept

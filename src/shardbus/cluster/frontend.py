@@ -38,7 +38,7 @@ from typing import Any
 
 from ..partition.handle import PartitionHandle, PartitionSpec
 from .remote import ClusterClient
-from .supervisor import READY_TIMEOUT, LocalCluster, _read_line, remote_partition
+from .supervisor import READY_TIMEOUT, LocalCluster, _read_line, remote_partition, stop_child
 
 KEY_VARIABLE = "SHARDBUS_CLUSTER_KEY"
 METADATA_VARIABLE = "SHARDBUS_METADATA_DSN"
@@ -112,16 +112,8 @@ class FrontendProcess:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM: the front end closes its namespaces (queued writes finish), then exits."""
-        if self.process is None:
-            return
-        self.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        if self.process is not None:
+            stop_child(self.process, timeout)
 
 
 class FrontendSupervisor:

@@ -28,7 +28,7 @@ from psycopg import sql
 
 from ..model.errors import PartitionUnavailable
 from ..store.base import StoreError
-from ..store.postgres import LEASE_SCHEMA, PostgresLeases, _connect, _create_ddl
+from ..store.postgres import LEASE_SCHEMA, PostgresLeases, SharedConnection, _create_ddl
 
 log = logging.getLogger("shardbus.cluster")
 
@@ -41,8 +41,7 @@ class ClusterMetadata:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.leases = PostgresLeases(dsn)
-        self._lock = threading.Lock()
-        self._conn: psycopg.Connection | None = None
+        self._db = SharedConnection(dsn, "cluster metadata")
         self._table = f"{sql.Identifier(LEASE_SCHEMA).as_string()}.workers"
         ddl = [
             f"CREATE TABLE IF NOT EXISTS {self._table} (name text PRIMARY KEY, address text NOT NULL, "
@@ -51,17 +50,7 @@ class ClusterMetadata:
         self._run(lambda conn: _create_ddl(conn, ddl))
 
     def _run(self, action: Callable[[psycopg.Connection], object]) -> object:
-        with self._lock:
-            conn = self._conn
-            if conn is None or conn.closed:
-                conn = self._conn = _connect(self.dsn)
-            try:
-                return action(conn)
-            except psycopg.Error as exc:
-                if conn.broken or conn.closed:
-                    self._conn = None
-                    conn.close()
-                raise StoreError(f"cluster metadata failed: {exc}") from exc
+        return self._db.run(action)
 
     # --- the worker registry ---------------------------------------------------------------------------
     def register(self, name: str, address: str, ttl_s: float) -> None:
@@ -109,10 +98,7 @@ class ClusterMetadata:
 
     def close(self) -> None:
         self.leases.close()
-        with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        self._db.close()
 
 
 class WorkerMembership:

@@ -89,17 +89,21 @@ class WorkerProcess:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM: the worker flushes every partition's store, then exits."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        if self.process is not None:
+            stop_child(self.process, timeout)
+
+
+def stop_child(process: subprocess.Popen[str] | ForkedWorker, timeout: float) -> None:
+    """SIGTERM (the child finishes what it must, then exits), SIGKILL after ``timeout``; closes its stdout pipe."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
 
 
 class ForkedWorker:

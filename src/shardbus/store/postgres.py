@@ -368,6 +368,36 @@ def postgres_store_factory(
     return for_partition
 
 
+class SharedConnection:
+    """One connection for several threads (calls take turns behind a lock), opened on first use and replaced after
+    it breaks; driver errors are raised as StoreError saying what failed."""
+
+    def __init__(self, dsn: str, what: str) -> None:
+        self.dsn = dsn
+        self.what = what
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection | None = None
+
+    def run(self, action: Callable[[psycopg.Connection], Any]) -> Any:
+        with self._lock:
+            conn = self._conn
+            if conn is None or conn.closed:
+                conn = self._conn = _connect(self.dsn)
+            try:
+                return action(conn)
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    self._conn = None
+                    conn.close()
+                raise StoreError(f"{self.what} failed: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
 class PostgresLeases:
     """Time-limited ownership of partitions, one row per partition key in ``shardbus.leases``.
 
@@ -377,8 +407,7 @@ class PostgresLeases:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self._lock = threading.Lock()
-        self._conn: psycopg.Connection | None = None
+        self._db = SharedConnection(dsn, "lease table")
         schema = sql.Identifier(LEASE_SCHEMA).as_string()
         self._table = f"{schema}.leases"
         ddl = [
@@ -392,23 +421,13 @@ class PostgresLeases:
             f"USING ERRCODE = '{_LEASE_FENCE_ERROR}'; END IF; END $$",
         ]
         try:
-            with self._lock:
-                self._run(lambda conn: _create_ddl(conn, ddl))
+            self._run(lambda conn: _create_ddl(conn, ddl))
         except StoreError:
             self.close()
             raise
 
     def _run(self, action: Callable[[psycopg.Connection], Any]) -> Any:
-        conn = self._conn
-        if conn is None or conn.closed:
-            conn = self._conn = _connect(self.dsn)
-        try:
-            return action(conn)
-        except psycopg.Error as exc:
-            if conn.broken or conn.closed:
-                self._conn = None
-                conn.close()
-            raise StoreError(f"lease table failed: {exc}") from exc
+        return self._db.run(action)
 
     def acquire(self, partition_key: str, owner: str, ttl_s: float) -> bool:
         """Take or renew the lease for ``ttl_s`` seconds: succeeds when it is free, expired or already ours."""
@@ -417,8 +436,7 @@ class PostgresLeases:
             "ON CONFLICT (partition_key) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at "
             "WHERE l.owner = EXCLUDED.owner OR l.expires_at <= now() RETURNING owner"
         )
-        with self._lock:
-            row = self._run(lambda conn: conn.execute(query, (partition_key, owner, float(ttl_s))).fetchone())
+        row = self._run(lambda conn: conn.execute(query, (partition_key, owner, float(ttl_s))).fetchone())
         return row is not None
 
     def renew(self, owner: str, partition_keys: list[str], ttl_s: float) -> set[str]:
@@ -431,32 +449,25 @@ class PostgresLeases:
             f"UPDATE {self._table} SET expires_at = now() + make_interval(secs => %s) "
             "WHERE owner = %s AND partition_key = ANY(%s) AND expires_at > now() RETURNING partition_key"
         )
-        with self._lock:
-            rows = self._run(lambda conn: conn.execute(query, (float(ttl_s), owner, list(partition_keys))).fetchall())
+        rows = self._run(lambda conn: conn.execute(query, (float(ttl_s), owner, list(partition_keys))).fetchall())
         return {row[0] for row in rows}
 
     def holders(self) -> dict[str, str]:
         """Every unexpired lease: partition key -> holder."""
         query = f"SELECT partition_key, owner FROM {self._table} WHERE expires_at > now()"
-        with self._lock:
-            rows = self._run(lambda conn: conn.execute(query).fetchall())
+        rows = self._run(lambda conn: conn.execute(query).fetchall())
         return dict(rows)
 
     def release(self, partition_key: str, owner: str) -> None:
         """Give the lease up (only if ``owner`` holds it; someone else's lease is left alone)."""
         query = f"DELETE FROM {self._table} WHERE partition_key = %s AND owner = %s"
-        with self._lock:
-            self._run(lambda conn: conn.execute(query, (partition_key, owner)))
+        self._run(lambda conn: conn.execute(query, (partition_key, owner)))
 
     def holder(self, partition_key: str) -> str | None:
         """Who holds an unexpired lease on the partition, if anyone."""
         query = f"SELECT owner FROM {self._table} WHERE partition_key = %s AND expires_at > now()"
-        with self._lock:
-            row = self._run(lambda conn: conn.execute(query, (partition_key,)).fetchone())
+        row = self._run(lambda conn: conn.execute(query, (partition_key,)).fetchone())
         return None if row is None else row[0]
 
     def close(self) -> None:
-        with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+        self._db.close()
