@@ -9,6 +9,7 @@ that is durable when ``apply`` returns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -46,6 +47,23 @@ class Update(NamedTuple):
 #   ("dedup_delete", [message_id, ...])
 #   ("session_state", slot, session_id, bytes | None)
 Op = tuple[Any, ...]
+OP_NAMES = (
+    "put",
+    "delete",
+    "update",
+    "create_slot",
+    "drop_slot",
+    "meta",
+    "dedup",
+    "dedup_prune",
+    "dedup_delete",
+    "session_state",
+)
+
+
+def op_handlers(adapter: object) -> dict[str, Callable[..., None]]:
+    """An adapter's dispatch table: each operation name to its ``_<name>`` method."""
+    return {name: getattr(adapter, f"_{name}") for name in OP_NAMES}
 
 
 @dataclass(slots=True)

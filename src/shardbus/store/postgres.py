@@ -32,7 +32,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from .base import Op, Row, Snapshot, StoreError, Update
+from .base import Op, Row, Snapshot, StoreError, Update, op_handlers
 
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
 LEASE_SCHEMA = "shardbus"
@@ -157,18 +157,7 @@ class PostgresStore:
         self.lease = lease  # (partition key, owner): every batch requires that lease (see the module docstring)
         self._q = sql.Identifier(schema).as_string()  # quoted once; table names inside are m<int>, always safe
         self._conn: psycopg.Connection | None = None
-        self._ops: dict[str, Callable[..., None]] = {
-            "put": self._put,
-            "delete": self._delete,
-            "update": self._update,
-            "create_slot": self._create_slot,
-            "drop_slot": self._drop_slot,
-            "meta": self._meta,
-            "dedup": self._dedup,
-            "dedup_prune": self._dedup_prune,
-            "dedup_delete": self._dedup_delete,
-            "session_state": self._session_state,
-        }
+        self._ops = op_handlers(self)
         q = self._q
         try:
             _create_ddl(

@@ -9,11 +9,10 @@ rowid is the partition-relative sequence number, so rows need no second index.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .base import Op, Row, Snapshot, StoreError
+from .base import Op, Row, Snapshot, StoreError, op_handlers
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -67,18 +66,7 @@ class SqliteStore:
             self._db.executescript(_SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
-        self._ops: dict[str, Callable[..., None]] = {
-            "put": self._put,
-            "delete": self._delete,
-            "update": self._update,
-            "create_slot": self._create_slot,
-            "drop_slot": self._drop_slot,
-            "meta": self._meta,
-            "dedup": self._dedup,
-            "dedup_prune": self._dedup_prune,
-            "dedup_delete": self._dedup_delete,
-            "session_state": self._session_state,
-        }
+        self._ops = op_handlers(self)
 
     # --- reading -------------------------------------------------------------------------------------------
     def load(self) -> Snapshot:
