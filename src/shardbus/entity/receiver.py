@@ -21,8 +21,9 @@ worker. Per partition the receiver knows:
 
 An event counts only if it came after the request left (an epoch per partition), so an answer that crossed an
 event never marks a partition empty. Only the main queue keeps "empty": dead-letter sub-queues raise no events.
-All partitions worth asking share a budget of about twice the request (at least one message each), so the
-cache holds at most about one request more than asked for.
+Each partition worth asking is asked for the whole request while that stays small (WHOLE_REQUEST_LIMIT messages
+in all), so a backlog in one partition comes back in one receive; beyond that they share a budget of about twice
+the request (at least one message each), so the cache holds at most about one request more than asked for.
 
 Holding. A cached message that no receive call takes within CACHE_HOLD seconds is released to its partition
 (no delivery counted), so another receiver or front end can take it long before its lock would expire; a
@@ -64,6 +65,10 @@ CACHE_HOLD = 2.0
 EMPTY_TRUST = 2.0
 # A request not answered for this long (a hung worker) no longer holds its partition back, nor a blocking take.
 REPLY_LIMIT = 30.0
+# Every partition is asked for the whole request, as the service's front end does (a backlog in one partition
+# comes back in one receive), while that asks for at most this many messages in all; larger requests share a
+# budget of about twice the request, so the cache never holds much more than one request beyond what was asked.
+WHOLE_REQUEST_LIMIT = 256
 # How long a target's next due time (lock expiry, scheduled message) is reused. Partitions tick every 100 ms
 # and raise an event for what became receivable, so this only bounds how soon a waiter re-checks.
 NEXT_DUE_TTL = 1.0
@@ -257,6 +262,8 @@ class Receiver(Settling):
         if budget <= 0:
             return []
         each = min(max(need, max_count), max(1, -(-budget // len(chosen))))
+        if need * len(chosen) <= WHOLE_REQUEST_LIMIT:
+            each = max(each, need)
         for pid in chosen:
             if self._asking[pid] is not None:  # gave up on its earlier request: that share is not coming
                 self._asked -= self._share[pid]
