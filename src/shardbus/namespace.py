@@ -61,7 +61,7 @@ from .model.tiers import MB, Quotas, Tier, TierRules
 from .partition.broker import PartitionBroker, PartitionConfig, SlotSettings
 from .partition.handle import PartitionFactory, PartitionHandle, PartitionSpec
 from .store.base import StoreError
-from .store.catalog import Catalog, CatalogSnapshot
+from .store.catalog import Catalog, CatalogSnapshot, Limit
 from .store.sqlite import SqliteStore
 
 DEFAULT_NAMESPACE = "sbemulatorns"
@@ -568,20 +568,38 @@ class Namespace:
                     f"The forwarding destination '{target}' of '{own_path}' does not exist: create it first."
                 )
 
-    def _check_quotas(self, partitioned: bool) -> None:
-        if len(self._entities) >= self.quotas.max_entities:
-            raise QuotaExceeded(
+    def _entity_limits(self, partitioned: bool) -> list[Limit]:
+        """The quotas a new queue or topic must fit in (checked here and again in the catalog's transaction)."""
+        limits = [
+            Limit(
+                self.quotas.max_entities,
                 f"The maximum number of queues and topics ({self.quotas.max_entities}) in namespace "
-                f"'{self.name}' has been reached."
+                f"'{self.name}' has been reached.",
             )
-        limit = self.quotas.max_partitioned_entities
-        if partitioned and limit is not None:
-            count = sum(1 for e in self._entities.values() if e.description.enable_partitioning)
-            if count >= limit:
-                raise QuotaExceeded(
-                    f"The maximum number of partitioned queues and topics ({limit}) in namespace '{self.name}' "
-                    f"has been reached ({self.tier.tier.value} tier)."
+        ]
+        most = self.quotas.max_partitioned_entities
+        if partitioned and most is not None:
+            limits.append(
+                Limit(
+                    most,
+                    f"The maximum number of partitioned queues and topics ({most}) in namespace '{self.name}' "
+                    f"has been reached ({self.tier.tier.value} tier).",
+                    partitioned_only=True,
                 )
+            )
+        return limits
+
+    def _check_quotas(self, limits: list[Limit]) -> None:
+        """Refuse early, before any partition is made, by this front end's count (the catalog has the last word)."""
+        entities = self._entities.values()
+        for limit in limits:
+            count = (
+                sum(1 for e in entities if e.description.enable_partitioning)
+                if limit.partitioned_only
+                else len(entities)
+            )
+            if count >= limit.most:
+                raise QuotaExceeded(limit.message)
 
     def _create_sender_entity(self, desc: QueueDescription | TopicDescription) -> Any:
         with self._lock:
@@ -592,7 +610,8 @@ class Namespace:
                 self._check_forwarding(desc, desc.name)
             if desc.name.lower() in self._entities:
                 raise EntityAlreadyExists(f"The messaging entity '{self.name}/{desc.name}' already exists.")
-            self._check_quotas(desc.enable_partitioning)
+            limits = self._entity_limits(desc.enable_partitioning)
+            self._check_quotas(limits)
             entity_id = self.catalog.next_id()
             if isinstance(desc, QueueDescription):
                 entity: Any = self._open_queue(entity_id, desc)
@@ -605,7 +624,9 @@ class Namespace:
                     self._wait(
                         [p.create_slot(QUEUE_SLOT, self._slot_settings(desc, desc.name)) for p in entity.partitions]
                     )
-                created = self.catalog.insert(entity_id, desc.kind.value, None, desc.name, desc.to_dict())
+                created = self.catalog.insert(
+                    entity_id, desc.kind.value, None, desc.name, desc.to_dict(), limits=limits
+                )
             except BaseException as exc:
                 for p in entity.partitions:
                     p.stop("creation failed")
@@ -709,11 +730,13 @@ class Namespace:
             self._check_forwarding(desc, desc.path)
             if name.lower() in topic.subscriptions:
                 raise EntityAlreadyExists(f"The messaging entity '{self.name}/{desc.path}' already exists.")
-            if len(topic.subscriptions) >= self.quotas.max_subscriptions_per_topic:
-                raise QuotaExceeded(
-                    f"The maximum number of subscriptions ({self.quotas.max_subscriptions_per_topic}) of topic "
-                    f"'{topic.path}' has been reached."
-                )
+            limit = Limit(
+                self.quotas.max_subscriptions_per_topic,
+                f"The maximum number of subscriptions ({self.quotas.max_subscriptions_per_topic}) of topic "
+                f"'{topic.path}' has been reached.",
+            )
+            if len(topic.subscriptions) >= limit.most:
+                raise QuotaExceeded(limit.message)
             self._require_healthy(topic.partitions, f"create subscription '{desc.path}'")
             rule = default_rule or Rule(DEFAULT_RULE_NAME, TrueFilter(), EmptyRuleAction())
             check_child_name(rule.name, "rule")
@@ -728,10 +751,14 @@ class Namespace:
                     desc.name,
                     desc.to_dict(),
                     [(rule.name, rule.to_dict())],
+                    limits=[limit],
                 )
             except EntityAlreadyExists:  # another front end created it a moment ago
                 self._wait([p.drop_slot(slot) for p in topic.partitions])
                 raise EntityAlreadyExists(f"The messaging entity '{self.name}/{desc.path}' already exists.") from None
+            except QuotaExceeded:  # another front end took the last place a moment ago
+                self._wait([p.drop_slot(slot) for p in topic.partitions])
+                raise
             self._created[slot] = (created, created)
             sub = SubscriptionEntity(desc, topic, slot, [rule])
             topic.add_subscription(sub)
@@ -777,10 +804,13 @@ class Namespace:
             check_child_name(rule.name, "rule")
             if any(r.name.lower() == rule.name.lower() for r in sub.rules):
                 raise EntityAlreadyExists(f"The rule '{rule.name}' already exists in '{sub.path}'.")
-            if len(sub.rules) >= self.quotas.max_rules_per_subscription:
-                raise QuotaExceeded(f"The maximum number of rules of '{sub.path}' has been reached.")
+            limit = Limit(
+                self.quotas.max_rules_per_subscription, f"The maximum number of rules of '{sub.path}' has been reached."
+            )
+            if len(sub.rules) >= limit.most:
+                raise QuotaExceeded(limit.message)
             self._require_healthy(sub.partitions, f"add a rule to '{sub.path}'")
-            self.catalog.put_rule(sub.slot, rule.name, rule.to_dict())
+            self.catalog.put_rule(sub.slot, rule.name, rule.to_dict(), limit)
             sub.rules = [*sub.rules, rule]
             return rule
 

@@ -17,11 +17,12 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import EntityAlreadyExists, EntityNotFound
+from ..model.errors import EntityAlreadyExists, EntityNotFound, QuotaExceeded
 
 BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's write transaction
 
@@ -45,6 +46,17 @@ CREATE TABLE IF NOT EXISTS rules (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS entities_unique_name ON entities (IFNULL(parent, 0), lower(name));
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A quota on how many entities (or rules) one parent may have, checked inside the write transaction that
+    would exceed it: front ends sharing the catalog each count from their own view, which may be a moment old,
+    so only the transaction can stop two simultaneous creates from overshooting together."""
+
+    most: int
+    message: str
+    partitioned_only: bool = False  # count only entities whose description enables partitioning
 
 
 @dataclass(slots=True)
@@ -144,9 +156,10 @@ class Catalog:
         name: str,
         description: dict[str, Any],
         rules: list[tuple[str, dict[str, Any]]] = (),
+        limits: Sequence[Limit] = (),
     ) -> float:
         """Add an entity; EntityAlreadyExists when the name is taken (maybe by another process, a moment ago),
-        EntityNotFound when the parent is gone."""
+        EntityNotFound when the parent is gone, QuotaExceeded when the parent already has a limit's most."""
         now = time.time()
         with self._tx():
             taken = self._db.execute(
@@ -156,6 +169,12 @@ class Catalog:
                 raise EntityAlreadyExists(f"The messaging entity '{name}' already exists.")
             if parent is not None and not self._db.execute("SELECT 1 FROM entities WHERE id=?", (parent,)).fetchone():
                 raise EntityNotFound(f"The parent entity of '{name}' was deleted.")
+            for limit in limits:
+                sql = "SELECT COUNT(*) FROM entities WHERE IFNULL(parent, 0) = ?"
+                if limit.partitioned_only:
+                    sql += " AND json_extract(description, '$.enable_partitioning')"
+                if self._db.execute(sql, (parent or 0,)).fetchone()[0] >= limit.most:
+                    raise QuotaExceeded(limit.message)
             self._db.execute(
                 "INSERT INTO entities VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (entry_id, kind, parent, name, json.dumps(description), now, now),
@@ -181,7 +200,7 @@ class Catalog:
                 self._db.execute("DELETE FROM entities WHERE id=?", (entry_id,))
                 self._db.execute("DELETE FROM rules WHERE entity=?", (entry_id,))
 
-    def put_rule(self, entity: int, name: str, rule: dict[str, Any]) -> float:
+    def put_rule(self, entity: int, name: str, rule: dict[str, Any], limit: Limit | None = None) -> float:
         now = time.time()
         with self._tx():
             taken = self._db.execute(
@@ -191,6 +210,10 @@ class Catalog:
                 raise EntityAlreadyExists(f"The rule '{name}' already exists.")
             if not self._db.execute("SELECT 1 FROM entities WHERE id=?", (entity,)).fetchone():
                 raise EntityNotFound(f"The subscription of rule '{name}' was deleted.")
+            if limit is not None:
+                count = self._db.execute("SELECT COUNT(*) FROM rules WHERE entity=?", (entity,)).fetchone()[0]
+                if count >= limit.most:
+                    raise QuotaExceeded(limit.message)
             self._db.execute("INSERT INTO rules VALUES (?, ?, ?, ?)", (entity, name, json.dumps(rule), now))
         return now
 
