@@ -7,9 +7,6 @@ One workload, one client (``shardbus.client.ShardbusClient``), three brokers, al
     rabbitmq    Debian's ``rabbitmq-server`` (a throwaway node, see bench/rabbitmq.py), a durable classic queue,
                 AMQP 1.0 (3.x: the rabbitmq_amqp1_0 plugin; 4.x: built in), SASL PLAIN guest/guest
 
-Until ``shardbus serve`` has ``--workers`` (its ``--help`` does not list it), the shardbus line is a single
-``shardbus serve`` without the flag, labelled "embedded (no --workers yet)", and the workers ratio is n/a.
-
 The workload, per broker (1 KB bodies, message header durable=true, a distinct message-id each):
 
     send       one connection sends N messages, at most ``--window`` unacknowledged transfers in flight; each
@@ -265,12 +262,6 @@ def _free_port() -> int:
 SERVE = [sys.executable, "-c", "import sys; from shardbus.cli import main; sys.exit(main())", "serve"]
 
 
-def serve_has_workers() -> bool:
-    """Whether ``shardbus serve`` takes ``--workers`` (being built alongside this bench)."""
-    done = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=60, env=_child_env())
-    return "--workers" in done.stdout
-
-
 def _child_env() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "PYTHONPATH": str(ROOT / "src") + (os.pathsep + path if path else "")}
@@ -478,7 +469,7 @@ def print_table(targets: list[Target], n: int) -> None:
     print()
 
 
-def print_ratios(targets: list[Target], workers_note: str | None, rabbit_note: str | None) -> None:
+def print_ratios(targets: list[Target], rabbit_note: str | None) -> None:
     by = {t.kind: t for t in targets if t.rates}
 
     def ratio(a: Target, b: Target, phase: str) -> str:
@@ -497,7 +488,7 @@ def print_ratios(targets: list[Target], workers_note: str | None, rabbit_note: s
             f"target >= {WORKERS_TARGET}: {verdict(w2, w1, WORKERS_TARGET)})"
         )
     else:
-        print(f"ratio workers2/workers1: n/a ({workers_note or 'not measured'})")
+        print("ratio workers2/workers1: n/a (not measured)")
     shardbus = [by[k] for k in ("workers1", "workers2", "embedded") if k in by]
     rabbit = by.get("rabbitmq")
     for s in shardbus:
@@ -546,22 +537,16 @@ def main() -> None:
     brokers: list[Any] = []
     targets: list[Target] = []
     rabbit_note: str | None = "--no-rabbitmq" if args.no_rabbitmq or args.workers_only else None
-    workers_note: str | None = None
     try:
         print(
             f"{os.cpu_count()} CPUs; {n} messages per phase, window {args.window}, credit {args.credit}, "
             f"{args.senders} sender(s), {args.receivers} receiver(s)",
             flush=True,
         )
-        if serve_has_workers():
-            plan: list[tuple[str, str, int | None]] = [
-                ("shardbus serve --workers 1", "workers1", 1),
-                ("shardbus serve --workers 2", "workers2", 2),
-            ]
-        else:
-            workers_note = "shardbus serve has no --workers yet"
-            print("shardbus serve has no --workers yet: measuring the embedded broker once", flush=True)
-            plan = [("embedded (no --workers yet)", "embedded", None)]
+        plan: list[tuple[str, str, int | None]] = [
+            ("shardbus serve --workers 1", "workers1", 1),
+            ("shardbus serve --workers 2", "workers2", 2),
+        ]
         for label, kind, workers in plan:
             serve = ShardbusServe(folder / kind, workers)
             brokers.append(serve)
@@ -612,7 +597,7 @@ def main() -> None:
                 line = "  ".join(f"{p} {t.rates[p][-1]:>8,.0f}" for p in PHASES)
                 print(f"run {run + 1}: {t.label:<38} msgs/s  {line}", flush=True)
         print_table(targets, n)
-        print_ratios(targets, workers_note, rabbit_note)
+        print_ratios(targets, rabbit_note)
     finally:
         for t in targets:
             for role in (*t.senders, *t.receivers):

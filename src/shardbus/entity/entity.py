@@ -231,8 +231,10 @@ class _Sender:
     def _requires_session(self) -> bool:
         return False
 
-    def _prepare(self, messages: list[Message]) -> tuple[str | None, list[Any]]:
-        """Check a batch against the entity and route it: (its partition key, the items to store)."""
+    def _prepare(self, messages: list[Message], owned: bool = False) -> tuple[str | None, list[Any]]:
+        """Check a batch against the entity and route it: (its partition key, the items to store). The stored
+        messages are copies unless the caller hands ``owned`` messages over (a front end's freshly decoded ones),
+        so that a caller's later changes never reach a stored message."""
         desc = self.description
         if not desc.status.can_send:
             raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status}).")
@@ -243,8 +245,9 @@ class _Sender:
             )
         key = batch_partition_key(messages, desc.requires_duplicate_detection, len(self.partitions) > 1)
         items = []
+        fan_out = self._fan_out
         for m in messages:
-            items.extend(self._fan_out(m.copy()))
+            items.extend(fan_out(m if owned else m.copy()))
         return key, items
 
     def _submit_prepared(self, key: str | None, items: list[Any]) -> Future:
@@ -260,17 +263,20 @@ class _Sender:
             return done
         return self._submit_prepared(*self._prepare(messages))
 
-    def submit_many(self, batches: list[list[Message]], on_done: Callable[[list[int], list[Any]], None]) -> None:
+    def submit_many(
+        self, batches: list[list[Message]], on_done: Callable[[list[int], list[Any]], None], owned: bool = False
+    ) -> None:
         """Store many independent batches (each all-or-nothing): those bound for the same partition share one
         store operation, so a front end can hand over everything one socket read brought in. ``on_done(indices,
         outcomes)`` reports each batch's outcome (None when stored, else the exception), once per group and from
-        whichever thread finished it. Keyless batches of one call go to one partition, chosen round-robin."""
+        whichever thread finished it. Keyless batches of one call go to one partition, chosen round-robin.
+        ``owned``: the messages are handed over (the caller never touches them again), so they are not copied."""
         groups: dict[int, tuple[list[int], list[list[Any]], list[str | None]]] = {}
         keyless_partition: int | None = None
         n = len(self.partitions)
         for i, messages in enumerate(batches):
             try:
-                key, items = self._prepare(messages)
+                key, items = self._prepare(messages, owned)
             except ShardbusError as exc:
                 on_done([i], [exc])
                 continue
