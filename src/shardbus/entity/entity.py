@@ -235,15 +235,25 @@ class _Sender:
         """Check a batch against the entity and route it: (its partition key, the items to store). The stored
         messages are copies unless the caller hands ``owned`` messages over (a front end's freshly decoded ones),
         so that a caller's later changes never reach a stored message."""
+        desc = self._sendable()
+        return self._route(messages, owned, desc.requires_duplicate_detection, self._requires_session())
+
+    def _sendable(self) -> QueueDescription | TopicDescription:
         desc = self.description
         if not desc.status.can_send:
             raise EntityDisabled(f"Messaging entity '{self.path}' is currently disabled for sending ({desc.status}).")
-        if self._requires_session() and any(m.session_id is None for m in messages):
+        return desc
+
+    def _route(
+        self, messages: list[Message], owned: bool, duplicate_detection: bool, sessions: bool
+    ) -> tuple[str | None, list[Any]]:
+        """``_prepare`` once the entity's own checks passed (done once for many batches by ``submit_many``)."""
+        if sessions and any(m.session_id is None for m in messages):
             raise InvalidOperation(
                 "The SessionId was not set on a message, and it cannot be sent to the entity. Entities that have "
                 "session support enabled can only receive messages that have the SessionId set to a valid value."
             )
-        key = batch_partition_key(messages, desc.requires_duplicate_detection, len(self.partitions) > 1)
+        key = batch_partition_key(messages, duplicate_detection, len(self.partitions) > 1)
         items = []
         fan_out = self._fan_out
         for m in messages:
@@ -274,9 +284,15 @@ class _Sender:
         groups: dict[int, tuple[list[int], list[list[Any]], list[str | None]]] = {}
         keyless_partition: int | None = None
         n = len(self.partitions)
+        try:
+            desc = self._sendable()
+        except ShardbusError as exc:
+            on_done(list(range(len(batches))), [exc] * len(batches))
+            return
+        duplicate_detection, sessions = desc.requires_duplicate_detection, self._requires_session()
         for i, messages in enumerate(batches):
             try:
-                key, items = self._prepare(messages, owned)
+                key, items = self._route(messages, owned, duplicate_detection, sessions)
             except ShardbusError as exc:
                 on_done([i], [exc])
                 continue
