@@ -42,7 +42,7 @@ import time
 from typing import Any
 
 from . import framing
-from .codec import DecodeError
+from .codec import DecodeError, EncodeError, encode
 from .errors import Condition, ConnectionViolation, LinkViolation, LocalProtocolError, SessionViolation
 from .events import (
     ConnectionClosed,
@@ -57,6 +57,7 @@ from .events import (
 from .framing import AMQP_HEADER, FRAME_AMQP, FRAME_SASL, SASL_HEADER, FrameReader, FramingError
 from .link import Link, LinkState
 from .performatives import (
+    Accepted,
     Attach,
     Begin,
     Close,
@@ -69,6 +70,7 @@ from .performatives import (
     InvalidField,
     Open,
     Performative,
+    Released,
     SaslCode,
     SaslMechanisms,
     SndSettleMode,
@@ -90,13 +92,18 @@ _frame_header = struct.Struct(">IBBH").pack  # size, data offset (words), type, 
 _SESSION_FRAMES = frozenset((Transfer, Disposition, Flow, Attach, Detach))
 
 
+_SMALL_UINTS = (b"\x43", *(bytes((0x52, i)) for i in range(1, 256)))
+_pBI = struct.Struct(">BI").pack
+_pII = struct.Struct(">II").pack
+
+
 def _uint(v: int) -> bytes:
     """``v`` as an AMQP uint in its smallest form (as ``codec.e_uint`` writes it)."""
-    if v == 0:
-        return b"\x43"
-    if v < 256:
-        return bytes((0x52, v))
-    return b"\x70" + v.to_bytes(4, "big")
+    if 0 <= v < 256:
+        return _SMALL_UINTS[v]
+    if 0 <= v <= 0xFFFFFFFF:
+        return _pBI(0x70, v)
+    raise EncodeError(f"{v} out of range for uint")
 
 
 def _transfer_head(handle: int, delivery_id: int, tag: bytes, message_format: int, settled: bool) -> bytes:
@@ -104,11 +111,11 @@ def _transfer_head(handle: int, delivery_id: int, tag: bytes, message_format: in
     (every delivery sent pays for this, and the generic encoder costs several times more); ``tag`` < 256 bytes."""
     body = b"".join(
         (
-            _uint(handle),
-            _uint(delivery_id),
+            _SMALL_UINTS[handle] if 0 <= handle < 256 else _uint(handle),
+            _SMALL_UINTS[delivery_id] if 0 <= delivery_id < 256 else _uint(delivery_id),
             bytes((0xA0, len(tag))),
             tag,
-            _uint(message_format),
+            b"\x43" if message_format == 0 else _uint(message_format),
             b"\x41" if settled else b"\x42",
         )
     )
@@ -116,6 +123,47 @@ def _transfer_head(handle: int, delivery_id: int, tag: bytes, message_format: in
     if n < 255:
         return bytes((0x00, 0x53, 0x14, 0xC0, n + 1, 5)) + body
     return b"\x00\x53\x14\xd0" + (n + 4).to_bytes(4, "big") + b"\x00\x00\x00\x05" + body
+
+
+# Delivery states without fields, encoded once (every settlement echo carries one).
+_EMPTY_STATE_BYTES: dict[type, bytes] = {Accepted: Accepted().encode(), Released: Released().encode()}
+
+
+def _disposition_body(
+    role: bool, first: int, last: int | None, settled: bool, state: Any, batchable: bool
+) -> bytes | None:
+    """The encoded ``disposition``, byte for byte what ``Disposition.encode`` gives (trailing nulls and defaults
+    omitted), or None for flags that are not ``bool`` (left to the generic encoder)."""
+    if settled.__class__ is not bool or batchable.__class__ is not bool or role.__class__ is not bool:
+        return None
+    parts = [b"\x41" if role else b"\x42", _uint(first)]
+    if batchable:
+        count = 6
+    elif state is not None:
+        count = 5
+    elif settled:
+        count = 4
+    elif last is not None:
+        count = 3
+    else:
+        count = 2
+    if count > 2:
+        parts.append(b"\x40" if last is None else _uint(last))
+    if count > 3:
+        parts.append(b"\x41" if settled else b"\x42")
+    if count > 4:
+        if state is None:
+            parts.append(b"\x40")
+        else:
+            encoded = _EMPTY_STATE_BYTES.get(state.__class__)
+            parts.append(encoded if encoded is not None else encode(state))
+    if count > 5:
+        parts.append(b"\x41")
+    body = b"".join(parts)
+    n = len(body)
+    if n < 255:
+        return bytes((0x00, 0x53, 0x15, 0xC0, n + 1, count)) + body
+    return b"\x00\x53\x15\xd0" + _pII(n + 4, count) + body
 
 
 class Role(enum.Enum):
@@ -278,12 +326,12 @@ class Connection:
         """When ``tick`` should next be called (monotonic seconds), or None if no timer is needed."""
         if self._phase is not _Phase.AMQP:
             return None
-        deadlines = []
-        if self.idle_timeout:
-            deadlines.append(self._last_received + self.idle_timeout)
-        if self.remote_idle_timeout:
-            deadlines.append(self._last_sent + self.remote_idle_timeout / 2)
-        return min(deadlines) if deadlines else None
+        # called after every write: no list, no min()
+        ours = self._last_received + self.idle_timeout if self.idle_timeout else None
+        if not self.remote_idle_timeout:
+            return ours
+        theirs = self._last_sent + self.remote_idle_timeout / 2
+        return theirs if ours is None or theirs < ours else ours
 
     # ================================================================================ public: SASL
 
@@ -518,8 +566,39 @@ class Connection:
         if settled is None:
             settled = link.snd_settle_mode == SndSettleMode.SETTLED
         did = session.next_delivery_id
-        if state is None and not batchable and len(tag) < 256:
-            first = _transfer_head(link.handle, did, tag, message_format, settled)  # type: ignore[arg-type]
+        lt = len(tag)
+        if state is None and not batchable and lt < 256:
+            # Single-frame fast path: frame header and performative (what _transfer_head encodes) in one join.
+            handle = link.handle
+            if handle is None:  # not attached by us yet: let the checks say so
+                session._check_can_send(link, 1, ignore_credit)
+                raise LocalProtocolError(f"link {link.name!r} has no handle")
+            h = _SMALL_UINTS[handle] if 0 <= handle < 256 else _uint(handle)
+            d = _SMALL_UINTS[did] if did < 256 else _pBI(0x70, did)
+            f = b"\x43" if message_format == 0 else _uint(message_format)
+            n = len(h) + len(d) + lt + len(f) + 3
+            size = _HDR_LEN + 6 + n + len(payload)
+            if n < 255 and size <= self.remote_max_frame_size:
+                session._check_can_send(link, 1, ignore_credit)
+                out = self._pending_amqp if self._pending_amqp is not None else self._out
+                out += b"".join(
+                    (
+                        _frame_header(size, 2, FRAME_AMQP, session.local_channel),
+                        bytes((0x00, 0x53, 0x14, 0xC0, n + 1, 5)),
+                        h,
+                        d,
+                        bytes((0xA0, lt)),
+                        tag,
+                        f,
+                        b"\x41" if settled else b"\x42",
+                    )
+                )
+                out += payload
+                session.next_delivery_id = (did + 1) & 0xFFFFFFFF
+                session._sent_transfer_frames(1)
+                session._record_sent_delivery(link, did, tag, settled)
+                return did
+            first = _transfer_head(handle, did, tag, message_format, settled)
         else:
             first = Transfer(
                 handle=link.handle,  # type: ignore[arg-type]
@@ -583,8 +662,14 @@ class Connection:
     ) -> None:
         """Send a disposition for deliveries ``first..last`` of ``link``'s session, in ``link``'s role."""
         session = link.session
-        d = session._local_disposition(link, first, last, settled, state, batchable)
-        self._send(session.local_channel, d)  # type: ignore[arg-type]
+        session._local_settle(link, first, first if last is None else last, settled)
+        role = link.role
+        body = _disposition_body(role, first, last, settled, state, batchable)
+        if body is None:
+            body = Disposition(role, first, last, settled, state, batchable).encode()
+        out = self._pending_amqp if self._pending_amqp is not None else self._out
+        out += _frame_header(_HDR_LEN + len(body), 2, FRAME_AMQP, session.local_channel)
+        out += body
 
     def settle(self, link: Link, delivery_id: int, state: Any = None) -> None:
         """Settle one delivery with ``state`` (e.g. ``Accepted()``)."""
@@ -628,11 +713,15 @@ class Connection:
         try:
             while True:
                 phase = self._phase
-                if phase is _Phase.AMQP:
-                    frame = reader.next_frame()
-                    if frame is None:
-                        return
-                    self._on_amqp_frame(frame)
+                if phase is _Phase.AMQP:  # the steady state: a tight loop over the frames of this read
+                    next_frame, on_frame = reader.next_frame, self._on_amqp_frame
+                    while True:
+                        frame = next_frame()
+                        if frame is None:
+                            return
+                        on_frame(frame)
+                        if self._phase is not _Phase.AMQP:
+                            break
                 elif phase is _Phase.HEADER:
                     header = reader.read_protocol_header()
                     if header is None:
@@ -742,30 +831,27 @@ class Connection:
             raise ConnectionViolation(Condition.NOT_IMPLEMENTED, f"unsupported SASL frame {type(perf).__name__}")
 
     def _on_amqp_frame(self, frame: framing.Frame) -> None:
-        body = frame.body
+        ftype, channel, body = frame
         if not body:
             return  # heartbeat
-        if frame.type != FRAME_AMQP:
-            raise ConnectionViolation(Condition.FRAMING_ERROR, f"frame type {frame.type} after SASL")
+        if ftype != FRAME_AMQP:
+            raise ConnectionViolation(Condition.FRAMING_ERROR, f"frame type {ftype} after SASL")
         perf, offset = decode_performative(body)
         if self.close_received:
             return  # nothing may follow close
         if not self.open_received:
             if type(perf) is not Open:
                 raise ConnectionViolation(Condition.ILLEGAL_STATE, f"{type(perf).__name__} before open")
-            self._on_open(frame.channel, perf)
+            self._on_open(channel, perf)
             return
-        channel = frame.channel
         session = self._remote_sessions.get(channel)
         t = type(perf)
         if session is not None and t in _SESSION_FRAMES:
             try:
-                session._on_frame(
-                    perf,
-                    body[offset:] if t is Transfer else b"",
-                    self._events,
-                    lambda p: self._session_send(session, p),
-                )
+                if t is Transfer and session.state is SessionState.MAPPED:  # the commonest frame, one layer less
+                    session._on_transfer(perf, body[offset:], self._events, session._send_own)  # type: ignore[arg-type]
+                else:
+                    session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events, session._send_own)
             except LinkViolation as exc:
                 d = session._link_violation(exc, self._events)
                 if d is not None:

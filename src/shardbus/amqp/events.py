@@ -8,7 +8,7 @@ the application still has to answer with its own ``detach``/``end``/``close``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from .link import Link
@@ -171,9 +171,9 @@ class DeliveryAborted(Event):
     delivery_tag: bytes
 
 
-@dataclass(slots=True, frozen=True)
-class DeliveryRef:
-    """An unsettled delivery known to the engine."""
+class DeliveryRef(NamedTuple):
+    """An unsettled delivery known to the engine (immutable; a named tuple because every unsettled delivery
+    sent or received makes one, and a frozen dataclass costs four times as much to build)."""
 
     link: Link
     delivery_id: int

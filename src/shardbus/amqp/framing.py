@@ -74,6 +74,9 @@ def heartbeat_frame() -> bytes:
     return _HDR_pack(8, 2, FRAME_AMQP, 0)
 
 
+_new_frame = tuple.__new__  # Frame(...) without the NamedTuple's Python-level __new__: one per frame received
+
+
 class FrameReader:
     """Incremental splitter over a growing buffer: ``feed`` bytes, then pull headers or frames.
 
@@ -129,4 +132,4 @@ class FrameReader:
         if avail < size:
             return None
         self._pos = p + size
-        return Frame(ftype, channel, bytes(buf[p + doff * 4 : p + size]))
+        return _new_frame(Frame, (ftype, channel, bytes(buf[p + doff * 4 : p + size])))

@@ -244,9 +244,9 @@ class Link:
         if self.link_credit > 0:
             self.link_credit -= 1
 
-    def _on_transfer(self, t: Transfer, payload: bytes, size_limit: int) -> list[Any] | None:
+    def _on_transfer(self, t: Transfer, payload: bytes, size_limit: int) -> tuple[Any, ...] | None:
         """Feed one transfer frame. Returns the completed delivery as
-        ``[delivery_id, tag, format, settled, state, payload, batchable, aborted]`` or None while incomplete."""
+        ``(delivery_id, tag, format, settled, state, payload, batchable, aborted)`` or None while incomplete."""
         if self.role == SENDER:
             raise SessionViolation(Condition.ERRANT_LINK, f"transfer received on our sending link {self.name!r}")
         if self.state is not LinkState.ATTACHED:
@@ -260,8 +260,10 @@ class Link:
             if not t.more and not t.aborted:  # fast path: single-frame delivery
                 if len(payload) > size_limit:
                     raise LinkViolation(self, Condition.MESSAGE_SIZE_EXCEEDED, "message too large")
-                self._spend_credit()
-                return [
+                self.delivery_count = (self.delivery_count + 1) & _MASK  # _spend_credit, inlined
+                if self.link_credit > 0:
+                    self.link_credit -= 1
+                return (
                     t.delivery_id,
                     t.delivery_tag,
                     t.message_format or 0,
@@ -270,7 +272,7 @@ class Link:
                     payload,
                     t.batchable,
                     False,
-                ]
+                )
             p = self._partial = [
                 t.delivery_id,
                 t.delivery_tag,
@@ -291,7 +293,7 @@ class Link:
         if t.aborted:
             self._partial = None
             self._spend_credit()
-            return [p[0], p[1], p[2], p[3], p[4], b"", p[6], True]
+            return (p[0], p[1], p[2], p[3], p[4], b"", p[6], True)
         self._partial_size += len(payload)
         if self._partial_size > size_limit:
             self._partial = None
@@ -302,4 +304,4 @@ class Link:
         self._partial = None
         self._spend_credit()
         chunks = p[5]
-        return [p[0], p[1], p[2], p[3], p[4], chunks[0] if len(chunks) == 1 else b"".join(chunks), p[6], False]
+        return (p[0], p[1], p[2], p[3], p[4], chunks[0] if len(chunks) == 1 else b"".join(chunks), p[6], False)

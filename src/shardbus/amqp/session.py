@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionState"]
 
 _MASK = 0xFFFFFFFF
+_new_ref = tuple.__new__  # DeliveryRef(...) without the NamedTuple's Python-level __new__
 
 
 class SessionState(enum.Enum):
@@ -271,12 +272,19 @@ class Session:
     def _record_sent_delivery(self, link: Link, delivery_id: int, tag: bytes, settled: bool) -> None:
         link._spend_credit()
         if not settled:
-            self.outgoing_unsettled[delivery_id] = DeliveryRef(link, delivery_id, tag)
+            self.outgoing_unsettled[delivery_id] = _new_ref(DeliveryRef, (link, delivery_id, tag))
             link.unsettled[tag] = delivery_id
 
     # ----------------------------------------------------------------------------------- dispositions
 
     def _settle_range(self, mine: dict[int, DeliveryRef], first: int, last: int, pop: bool) -> list[DeliveryRef]:
+        if first == last:  # the common case: one delivery
+            ref = mine.pop(first, None) if pop else mine.get(first)
+            if ref is None:
+                return []
+            if pop:
+                ref.link.unsettled.pop(ref.delivery_tag, None)
+            return [ref]
         count = (last - first) & _MASK
         out: list[DeliveryRef] = []
         if not mine:
@@ -294,17 +302,20 @@ class Session:
                 ref.link.unsettled.pop(ref.delivery_tag, None)
         return out
 
-    def _local_disposition(
-        self, link: Link, first: int, last: int | None, settled: bool, state: Any, batchable: bool
-    ) -> Disposition:
+    def _local_settle(self, link: Link, first: int, last: int, settled: bool) -> None:
+        """Check that a disposition may be sent on ``link`` and forget the deliveries it settles."""
         if self.state is not SessionState.MAPPED:
             raise LocalProtocolError(f"session is {self.state.value}")
         if settled:
-            mine = self.outgoing_unsettled if link.role == SENDER else self.incoming_unsettled
-            self._settle_range(mine, first, first if last is None else last, True)
-        return Disposition(role=link.role, first=first, last=last, settled=settled, state=state, batchable=batchable)
+            self._settle_range(
+                self.outgoing_unsettled if link.role == SENDER else self.incoming_unsettled, first, last, True
+            )
 
     # ------------------------------------------------------------------------------------ frames in
+
+    def _send_own(self, perf: Composite) -> None:
+        """Put a frame the session produces by itself (echo/window flows) on the wire."""
+        self.connection._session_send(self, perf)
 
     def _link_for(self, handle: int) -> Link:
         link = self._by_remote_handle.get(handle)
@@ -380,7 +391,9 @@ class Session:
     def _on_transfer(self, t: Transfer, payload: bytes, events: list[Event], send: Callable[[Composite], None]) -> None:
         if self.incoming_window <= 0:
             raise SessionViolation(Condition.WINDOW_VIOLATION, "transfer beyond the incoming window")
-        link = self._link_for(t.handle)
+        link = self._by_remote_handle.get(t.handle)
+        if link is None:
+            raise SessionViolation(Condition.UNATTACHED_HANDLE, f"no link attached with handle {t.handle}")
         self.incoming_window -= 1
         if self.next_incoming_id is not None:
             self.next_incoming_id = (self.next_incoming_id + 1) & _MASK
@@ -389,8 +402,8 @@ class Session:
             self.incoming_window = self.configured_incoming_window
             send(self._flow())
         limit = self.connection.max_message_size
-        if link.max_message_size:
-            limit = min(limit, link.max_message_size)
+        if link.max_message_size and link.max_message_size < limit:
+            limit = link.max_message_size
         done = link._on_transfer(t, payload, limit)
         if done is None:
             return
@@ -399,20 +412,22 @@ class Session:
             events.append(DeliveryAborted(link, did, tag))
             return
         if not settled:
-            self.incoming_unsettled[did] = DeliveryRef(link, did, tag)
+            self.incoming_unsettled[did] = _new_ref(DeliveryRef, (link, did, tag))
             link.unsettled[tag] = did
         events.append(DeliveryReceived(link, did, tag, settled, fmt, data, state, batchable))
 
     def _on_disposition(self, d: Disposition, events: list[Event]) -> None:
-        last = d.first if d.last is None else d.last
-        if serial_diff(last, d.first) < 0:
+        first = d.first
+        last = d.last
+        if last is None:
+            last = first
+        elif last != first and serial_diff(last, first) < 0:
             raise SessionViolation(Condition.INVALID_FIELD, "disposition with last < first")
         # the peer's role says whose deliveries these are: peer receiver => deliveries we sent
         mine = self.outgoing_unsettled if d.role == RECEIVER else self.incoming_unsettled
-        refs = self._settle_range(mine, d.first, last, bool(d.settled))
-        events.append(
-            DispositionReceived(self, d.role, d.first, last, bool(d.settled), d.state, bool(d.batchable), refs)
-        )
+        settled = bool(d.settled)
+        refs = self._settle_range(mine, first, last, settled)
+        events.append(DispositionReceived(self, d.role, first, last, settled, d.state, bool(d.batchable), refs))
 
     def _link_violation(self, exc: LinkViolation, events: list[Event]) -> Detach | None:
         """Detach the offending link with the violation's error (link-level recovery)."""
