@@ -184,3 +184,40 @@ def test_observing_many_values_at_once_matches_observe() -> None:
         return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
 
     assert exposition(one) == exposition(many)
+
+
+def _properties_then_body(*fields: bytes) -> bytes:
+    """A properties section (list8 of the given encoded fields) and a data section, written by hand."""
+    items = b"".join(fields)
+    return b"\x00\x53\x73\xc0" + bytes((len(items) + 1, len(fields))) + items + b"\x00\x53\x75\xa0\x01b"
+
+
+_NULL = b"\x40"
+_UUID = b"\x98" + bytes(range(16))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _properties_then_body(b"\xa3\x02id"),  # a symbol message-id
+        _properties_then_body("é-ü".encode().join([b"\xa1\x05", b""])),  # multi-byte UTF-8
+        _properties_then_body(_UUID, _NULL, _UUID, b"\xa3\x01s", _UUID, _UUID, b"\xa1\x01c", b"\xa3\x01e"),
+        _properties_then_body(*[_NULL] * 10, b"\xa1\x01g", _NULL, b"\xa3\x01r"),  # group ids, as text and symbol
+        _properties_then_body(_NULL, _NULL, _NULL, _UUID),  # a uuid subject: refused
+        _properties_then_body(_NULL, b"\xa1\x01u"),  # a string user-id: refused
+        _properties_then_body(*[_NULL] * 8, b"\xa1\x01t"),  # a string expiry time: refused
+        _properties_then_body(b"\xa1\x02\xff\xfe"),  # invalid UTF-8: refused
+        _properties_then_body(*[_NULL] * 14),  # more fields than the section has: ignored
+        _properties_then_body(b"\xa1\x09short"),  # a string running past its list
+    ],
+)
+def test_plain_properties_give_the_general_paths_values_types_and_errors(payload: bytes) -> None:
+    try:
+        general = _general(payload)
+    except DecodeError as exc:
+        with pytest.raises(type(exc)):
+            decode_to_message(payload)
+        return
+    fast = decode_to_message(payload)
+    assert _fields(fast) == _fields(general)
+    assert {k: type(v) for k, v in _fields(fast).items()} == {k: type(v) for k, v in _fields(general).items()}

@@ -34,7 +34,7 @@ from ..amqp.message import (
     split_batch,
 )
 from ..amqp.message import BodyType as WireBody
-from ..model.message import BodyType, Message, MessageState, datetime_to_ms
+from ..model.message import BodyType, Message, MessageState, datetime_to_ms, new_message
 from ..store.records import register_type
 
 PARTITION_KEY = t.Symbol("x-opt-partition-key")
@@ -139,6 +139,45 @@ _LISTS = frozenset((0x45, 0xC0, 0xD0))
 _MAPS = frozenset((0xC1, 0xD1))
 
 
+# Fields of the properties list (in wire order) that may hold a string or symbol: message-id, to, reply-to and
+# correlation-id (any type), subject, group-id and reply-to-group-id (string), content-type and
+# content-encoding (symbol, a string accepted); and those that may hold a uuid (any type).
+_TEXT_FIELDS = (True, False, True, True, True, True, True, True, False, False, True, False, True)
+_UUID_FIELDS = (True, False, True, False, True, True, False, False, False, False, False, False, False)
+_uuid_of = _DEC[0x98]
+_PROPERTY_NAMES = [f.name for f in Properties.__dataclass_fields__.values()]
+
+
+def _plain_properties(buf: bytes, p: int) -> tuple[list[Any], int] | None:
+    """The fields of a properties section's list8 at ``p`` (its constructor byte) when every field is null, a
+    str8/sym8 where text is allowed or a uuid where any type is: what a Service Bus sender sets. The values and
+    types are the general decoder's; None for anything else, which that decoder then handles."""
+    if buf[p] != 0xC0:
+        return None
+    end = p + 2 + buf[p + 1]
+    count = buf[p + 2]
+    if count > 13 or end > len(buf):
+        return None
+    p += 3
+    out: list[Any] = [None] * 13
+    for i in range(count):
+        c = buf[p]
+        if c == 0x40:
+            p += 1
+        elif (c == 0xA1 or c == 0xA3) and _TEXT_FIELDS[i]:
+            s = p + 2
+            e = s + buf[p + 1]
+            if e > end:
+                return None
+            out[i] = buf[s:e].decode("utf-8") if c == 0xA1 else codec._symbol(buf[s:e])
+            p = e
+        elif c == 0x98 and _UUID_FIELDS[i]:
+            out[i], p = _uuid_of(buf, p + 1, 1)
+        else:
+            return None
+    return (out, p) if p == end else None
+
+
 def _decode_plain(buf: bytes) -> Message | None:
     """One pass from bytes to ``Message`` for what nearly every sender sends: properties, optionally
     application-properties, then one data section, in that order, nothing else. None for anything else (or
@@ -146,7 +185,7 @@ def _decode_plain(buf: bytes) -> Message | None:
     of such a message is unchanging, so the whole payload is what deliveries carry."""
     n = len(buf)
     p = 0
-    props: Properties | None = None
+    props: list[Any] | None = None  # the properties' 13 fields
     app: dict[Any, Any] | None = None
     body: bytes | None = None
     try:
@@ -169,8 +208,13 @@ def _decode_plain(buf: bytes) -> Message | None:
                 body = buf[start:end]
                 p = end
             elif code == PROPERTIES and props is None and app is None and c in _LISTS:
-                fields, p = _DEC[c](buf, p + 4, 1)
-                props = Properties.from_fields(fields)
+                plain = _plain_properties(buf, p + 3)
+                if plain is None:  # other field types: the general decoder, with its checks
+                    fields, p = _DEC[c](buf, p + 4, 1)
+                    checked = Properties.from_fields(fields)
+                    props = [getattr(checked, name) for name in _PROPERTY_NAMES]
+                else:
+                    props, p = plain
             elif code == APPLICATION_PROPERTIES and app is None and c in _MAPS:
                 app, p = _DEC[c](buf, p + 4, 1)
             else:
@@ -179,22 +223,11 @@ def _decode_plain(buf: bytes) -> Message | None:
         return None
     if body is None:
         return None
-    if props is None:
-        m = Message(body)
-    else:
-        ct = props.content_type
-        m = Message(
-            body,
-            props.message_id,
-            props.group_id,
-            None,
-            props.correlation_id,
-            props.subject,
-            None if ct is None else str(ct),
-            props.to,
-            props.reply_to,
-            props.reply_to_group_id,
-        )
+    m = new_message(body)
+    if props is not None:
+        m.message_id, _, m.to, m.subject, m.reply_to, m.correlation_id, ct, _, _, _, m.session_id, _, rgid = props
+        m.content_type = None if ct is None else str(ct)
+        m.reply_to_session_id = rgid
     if app:
         m.application_properties = {str(k): v for k, v in app.items()}
     m.wire_sections = buf

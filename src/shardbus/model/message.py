@@ -151,3 +151,12 @@ def _make_copier() -> object:
 
 
 _copy_message = _make_copier()
+_BLANK = Message()
+
+
+def new_message(body: bytes) -> Message:
+    """``Message(body)`` for a body already of type bytes, without the dataclass constructor (a front end builds
+    one per message it receives)."""
+    m = _copy_message(_BLANK)
+    m.body = body
+    return m
