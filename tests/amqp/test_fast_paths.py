@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from shardbus.amqp import events as E
 from shardbus.amqp.codec import DecodeError, encode
-from shardbus.amqp.connection import Connection, Role, _disposition_body
+from shardbus.amqp.connection import _disposition_body
 from shardbus.amqp.framing import FRAME_AMQP, encode_frame
 from shardbus.amqp.performatives import (
     _FAST_DECODERS,
@@ -275,43 +275,28 @@ def test_disposition_encoder_leaves_non_bool_flags_to_the_generic_one() -> None:
     assert _disposition_body(True, 1, None, 1, None, False) is None  # type: ignore[arg-type]
 
 
-def _linked(mode: int = SndSettleMode.UNSETTLED) -> tuple[Any, Any, Any]:
-    """A server and client with the server holding the sending end of a link."""
-    client = Connection(Role.CLIENT, "c", hostname="localhost")
-    server = Connection(Role.SERVER, "s")
+def _linked(make_pair: Any, mode: int = SndSettleMode.UNSETTLED) -> tuple[Any, Any, Any]:
+    """A server and client (conftest's ``Pair``) with the server holding the sending end of a link."""
+    pair = make_pair()
+    client = pair.client
     client.open()
     sess = client.begin(incoming_window=1000)
-    client.attach(sess, "r", RECEIVER, source=Source(address="q"), target=Target(), snd_settle_mode=mode)
-    server_link = None
-    for _ in range(10):  # (b"" would mean the peer closed: feed only what there is)
-        if data := client.data_to_send():
-            server.receive_data(data)
-        for ev in server.next_events():
-            if isinstance(ev, E.SaslInit):
-                server.accept_sasl()
-            elif isinstance(ev, E.ConnectionOpened):
-                server.open()
-            elif isinstance(ev, E.SessionBeginRequested):
-                server.begin(ev.session)
-            elif isinstance(ev, E.LinkAttachRequested):
-                server.attach_reply(ev.link)
-                server_link = ev.link
-        if data := server.data_to_send():
-            client.receive_data(data)
-        client.next_events()
-    assert server.is_open and client.is_open and server_link is not None
-    rcv = next(iter(client.sessions[0].links.values()))
+    rcv = client.attach(sess, "r", RECEIVER, source=Source(address="q"), target=Target(), snd_settle_mode=mode)
+    pair.pump()
+    attached = pair.of("server", E.LinkAttachRequested)
+    assert pair.server.is_open and client.is_open and len(attached) == 1
     client.flow(rcv, link_credit=1000)
-    server.receive_data(client.data_to_send())
-    server.next_events()
-    return server, client, server_link
+    pair.pump()
+    return pair.server, client, attached[0].link
 
 
 @pytest.mark.parametrize("tag", [b"", bytes(16), bytes(255)])
 @pytest.mark.parametrize("fmt", [0, 0x80013700])
 @pytest.mark.parametrize("settled", [False, True])
-def test_send_transfer_writes_what_the_generic_encoder_writes(tag: bytes, fmt: int, settled: bool) -> None:
-    server, _client, link = _linked()
+def test_send_transfer_writes_what_the_generic_encoder_writes(
+    make_pair: Any, tag: bytes, fmt: int, settled: bool
+) -> None:
+    server, _client, link = _linked(make_pair)
     server.data_to_send()
     for _ in range(300):  # delivery ids past 255 take the 4-byte form
         did = server.send_transfer(link, tag, b"payload", settled=settled, message_format=fmt)
@@ -319,8 +304,8 @@ def test_send_transfer_writes_what_the_generic_encoder_writes(tag: bytes, fmt: i
         assert server.data_to_send() == encode_frame(FRAME_AMQP, 0, perf.encode() + b"payload")
 
 
-def test_single_and_range_settlement_keep_the_unsettled_maps_in_step() -> None:
-    server, client, link = _linked()
+def test_single_and_range_settlement_keep_the_unsettled_maps_in_step(make_pair: Any) -> None:
+    server, client, link = _linked(make_pair)
     dids = [server.send_transfer(link, bytes([i]), b"x") for i in range(6)]
     session = link.session
     client.receive_data(server.data_to_send())
@@ -351,8 +336,8 @@ def test_single_and_range_settlement_keep_the_unsettled_maps_in_step() -> None:
         ([b"\xa1\x01h", b"\x43", b"\xa0\x01x"], "amqp:invalid-field"),  # handle is a string
     ],
 )
-def test_malformed_transfer_still_closes_the_connection(fields: list[bytes], condition: str) -> None:
-    server, _client, _link = _linked()
+def test_malformed_transfer_still_closes_the_connection(make_pair: Any, fields: list[bytes], condition: str) -> None:
+    server, _client, _link = _linked(make_pair)
     server.data_to_send()
     server.receive_data(encode_frame(FRAME_AMQP, 0, e_body(Transfer, fields, 1) + b"payload"))
     closed = [ev for ev in server.next_events() if isinstance(ev, E.ConnectionClosed)]
