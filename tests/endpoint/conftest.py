@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -38,3 +39,18 @@ def topic(ns):
         return name
 
     return make
+
+
+def _receive_until(receiver, count: int, limit: float) -> list:
+    """Receive until ``count`` messages came or ``limit`` seconds passed (a receive may return fewer)."""
+    got: list = []
+    deadline = time.monotonic() + limit
+    while len(got) < count and time.monotonic() < deadline:
+        got += receiver.receive_messages(max_message_count=count - len(got), max_wait_time=1)
+    return got
+
+
+@pytest.fixture
+def receive_until():
+    """``receive_until(receiver, count, limit)``: the messages received within ``limit`` seconds (up to ``count``)."""
+    return _receive_until

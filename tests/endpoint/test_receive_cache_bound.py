@@ -21,15 +21,9 @@ def _send_one_per_partition(client: ServiceBusClient, queue: str, count: int) ->
             sender.send_messages(ServiceBusMessage(f"{i}", message_id=str(i)))
 
 
-def _receive_until(receiver, count: int, limit: float) -> list:
-    got: list = []
-    deadline = time.monotonic() + limit
-    while len(got) < count and time.monotonic() < deadline:
-        got += receiver.receive_messages(max_message_count=count - len(got), max_wait_time=1)
-    return got
-
-
-def test_cached_messages_nobody_asked_for_go_to_another_receiver_long_before_their_lock_expires(conn_str, queue):
+def test_cached_messages_nobody_asked_for_go_to_another_receiver_long_before_their_lock_expires(
+    conn_str, queue, receive_until
+):
     q = queue(enable_partitioning=True)
     with (
         ServiceBusClient.from_connection_string(conn_str) as first,
@@ -41,7 +35,7 @@ def test_cached_messages_nobody_asked_for_go_to_another_receiver_long_before_the
             # holder's receive cache, locked, for a receive call that never comes.
             (held,) = holder.receive_messages(max_message_count=1, max_wait_time=5)
             started = time.monotonic()
-            rest = _receive_until(other, 2, limit=CACHE_HOLD + 20)
+            rest = receive_until(other, 2, limit=CACHE_HOLD + 20)
             took = time.monotonic() - started
             assert sorted(str(m) for m in [*rest, held]) == ["0", "1", "2"]
             assert took < LOCK / 2  # released by the cache bound, not by lock expiry

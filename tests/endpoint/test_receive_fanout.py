@@ -27,15 +27,7 @@ def cluster_broker(tmp_path):
     b.stop()
 
 
-def _receive(receiver, count: int, limit: float) -> list:
-    got: list = []
-    deadline = time.monotonic() + limit
-    while len(got) < count and time.monotonic() < deadline:
-        got += receiver.receive_messages(max_message_count=count - len(got), max_wait_time=1)
-    return got
-
-
-def test_a_silent_worker_holds_up_only_its_own_partitions(cluster_broker):
+def test_a_silent_worker_holds_up_only_its_own_partitions(cluster_broker, receive_until):
     ns = cluster_broker.namespace
     ns.create_queue("q", enable_partitioning=True)
     with ServiceBusClient.from_connection_string(cluster_broker.connection_string) as client:
@@ -48,7 +40,7 @@ def test_a_silent_worker_holds_up_only_its_own_partitions(cluster_broker):
             with client.get_queue_receiver("q") as receiver, client.get_queue_receiver("q") as second:
                 # The live worker's eight arrive although the other worker's partitions never answer (waiting
                 # for them, as a blocking fan-out would, takes 30 s per call before it gives up).
-                first = _receive(receiver, 16, limit=8)
+                first = receive_until(receiver, 16, limit=8)
                 assert len(first) == 8
                 # The front end's loop is free: another link on it is served at once (nothing left to get).
                 started = time.monotonic()
@@ -59,8 +51,8 @@ def test_a_silent_worker_holds_up_only_its_own_partitions(cluster_broker):
                 os.kill(silent, signal.SIGCONT)
                 silent = None
                 # Its partitions answer the requests that waited; nothing was lost or counted twice.
-                rest = _receive(receiver, 8, limit=30)
-                more = _receive(second, 8 - len(rest), limit=10)  # what waited in the second one's cache
+                rest = receive_until(receiver, 8, limit=30)
+                more = receive_until(second, 8 - len(rest), limit=10)  # what waited in the second one's cache
                 assert sorted(int(str(m)) for m in [*first, *rest, *more]) == list(range(16))
                 assert all(m.delivery_count == 0 for m in [*rest, *more])
                 for m in rest:
