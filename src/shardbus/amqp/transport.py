@@ -53,7 +53,11 @@ def install_uvloop() -> bool:
 
 
 class EventHandler(Protocol):
-    """What an application plugs into ``AmqpProtocol``: called for each event, in order."""
+    """What an application plugs into ``AmqpProtocol``: called for each event, in order.
+
+    A handler may also define ``events_done(protocol)``: called once the events of one read (or timer tick) are
+    all handled, before their answers are written. A handler that gathers work across a read (every settlement
+    or send that one socket read brought) does it there, and its answers share the read's write."""
 
     def handle_event(self, protocol: AmqpProtocol, event: E.Event) -> None: ...
 
@@ -72,6 +76,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_scheduled = False
+        self._events_done: Callable[[AmqpProtocol], None] | None = getattr(handler, "events_done", None)
 
     # ---------------------------------------------------------------------------- asyncio callbacks
 
@@ -104,12 +109,17 @@ class AmqpProtocol(asyncio.Protocol):
     # ---------------------------------------------------------------------------------------- helpers
 
     def _dispatch(self) -> None:
-        for ev in self.conn.next_events():
-            try:
+        events = self.conn.next_events()
+        if not events:
+            return
+        try:
+            for ev in events:
                 self.handler.handle_event(self, ev)
-            except Exception as exc:  # an application bug must not leave the peer hanging
-                self.conn.close(Error("amqp:internal-error", f"{type(exc).__name__}: {exc}"))
-                raise
+            if self._events_done is not None:
+                self._events_done(self)
+        except Exception as exc:  # an application bug must not leave the peer hanging
+            self.conn.close(Error("amqp:internal-error", f"{type(exc).__name__}: {exc}"))
+            raise
 
     def flush(self) -> None:
         """Write pending output at the end of this loop turn (see the module docstring); call on the loop."""

@@ -84,6 +84,10 @@ MANAGEMENT_SUFFIX = "/$management"
 DEAD_LETTER_CONDITION = "com.microsoft:dead-letter"
 WINDOW = 0x7FFFFFFF
 SENDER_CREDIT = 10_000
+# A large answer to a flow goes out in two writes: the first EARLY_WRITE + 1 deliveries at once, so the client
+# decodes them while this loop encodes the rest (with one write at the end it would wait for all of them).
+# SDK receive-and-delete, median ratio of 6 interleaved rounds: 0.74 with one write, 0.83 with two.
+EARLY_WRITE = 7
 MAX_PUMP = 256  # deliveries produced per pump before yielding to other connections
 
 
@@ -210,6 +214,14 @@ class ServiceBusConnection:
         if link is not None:
             context["link"] = getattr(link, "name", None)
         return context
+
+    def events_done(self, protocol: Any) -> None:
+        """Every event of one socket read is handled: store its sends and complete its settlements together
+        (one store operation per partition); the answers go out in the read's write."""
+        if self._pending_sends:
+            self._flush_sends()
+        if self._pending_completes:
+            self._flush_completes()
 
     def connection_lost(self, protocol: Any) -> None:
         self._cleanup()
@@ -484,9 +496,7 @@ class ServiceBusConnection:
         except DecodeError as exc:
             self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
             return
-        if not self._pending_sends:
-            self.loop.call_soon(self._flush_sends)  # runs once every event of this read has been handled
-        self._pending_sends.append((entity, e, messages))
+        self._pending_sends.append((entity, e, messages))  # stored in ``events_done``
 
     def _flush_sends(self) -> None:
         """Hand all pending sends to the core at once: one store operation per partition, one callback each."""
@@ -681,6 +691,8 @@ class ServiceBusConnection:
                 break
             send_transfer(link, m.lock_token.bytes_le, payload, settled=settled)
             sent.append(m)
+            if i == EARLY_WRITE and self.protocol is not None:
+                self.protocol.flush_now()
         _observe_all(RECEIVE_SECONDS, [max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000 for m in sent])
         if settled and sent:
             for future in receiver.submit_complete(sent):
@@ -712,9 +724,7 @@ class ServiceBusConnection:
                 continue
             token = uuid_of_bytes_le(ref.delivery_tag)
             if type(e.state) is Accepted:
-                if not self._pending_completes:  # once every event of this read is handled:
-                    self.loop.call_soon(self._flush_completes, True)
-                self._pending_completes.append((ref, state.receiver, token, e.settled))
+                self._pending_completes.append((ref, state.receiver, token, e.settled))  # see ``events_done``
                 continue
             if self._pending_completes:
                 self._flush_completes()  # keep settlements in the order the client sent them
@@ -723,10 +733,11 @@ class ServiceBusConnection:
             else:
                 self._settle_delivery(ref, state.receiver, token, e.state, e.settled)
 
-    def _flush_completes(self, write_now: bool = False) -> None:
+    def _flush_completes(self) -> None:
         """Complete what the client accepted, one store operation per receiver and partition (all-or-nothing
         there, so a group with a lost lock is settled one by one to give each delivery its own outcome); echo
-        the unsettled ones with range dispositions (written at once with ``write_now``: the read's last step)."""
+        the unsettled ones with range dispositions. Runs while the transport dispatches a read's events, whose
+        write follows."""
         pending, self._pending_completes = self._pending_completes, []
         if not pending or self.closed or self.amqp.is_done:
             return
@@ -751,10 +762,6 @@ class ServiceBusConnection:
                 future.add_done_callback(_log_failure)
             self._echo_accepted(items, echo)
         self._send_echoes(echo)
-        if write_now and self.protocol is not None:
-            self.protocol.flush_now()
-        else:
-            self._flush()
 
     @staticmethod
     def _echo_accepted(items: list[tuple[Any, Any, uuid.UUID, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
