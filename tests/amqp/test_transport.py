@@ -129,3 +129,52 @@ async def test_server_survives_garbage_connection() -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+class ReadBatchingBroker(QueueBroker):
+    """Settles each read's transfers only in ``events_done``: their outcomes must still share the read's write."""
+
+    instances: list[ReadBatchingBroker] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unseen = 0  # events handled since the last events_done
+        self.batches: list[int] = []
+        self.held: list[tuple[Any, int]] = []
+        self.instances.append(self)
+
+    def handle_event(self, proto: AmqpProtocol, ev: E.Event) -> None:
+        self.unseen += 1
+        if isinstance(ev, E.DeliveryReceived) and not ev.settled:
+            self.held.append((ev.link, ev.delivery_id))
+            return
+        super().handle_event(proto, ev)
+
+    def events_done(self, proto: AmqpProtocol) -> None:
+        self.batches.append(self.unseen)
+        self.unseen = 0
+        for link, delivery_id in self.held:
+            proto.conn.settle(link, delivery_id, Accepted())
+        self.held.clear()
+
+
+async def test_events_done_follows_each_read_and_its_answers_are_written() -> None:
+    server = await serve(ReadBatchingBroker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = await AmqpClient.connect("127.0.0.1", port, timeout=5)
+        session = await client.session()
+        sender = await session.sender("batched")
+        # Sent together, so the broker gets several transfers in one read; each outcome comes back.
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(sender.send(AmqpMessage.with_data(b"m%d" % i).encode()) for i in range(20))), 5
+        )
+        assert all(isinstance(o, Accepted) for o in outcomes)
+        await client.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+    broker = ReadBatchingBroker.instances[-1]
+    assert broker.unseen == 0  # every handled event was followed by an events_done
+    assert broker.batches and all(n > 0 for n in broker.batches)  # never called for a read without events
+    assert max(broker.batches) > 1  # one call for many events of one read
