@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from shardbus.amqp import events as E
@@ -64,10 +66,19 @@ class QueueBroker:
         pass
 
 
-async def test_client_server_round_trip_over_tcp() -> None:
-    server = await serve(QueueBroker, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+@contextlib.asynccontextmanager
+async def served(handler: Callable[[], Any]) -> AsyncIterator[int]:
+    """A loopback server whose connections ``handler()`` handles; yields its port and closes it afterwards."""
+    server = await serve(handler, "127.0.0.1", 0)
     try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_client_server_round_trip_over_tcp() -> None:
+    async with served(QueueBroker) as port:
         client = await AmqpClient.connect("127.0.0.1", port, timeout=5)
         session = await client.session()
         sender = await session.sender("q1")
@@ -84,15 +95,10 @@ async def test_client_server_round_trip_over_tcp() -> None:
         await sender.close()
         await client.close()
         assert client._conn.is_done
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_client_plain_auth_and_refused_link() -> None:
-    server = await serve(QueueBroker, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with served(QueueBroker) as port:
         bad = None
         try:
             await AmqpClient.connect("127.0.0.1", port, sasl_mechanism="PLAIN", username="u", password="x", timeout=5)
@@ -110,15 +116,10 @@ async def test_client_plain_auth_and_refused_link() -> None:
             refused = exc
         assert refused is not None
         await client.close()
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_server_survives_garbage_connection() -> None:
-    server = await serve(QueueBroker, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with served(QueueBroker) as port:
         r, w = await asyncio.open_connection("127.0.0.1", port)
         w.write(b"AMQP\x00\x01\x00\x00" + b"\x00\x00\x00\x0c\x02\x00\x00\x00\xde\xad\xbe\xef")
         data = await asyncio.wait_for(r.read(), 5)  # server closes after its close frame
@@ -126,9 +127,6 @@ async def test_server_survives_garbage_connection() -> None:
         w.close()
         client = await AmqpClient.connect("127.0.0.1", port, timeout=5)  # still serving
         await client.close()
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 class ReadBatchingBroker(QueueBroker):
@@ -159,9 +157,7 @@ class ReadBatchingBroker(QueueBroker):
 
 
 async def test_events_done_follows_each_read_and_its_answers_are_written() -> None:
-    server = await serve(ReadBatchingBroker, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with served(ReadBatchingBroker) as port:
         client = await AmqpClient.connect("127.0.0.1", port, timeout=5)
         session = await client.session()
         sender = await session.sender("batched")
@@ -171,9 +167,6 @@ async def test_events_done_follows_each_read_and_its_answers_are_written() -> No
         )
         assert all(isinstance(o, Accepted) for o in outcomes)
         await client.close()
-    finally:
-        server.close()
-        await server.wait_closed()
     broker = ReadBatchingBroker.instances[-1]
     assert broker.unseen == 0  # every handled event was followed by an events_done
     assert broker.batches and all(n > 0 for n in broker.batches)  # never called for a read without events
