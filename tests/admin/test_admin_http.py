@@ -13,14 +13,12 @@ import re
 import socket
 import ssl
 import stat
-import subprocess
-import sys
-import time
 from datetime import timedelta
 
 import pytest
 from cryptography import x509
 
+from serve_process import ServeProcess
 from shardbus.cli import main as cli_main
 from shardbus.endpoint.sas import generate_token
 from shardbus.http.tls import ensure_certificates
@@ -210,30 +208,15 @@ def test_own_certificate(tmp_path):
 
 def test_serve_prints_the_ca_path(tmp_path):
     data = tmp_path / "served"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardbus.cli", "serve", "--port", "0", "--data-dir", str(data)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    serve = ServeProcess(["--port", "0", "--data-dir", str(data)], tmp_path / "serve.log", ready_prefix="health:")
     try:
-        lines = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.rstrip())
-            if line.startswith("health:"):
-                break
-        text = "\n".join(lines)
-        match = re.search(r"CA certificate: (\S+)", text)
-        assert match, text
+        serve.wait_ready(20)
+        match = re.search(r"CA certificate: (\S+)", serve.stdout)
+        assert match, serve.stdout
         assert match.group(1) == str(data / "tls" / "ca.pem")
         assert os.path.exists(match.group(1))
     finally:
-        proc.terminate()
-        proc.wait(10)
+        serve.kill()
 
 
 def test_premium_namespace_info_and_partitioning(tmp_path):

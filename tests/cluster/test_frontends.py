@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -29,6 +27,7 @@ from azure.servicebus.exceptions import ServiceBusError
 from azure.servicebus.management import ServiceBusAdministrationClient, SqlRuleFilter
 
 import shardbus
+from serve_process import ServeProcess
 from shardbus.model.routing import partition_for_key
 
 pytestmark = [
@@ -37,46 +36,16 @@ pytestmark = [
 ]
 
 LOCK = timedelta(seconds=5)  # the shortest lock duration the service allows
-SERVE = [sys.executable, "-m", "shardbus.cli", "serve"]
 SAMPLE_CONFIG = Path(__file__).parent.parent / "core" / "data" / "emulator_config.json"
-CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://localhost:(\d+);.*)$")
 
 
-class Served:
-    """The ``serve`` process; its stdout is read on a thread (it prints the port once everything serves)."""
+class Served(ServeProcess):
+    """``serve --workers 2 --frontends 2`` on its own data directory; ready once it lists its front ends."""
 
     def __init__(self, data: Path, log: Path, *extra: str) -> None:
         self.data = data
-        self.lines: list[str] = []
-        self.connection_string = ""
-        self.port = 0
-        self._ready = threading.Event()
-        with open(log, "w") as err:
-            self.proc = subprocess.Popen(
-                [*SERVE, "--port", "0", "--data-dir", str(data), "--workers", "2", "--frontends", "2", *extra],
-                stdout=subprocess.PIPE,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                text=True,
-            )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if m := CONNECTION_STRING.match(line):
-                self.connection_string, self.port = m.group(1), int(m.group(2))
-            if line.startswith("front ends:"):
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float = 60) -> Served:
-        self._ready.wait(timeout)
-        assert self.port, f"not ready: {self.lines!r}"
-        return self
+        args = ["--port", "0", "--data-dir", str(data), "--workers", "2", "--frontends", "2", *extra]
+        super().__init__(args, log, ready_prefix="front ends:")
 
     def frontend_pids(self) -> list[int]:
         """The live front-end children of the serve process."""
@@ -111,11 +80,9 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontends")
-    s = Served(tmp / "data", tmp / "serve.log").wait_ready()
+    s = Served(tmp / "data", tmp / "serve.log").wait_ready(60)
     yield s
-    if s.proc.poll() is None:
-        s.proc.kill()
-        s.proc.wait(10)
+    s.kill()
 
 
 @pytest.fixture(scope="module")
@@ -389,8 +356,7 @@ def test_sigterm_stops_everything_and_keeps_what_was_acknowledged(served, admin)
         with client.get_queue_sender("last") as sender:
             sender.send_messages([ServiceBusMessage(f"kept-{i}") for i in range(10)])
     frontends = served.frontend_pids()
-    served.proc.send_signal(signal.SIGTERM)
-    assert served.proc.wait(60) == 0
+    assert served.stop(timeout=60) == 0
     served._reader.join(10)
     assert "shardbus stopped; everything acknowledged is on disk." in served.lines
     assert not [pid for pid in frontends if Path(f"/proc/{pid}").exists()]  # stopped and reaped
@@ -405,7 +371,7 @@ def test_a_config_is_applied_once_and_orphans_are_removed_before_front_ends_star
     orphan = data / "sbemulatorns" / "entities" / "987654"  # a creation a crash cut short
     orphan.mkdir(parents=True)
     (orphan / "p00.db").write_bytes(b"")
-    s = Served(data, tmp_path / "serve.log", "--config", str(SAMPLE_CONFIG)).wait_ready()
+    s = Served(data, tmp_path / "serve.log", "--config", str(SAMPLE_CONFIG)).wait_ready(60)
     try:
         assert not orphan.exists()
         for pid in s.frontend_pids():
@@ -417,5 +383,4 @@ def test_a_config_is_applied_once_and_orphans_are_removed_before_front_ends_star
             finally:
                 client.close()
     finally:
-        s.proc.send_signal(signal.SIGTERM)
-        assert s.proc.wait(60) == 0
+        assert s.stop(timeout=60) == 0

@@ -27,6 +27,7 @@ import shardbus
 from pg_server import ServerUnavailable, scratch_database
 from pg_server import start as start_pg
 from pg_server import stop as stop_pg
+from serve_process import ServeProcess
 from shardbus.model.errors import PartitionUnavailable
 from shardbus.model.routing import partition_for_key
 from shardbus.server import Broker
@@ -322,20 +323,11 @@ def test_two_front_end_processes_place_partitions_from_the_metadata_store(db, tm
 
     workers = [WorkerProc("alpha", db), WorkerProc("beta", db)]
     data = tmp_path / "data"
-    command = [sys.executable, "-m", "shardbus.cli", "serve", "--port", "0", "--data-dir", str(data)]
-    command += ["--metadata", db, "--frontends", "2", "--key", CLUSTER_KEY]
-    with open(tmp_path / "serve.log", "w") as err:
-        serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
+    args = ["--port", "0", "--data-dir", str(data), "--metadata", db, "--frontends", "2", "--key", CLUSTER_KEY]
+    serve = ServeProcess(args, tmp_path / "serve.log", ready_prefix="front ends:")
     try:
-        connection_string = ""
-        assert serve.stdout is not None
-        for line in serve.stdout:
-            if line.startswith("connection string: "):
-                connection_string = line.split(": ", 1)[1].strip()
-            if line.startswith("front ends:"):
-                break
-        assert connection_string, (tmp_path / "serve.log").read_text()
-        port = int(connection_string.split("localhost:")[1].split(";")[0])
+        serve.wait_ready(60)
+        connection_string, port = serve.connection_string, serve.port
         pids = set()
         for _ in range(200):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
@@ -374,11 +366,8 @@ def test_two_front_end_processes_place_partitions_from_the_metadata_store(db, tm
             if len(got) >= len(sent):
                 break
         assert sorted(got) == sorted(sent)
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(30) == 0
+        assert serve.stop(timeout=30) == 0
     finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait(10)
+        serve.kill()
         for w in workers:
             w.stop()

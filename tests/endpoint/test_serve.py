@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -25,11 +24,11 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusRece
 from azure.servicebus.exceptions import ServiceBusAuthenticationError
 
 import shardbus
+from serve_process import ServeProcess
 from shardbus.model.routing import decode_sequence_number
 
 SAMPLE_CONFIG = Path(__file__).parent.parent / "core" / "data" / "emulator_config.json"
 READY_LIMIT = 1.0  # seconds from process start to the printed connection string (the issue's requirement)
-CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://[^;]+:(\d+);.*)$")
 
 
 def free_port() -> int:
@@ -46,83 +45,19 @@ def can_connect(port: int) -> bool:
         return False
 
 
-class Served:
-    """One ``shardbus serve`` child process; stdout is read by a thread so that the ready line is timed."""
-
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.stderr_path = tmp_path / f"stderr-{time.monotonic_ns()}.txt"
-        self.lines: list[str] = []
-        self.connection_string: str | None = None
-        self.port: int | None = None
-        self.ready_after: float | None = None  # seconds from Popen to the connection-string line
-        self._ready = threading.Event()
-        with open(self.stderr_path, "w") as err:
-            self.started = time.monotonic()
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shardbus.cli", "serve", *args],
-                stdout=subprocess.PIPE,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                cwd=tmp_path,
-            )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            if self.connection_string is None and (m := CONNECTION_STRING.match(line)):
-                self.ready_after = time.monotonic() - self.started
-                self.connection_string, self.port = m.group(1), int(m.group(2))
-                self._ready.set()
-            self.lines.append(line)
-        self._ready.set()  # the process ended (or closed stdout) without becoming ready
-
-    def wait_ready(self, timeout: float = 10) -> Served:
-        self._ready.wait(timeout)
-        if self.connection_string is None:
-            self.stop(signal.SIGKILL)
-            raise AssertionError(f"not ready after {timeout} s: stdout={self.lines!r} stderr={self.stderr!r}")
-        return self
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            raise AssertionError(f"did not stop within {timeout} s after {signal.Signals(sig).name}") from None
-        self._reader.join(5)
-        return rc
-
-    @property
-    def stdout(self) -> str:
-        return "\n".join(self.lines)
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-
 @pytest.fixture
 def serve(tmp_path):
     """Factory: start ``shardbus serve *args``; every process still running at the end is killed."""
-    started: list[Served] = []
+    started: list[ServeProcess] = []
 
-    def start(*args: str) -> Served:
-        s = Served(tmp_path, *args)
+    def start(*args: str) -> ServeProcess:
+        s = ServeProcess(list(args), tmp_path / f"stderr-{time.monotonic_ns()}.txt", cwd=tmp_path)
         started.append(s)
         return s
 
     yield start
     for s in started:
-        if s.proc.poll() is None:
-            s.proc.kill()
-            s.proc.wait(5)
+        s.kill()
 
 
 def make_queue(data_dir: Path, name: str = "orders", **props) -> None:
@@ -157,13 +92,13 @@ def send_mix(conn_str: str, queue: str) -> list[str]:
     return sorted(sent)
 
 
-def assert_clean_stop(s: Served, rc: int) -> None:
+def assert_clean_stop(s: ServeProcess, rc: int) -> None:
     assert rc == 0, f"exit code {rc}; stderr={s.stderr!r}"
     assert "shardbus stopped; everything acknowledged is on disk." in s.lines
     assert "Traceback" not in s.stderr and "Task was destroyed" not in s.stderr, s.stderr
 
 
-def start_ready(serve, *args: str, attempts: int = 3) -> Served:
+def start_ready(serve, *args: str, attempts: int = 3) -> ServeProcess:
     """Start ``shardbus serve *args`` and check the 1 s start-up. CI runs two test passes at once on 2 cores, so a
     start that a busy moment made slow is tried again: the check fails only when no start of ``attempts`` is fast."""
     times = []
@@ -326,7 +261,7 @@ def test_deferred_scheduled_dead_lettered_and_locked_messages_survive_a_restart(
     assert counts(data, "orders").total_message_count == 0
 
 
-def stop_while_sending(serve, data: Path, senders: int = 4) -> tuple[Served, int, list[str], list[BaseException]]:
+def stop_while_sending(serve, data: Path, senders: int = 4) -> tuple[ServeProcess, int, list[str], list[BaseException]]:
     """Start, keep ``senders`` SDK senders busy, SIGTERM once 200 sends are acknowledged; return what happened."""
     make_queue(data, enable_partitioning=True)
     s = serve("--port", "0", "--data-dir", str(data)).wait_ready()
