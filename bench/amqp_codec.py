@@ -14,8 +14,12 @@ Run: .venv/bin/python bench/amqp_codec.py
 from __future__ import annotations
 
 import struct
+import sys
 import timeit
 import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's shardbus
 
 from shardbus.amqp.framing import FRAME_AMQP, encode_frame
 from shardbus.amqp.message import AmqpMessage, Properties, decode_message

@@ -5,8 +5,12 @@ Run with ``python bench/filters.py``. Filters compile to closures once; this mea
 
 from __future__ import annotations
 
+import sys
 import timeit
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's shardbus
 
 from shardbus.model.filters import CorrelationFilter, SqlFilter
 from shardbus.model.message import Message
