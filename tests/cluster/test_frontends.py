@@ -357,7 +357,6 @@ def test_sigterm_stops_everything_and_keeps_what_was_acknowledged(served, admin)
             sender.send_messages([ServiceBusMessage(f"kept-{i}") for i in range(10)])
     frontends = served.frontend_pids()
     assert served.stop(timeout=60) == 0
-    served._reader.join(10)
     assert "shardbus stopped; everything acknowledged is on disk." in served.lines
     assert not [pid for pid in frontends if Path(f"/proc/{pid}").exists()]  # stopped and reaped
     with shardbus.Namespace.open(served.data) as ns:
