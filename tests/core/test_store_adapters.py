@@ -307,6 +307,17 @@ def test_large_batches(kit: Kit, store: MessageStore) -> None:
     assert snap.meta == {"next_seq": n + 1}
 
 
+def test_put_of_many_new_rows(kit: Kit, store: MessageStore) -> None:
+    """New messages' rows (no dead-letter fields), more than one insert statement takes (SQLite: 256 rows, in
+    power-of-two chunks), with a repeated sequence number inside one chunk: the last one wins."""
+    n = 777
+    rows = [_row(s, os.urandom(100), state=s % 2, delivery_count=s % 3) for s in range(1, n + 1)]
+    store.apply([("create_slot", 0), ("put", 0, [*rows[:10], _row(5, b"again"), *rows[10:]])])
+    snap = _reload(kit, store)
+    assert snap.rows[0] == [*rows[:4], _row(5, b"again"), *rows[5:]]
+    assert all(type(r.data) is bytes for r in snap.rows[0])
+
+
 def test_many_small_submissions_in_one_batch(kit: Kit, store: MessageStore) -> None:
     store.apply([("create_slot", 0), ("create_slot", 1)])
     ops = []

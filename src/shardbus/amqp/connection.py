@@ -848,7 +848,7 @@ class Connection:
         t = type(perf)
         if session is not None and t in _SESSION_FRAMES:
             try:
-                if t is Transfer and session.state is SessionState.MAPPED:  # the commonest frame, one layer less
+                if t is Transfer and session.mapped:  # the commonest frame, one layer less
                     session._on_transfer(perf, body[offset:], self._events, session._send_own)  # type: ignore[arg-type]
                 else:
                     session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events, session._send_own)

@@ -55,6 +55,12 @@ class LinkState(enum.Enum):
     DETACH_RCVD = "DETACH_RCVD"
 
 
+# Members that per-delivery code compares with, as module constants: in Python 3.11 reading a member off an
+# Enum class costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
+_ATTACHED = LinkState.ATTACHED
+_DETACH_SENT = LinkState.DETACH_SENT
+
+
 class Link:
     """One link end. Read its attributes freely; change it only through ``Connection`` methods."""
 
@@ -123,7 +129,7 @@ class Link:
     @property
     def attached(self) -> bool:
         """Both attaches exchanged and no detach yet."""
-        return self.state is LinkState.ATTACHED
+        return self.state is _ATTACHED
 
     @property
     def remote_source(self) -> Any:
@@ -249,8 +255,8 @@ class Link:
         ``(delivery_id, tag, format, settled, state, payload, batchable, aborted)`` or None while incomplete."""
         if self.role == SENDER:
             raise SessionViolation(Condition.ERRANT_LINK, f"transfer received on our sending link {self.name!r}")
-        if self.state is not LinkState.ATTACHED:
-            if self.state is LinkState.DETACH_SENT:
+        if self.state is not _ATTACHED:
+            if self.state is _DETACH_SENT:
                 return None  # in flight while we detach: discard
             raise SessionViolation(Condition.ILLEGAL_STATE, f"transfer on link in state {self.state.value}")
         p = self._partial

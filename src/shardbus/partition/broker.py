@@ -188,6 +188,10 @@ class MessageQueue:
 
 
 _UNSET = object()
+# Members that per-message code compares with, as module constants: in Python 3.11 reading a member off an
+# Enum class costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
+_ACTIVE = MessageState.ACTIVE
+_MAIN = SubQueue.MAIN
 
 
 def _ms(clock: Callable[[], float]) -> int:
@@ -625,7 +629,7 @@ class PartitionBroker:
     def _new_entry(self, slot: int, seq: int, msg: Message, now: int, ttl: int | None) -> tuple[Entry, Row]:
         """A stored entry and its row for a new message; ``ttl`` is the slot's TTL floor (``_ttl_floor``)."""
         scheduled = msg.scheduled_enqueue_time
-        state = MessageState.ACTIVE
+        state = _ACTIVE
         start = now
         if scheduled is not None:
             scheduled_ms = int(scheduled.timestamp() * 1000)
@@ -649,7 +653,9 @@ class PartitionBroker:
                 f"The received message (size {len(data)} bytes) exceeds the limit "
                 f"({self.config.max_message_size_bytes} bytes) currently allowed on the link."
             )
-        return Entry(msg, slot, seq, SubQueue.MAIN, len(data)), Row(seq, SubQueue.MAIN, state, 0, None, data)
+        # Plain ints in the row: the sqlite3 module runs its adapter lookup (which raises and clears an
+        # AttributeError) for every parameter that is not an exact int, str or float, enums included.
+        return Entry(msg, slot, seq, _MAIN, len(data)), Row(seq, 0, int(state), 0, None, data)
 
     def _add_visible(self, visible: list[tuple[int, Entry]]) -> set[int]:
         touched = set()
@@ -744,9 +750,9 @@ class PartitionBroker:
             if entry is None:
                 continue  # removed since it became ready
             msg = entry.msg
-            if msg.lock_token is not None or msg.state is not MessageState.ACTIVE:
+            if msg.lock_token is not None or msg.state is not _ACTIVE:
                 continue
-            if msg.expires_at_ms is not None and msg.expires_at_ms <= now and entry.queue == SubQueue.MAIN:
+            if msg.expires_at_ms is not None and msg.expires_at_ms <= now and entry.queue == _MAIN:
                 self._expire(q, entry, settings, writes)
                 continue
             return entry
@@ -816,7 +822,7 @@ class PartitionBroker:
     def _update_of(self, entry: Entry) -> Update:
         m = entry.msg
         dead_letter = pack_dead_letter(m) if entry.queue != SubQueue.MAIN else None
-        return Update(entry.seq, entry.queue, m.state, m.delivery_count, dead_letter)
+        return Update(entry.seq, int(entry.queue), int(m.state), m.delivery_count, dead_letter)  # ints: see _new_entry
 
     def _move_to_dead_letter(
         self,

@@ -33,6 +33,16 @@ def _table(slot: int) -> str:
     return f"m{int(slot)}"
 
 
+_PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
+# A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
+_PUT_VALUES = [",".join(["(?,?,?,?,NULL,?)"] * (1 << k)) for k in range(_PUT_CHUNK.bit_length())]
+
+
+def _put_sql(table: str, k: int) -> str:
+    """The insert of ``2**k`` rows without dead-letter fields into ``table``."""
+    return f"INSERT OR REPLACE INTO {table} VALUES {_PUT_VALUES[k]}"
+
+
 def _merge_deletes(ops: list[Op]) -> list[Op]:
     """Adjacent deletes of one slot as one (a group commit of many settlements brings many): deletes commute
     with each other, and merging only neighbours keeps every other operation in its place."""
@@ -102,7 +112,26 @@ class SqliteStore:
             raise StoreError(f"store {self.path} failed: {exc}") from exc
 
     def _put(self, slot: int, rows: list[Row]) -> None:
-        self._db.executemany(f"INSERT OR REPLACE INTO {_table(slot)} VALUES (?,?,?,?,?,?)", rows)
+        table = _table(slot)
+        if any(row.dead_letter is not None for row in rows):
+            self._db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?,?,?,?,?,?)", rows)
+            return
+        # Every new message comes here, so this path binds as little as it can:
+        # - many rows per statement, not ``executemany``: the sqlite3 module lets go of the GIL around every step,
+        #   and while the event loop is busy each take-back waits for it. Chunk sizes are powers of two, so a
+        #   table has few statements;
+        # - the sqlite3 module binds exact ints and bytearrays directly, but looks every other value up in its
+        #   adapter registry (and raises and clears an AttributeError on the way): None is left out of the
+        #   parameters and the packed message goes in as a bytearray, a copy that costs less than that lookup.
+        execute = self._db.execute
+        i, n = 0, len(rows)
+        while i < n:
+            k = min(n - i, _PUT_CHUNK).bit_length() - 1
+            values: list[Any] = []
+            for seq, queue, state, delivery_count, _, data in rows[i : i + (1 << k)]:
+                values += (seq, queue, state, delivery_count, bytearray(data))
+            execute(_put_sql(table, k), values)
+            i += 1 << k
 
     def _delete(self, slot: int, seqs: list[int]) -> None:
         table = _table(slot)
