@@ -653,8 +653,8 @@ class PartitionBroker:
                 f"The received message (size {len(data)} bytes) exceeds the limit "
                 f"({self.config.max_message_size_bytes} bytes) currently allowed on the link."
             )
-        # Plain ints in the row: the sqlite3 module runs its adapter lookup (which raises and clears an
-        # AttributeError) for every parameter that is not an exact int, str or float, enums included.
+        # Plain ints in the row (queue 0 is SubQueue.MAIN): the sqlite3 module runs its adapter lookup (which
+        # raises and clears an AttributeError) for every parameter that is not an exact int, str or float.
         return Entry(msg, slot, seq, _MAIN, len(data)), Row(seq, 0, int(state), 0, None, data)
 
     def _add_visible(self, visible: list[tuple[int, Entry]]) -> set[int]:
