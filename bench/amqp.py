@@ -3,11 +3,14 @@
 Every measurement runs the same client twice in one run: against **shardbus** (a child process: durable SQLite
 stores, the default) and against a **null endpoint** (another child process: an AMQP server on our engine that
 answers the Service Bus handshake, accepts and discards every transfer and hands out pre-made messages; it stores
-nothing). The null endpoint is the client's own ceiling. Each line prints msg/s against both, ``ratio`` =
-shardbus / null, and the broker process's CPU per message (time on a CPU of every thread, read from
-``/proc/<pid>/task/*/schedstat`` before and after the timed run, after the broker has gone idle so that work it does
-after acknowledging, such as receive-and-delete's deletes, is counted); in brackets the event-loop thread's share
-and the rest (the partition stores' commit threads).
+nothing). The null endpoint is the client's own ceiling. Both clients are opened and warmed up first, then take
+turns: ``--slices`` turns each (default 6, which one goes first alternating), timed separately and summed. The
+machine's speed drifts by tens of percent over seconds; measured one after the other, the two runs of a line met
+different machines and the ratio swung with them. Each line prints msg/s against both, ``ratio`` = shardbus / null,
+and the broker process's CPU per message (time on a CPU of every thread, read from ``/proc/<pid>/task/*/schedstat``
+before and after each timed turn, after the broker has gone idle so that work it does after acknowledging, such as
+receive-and-delete's deletes, is counted); in brackets the event-loop thread's share and the rest (the partition
+stores' commit threads).
 
 Measurements (1 KB bodies):
 
@@ -35,7 +38,7 @@ client that honours credit stalls after 10,000 transfers on one link (``--check-
 stay below 65,536 per SDK receiver: past that the broker exhausts the SDK's session incoming window and closes the
 connection with amqp:internal-error.
 
-    python bench/amqp.py [--quick] [--scale F] [--repeat R] [--only NAME[,NAME]] [--check-credit]
+    python bench/amqp.py [--quick] [--scale F] [--repeat R] [--slices S] [--only NAME[,NAME]] [--check-credit]
                          [--profile [--top N] [--sort tottime|cumulative]] [--broker-gc-off]
 
 ``--profile`` runs the broker's event-loop thread under cProfile (timer: thread CPU time, so waits for the GIL are
@@ -61,7 +64,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +90,7 @@ WINDOW = 256  # in-flight unsettled transfers of our own producer
 CREDIT = 500  # credit our own consumer keeps granted
 SDK_RECEIVE_BATCH = 100
 WARMUP = 100
+SLICES = 6  # turns each endpoint gets per measurement: they alternate, so drift reaches both
 SDK_TARGET_RATIO = 0.80  # the SDK against shardbus reaches at least this share of its null-endpoint rate
 OWN_TARGET_US = 25.0  # broker CPU per durable message with our own client
 
@@ -344,29 +349,36 @@ class Child(ChildProcess):
 
 
 class Timer:
-    """Marks the timed region of a run: wall time from ``start`` to ``stop``, CPU of the endpoint process from
-    ``start`` until it is idle after ``stop``."""
+    """Marks the timed regions of a run: wall time from each ``start`` to its ``stop``, summed, and CPU of the
+    endpoint process from each ``start`` until it is idle after the ``stop``."""
 
     def __init__(self, child: Child) -> None:
         self.child = child
-        self.t0 = self.t1 = 0.0
-        self.c0 = self.c1 = (0.0, 0.0)
+        self.seconds = 0.0
+        self._cpu = (0.0, 0.0)
+        self._t0 = 0.0
+        self._c0 = (0.0, 0.0)
 
     def start(self) -> None:
-        self.c0 = self.child.cpu_when_idle(quiet=0.2)
-        self.t0 = time.perf_counter()
+        self._c0 = self.child.cpu_when_idle(quiet=0.2)
+        self._t0 = time.perf_counter()
 
     def stop(self) -> None:
-        self.t1 = time.perf_counter()
-        self.c1 = self.child.cpu_when_idle()
-
-    @property
-    def seconds(self) -> float:
-        return self.t1 - self.t0
+        self.seconds += time.perf_counter() - self._t0
+        c1 = self.child.cpu_when_idle()
+        self._cpu = (self._cpu[0] + c1[0] - self._c0[0], self._cpu[1] + c1[1] - self._c0[1])
 
     @property
     def cpu(self) -> tuple[float, float]:
-        return self.c1[0] - self.c0[0], self.c1[1] - self.c0[1]
+        """(every thread, event-loop thread) CPU seconds over the timed regions."""
+        return self._cpu
+
+
+# A measurement's client, opened against one endpoint: ``take(count)`` sends or receives ``count`` messages and
+# returns once they are done. Clients are opened by a context manager given the endpoint, the queue, the total
+# count it will be asked for and an asyncio runner (our own client's connections live on its loop).
+Take = Callable[[int], None]
+Opener = Callable[[Child, str, int, asyncio.Runner], contextlib.AbstractContextManager[Take]]
 
 
 # =================================================================================================================
@@ -374,45 +386,45 @@ class Timer:
 # =================================================================================================================
 
 
-def sdk_send(child: Child, queue: str, n: int, batch: int, timer: Timer) -> None:
+@contextlib.contextmanager
+def sdk_sender(child: Child, queue: str, total: int, runner: asyncio.Runner, batch: int) -> Iterator[Take]:
     from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+    def take(count: int) -> None:
+        for _ in range(count // batch):
+            sender.send_messages([ServiceBusMessage(BODY) for _ in range(batch)])
 
     with (
         ServiceBusClient.from_connection_string(child.connection_string) as client,
         client.get_queue_sender(queue) as sender,
     ):
         sender.send_messages([ServiceBusMessage(BODY) for _ in range(WARMUP)])
-        timer.start()
-        for _ in range(n // batch):
-            sender.send_messages([ServiceBusMessage(BODY) for _ in range(batch)])
-        timer.stop()
+        yield take
 
 
-def sdk_receive(child: Child, queue: str, n: int, peek_lock: bool, timer: Timer) -> None:
+@contextlib.contextmanager
+def sdk_receiver(child: Child, queue: str, total: int, runner: asyncio.Runner, peek_lock: bool) -> Iterator[Take]:
     from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
 
     mode = ServiceBusReceiveMode.PEEK_LOCK if peek_lock else ServiceBusReceiveMode.RECEIVE_AND_DELETE
+
+    def take(count: int) -> None:
+        got = 0
+        while got < count:
+            msgs = receiver.receive_messages(max_message_count=min(SDK_RECEIVE_BATCH, count - got), max_wait_time=5)
+            if not msgs:
+                raise RuntimeError(f"{child.name}: only {got} of {count} messages came back")
+            if peek_lock:
+                for m in msgs:
+                    receiver.complete_message(m)
+            got += len(msgs)
+
     with (
         ServiceBusClient.from_connection_string(child.connection_string) as client,
         client.get_queue_receiver(queue, receive_mode=mode) as receiver,
     ):
-
-        def take(count: int) -> int:
-            got = 0
-            while got < count:
-                msgs = receiver.receive_messages(max_message_count=min(SDK_RECEIVE_BATCH, count - got), max_wait_time=5)
-                if not msgs:
-                    raise RuntimeError(f"{child.name}: only {got} of {count} messages came back")
-                if peek_lock:
-                    for m in msgs:
-                        receiver.complete_message(m)
-                got += len(msgs)
-            return got
-
         take(WARMUP)
-        timer.start()
-        take(n)
-        timer.stop()
+        yield take
 
 
 # =================================================================================================================
@@ -479,14 +491,18 @@ SEND_PAYLOAD = AmqpMessage(
 ).encode()
 
 
-async def own_produce(child: Child, queue: str, n: int, settled: bool, timer: Timer) -> None:
-    client, session = await own_connect(child, queue)
-    try:
-        links = [await session.sender(queue) for _ in range(-(-(n + WARMUP + 1) // LINK_MESSAGES))]
-        for _ in range(WARMUP):
-            await links[0].send(SEND_PAYLOAD)
-        counter = iter(range(WARMUP, n + WARMUP))
-        timer.start()
+@contextlib.contextmanager
+def own_producer(child: Child, queue: str, total: int, runner: asyncio.Runner, settled: bool) -> Iterator[Take]:
+    client, session = runner.run(own_connect(child, queue))
+    sent = 0  # messages sent so far, warm-up included: the count picks the link
+
+    async def attach() -> list[Any]:
+        return [await session.sender(queue) for _ in range(-(-(total + WARMUP + 1) // LINK_MESSAGES))]
+
+    async def produce(count: int) -> None:
+        nonlocal sent
+        counter = iter(range(sent, sent + count))
+        sent += count
         if settled:
             for k in counter:
                 await links[k // LINK_MESSAGES].send(SEND_PAYLOAD, settled=True)
@@ -495,54 +511,59 @@ async def own_produce(child: Child, queue: str, n: int, settled: bool, timer: Ti
             outcome = await links[-1].send(SEND_PAYLOAD)  # the fence: one partition stores in order
             if not isinstance(outcome, Accepted):
                 raise RuntimeError(f"{child.name}: fence got {outcome}")
-        else:
-            failures: list[Any] = []
+            return
+        failures: list[Any] = []
 
-            async def worker() -> None:
-                for k in counter:
-                    outcome = await links[k // LINK_MESSAGES].send(SEND_PAYLOAD)
-                    if not isinstance(outcome, Accepted):
-                        failures.append(outcome)
+        async def worker() -> None:
+            for k in counter:
+                outcome = await links[k // LINK_MESSAGES].send(SEND_PAYLOAD)
+                if not isinstance(outcome, Accepted):
+                    failures.append(outcome)
 
-            await asyncio.gather(*(worker() for _ in range(WINDOW)))
-            if failures:
-                raise RuntimeError(f"{child.name}: {len(failures)} sends failed, e.g. {failures[0]}")
-        timer.stop()
-    finally:
-        await client.close()
+        await asyncio.gather(*(worker() for _ in range(WINDOW)))
+        if failures:
+            raise RuntimeError(f"{child.name}: {len(failures)} sends failed, e.g. {failures[0]}")
 
-
-async def own_consume(child: Child, queue: str, n: int, settled: bool, timer: Timer) -> None:
-    client, session = await own_connect(child, queue)
     try:
-        receiver = await own_receiver(session, queue, settled)
-        conn = client._conn
+        links = runner.run(attach())
+        for _ in range(WARMUP):
+            runner.run(links[0].send(SEND_PAYLOAD))
+        sent = WARMUP
+        yield lambda count: runner.run(produce(count))
+    finally:
+        runner.run(client.close())
 
-        async def take(count: int) -> None:
-            client.echoes = 0
-            client.target = count
-            client.echoed = asyncio.Event()
-            granted = min(CREDIT, count)
-            receiver.grant(granted)
-            for got in range(1, count + 1):
-                d = await receiver.receive(timeout=30)
-                if not settled:
-                    conn.disposition(receiver.link, d.delivery_id, settled=False, state=Accepted())
-                    client._flush()
-                if receiver.link.credit < CREDIT // 2:
-                    want = min(CREDIT, count - got - receiver.deliveries.qsize())
-                    if want > receiver.link.credit:
-                        receiver.grant(want)
+
+@contextlib.contextmanager
+def own_consumer(child: Child, queue: str, total: int, runner: asyncio.Runner, settled: bool) -> Iterator[Take]:
+    client, session = runner.run(own_connect(child, queue))
+    conn = client._conn
+
+    async def consume(count: int) -> None:
+        client.echoes = 0
+        client.target = count
+        client.echoed = asyncio.Event()
+        # Never more credit than this take still wants, so that nothing is delivered between takes.
+        receiver.grant(min(CREDIT, count))
+        for got in range(1, count + 1):
+            d = await receiver.receive(timeout=30)
             if not settled:
-                await asyncio.wait_for(client.echoed.wait(), 60)
+                conn.disposition(receiver.link, d.delivery_id, settled=False, state=Accepted())
+                client._flush()
+            if receiver.link.credit < CREDIT // 2:
+                want = min(CREDIT, count - got - receiver.deliveries.qsize())
+                if want > receiver.link.credit:
+                    receiver.grant(want)
+        if not settled:
+            await asyncio.wait_for(client.echoed.wait(), 60)
 
-        await take(WARMUP)
-        timer.start()
-        await take(n)
-        timer.stop()
+    try:
+        receiver = runner.run(own_receiver(session, queue, settled))
+        runner.run(consume(WARMUP))
+        yield lambda count: runner.run(consume(count))
         receiver.grant(0)
     finally:
-        await client.close()
+        runner.run(client.close())
 
 
 async def own_fill(child: Child, queue: str, n: int) -> None:
@@ -585,10 +606,11 @@ async def check_credit(child: Child, queue: str) -> str:
 
 
 class Measurement:
-    def __init__(self, name: str, n: int, run: Callable[[Child, str, int, Timer], None], fill: bool = False) -> None:
+    def __init__(self, name: str, n: int, step: int, opener: Opener, fill: bool = False) -> None:
         self.name = name
         self.n = n
-        self.run = run
+        self.step = step  # every take is a multiple of it (an SDK batch)
+        self.opener = opener
         self.fill = fill
         self.queue = name.replace("-", "")
 
@@ -597,18 +619,18 @@ def measurements(scale: float) -> list[Measurement]:
     def n(base: int, step: int) -> int:
         return max(step, int(base * scale) // step * step)
 
-    def aio(fn: Callable[..., Any], **kw: Any) -> Callable[[Child, str, int, Timer], None]:
-        return lambda child, q, count, timer: asyncio.run(fn(child, q, count, timer=timer, **kw))
+    def m(name: str, base: int, step: int, opener: Callable[..., Any], fill: bool = False, **kw: Any) -> Measurement:
+        return Measurement(name, n(base, step), step, partial(opener, **kw), fill)
 
     return [
-        Measurement("sdk-batch-send-100", n(20_000, 100), lambda c, q, k, t: sdk_send(c, q, k, 100, t)),
-        Measurement("sdk-batch-send-1000", n(20_000, 1000), lambda c, q, k, t: sdk_send(c, q, k, 1000, t)),
-        Measurement("sdk-receive-and-delete", n(10_000, 100), lambda c, q, k, t: sdk_receive(c, q, k, False, t), True),
-        Measurement("sdk-peek-lock-complete", n(6_000, 100), lambda c, q, k, t: sdk_receive(c, q, k, True, t), True),
-        Measurement("own-produce-unsettled", n(20_000, 100), aio(own_produce, settled=False)),
-        Measurement("own-produce-presettled", n(20_000, 100), aio(own_produce, settled=True)),
-        Measurement("own-consume-presettled", n(20_000, 100), aio(own_consume, settled=True), True),
-        Measurement("own-consume-unsettled", n(20_000, 100), aio(own_consume, settled=False), True),
+        m("sdk-batch-send-100", 20_000, 100, sdk_sender, batch=100),
+        m("sdk-batch-send-1000", 20_000, 1000, sdk_sender, batch=1000),
+        m("sdk-receive-and-delete", 10_000, 100, sdk_receiver, True, peek_lock=False),
+        m("sdk-peek-lock-complete", 6_000, 100, sdk_receiver, True, peek_lock=True),
+        m("own-produce-unsettled", 20_000, 100, own_producer, settled=False),
+        m("own-produce-presettled", 20_000, 100, own_producer, settled=True),
+        m("own-consume-presettled", 20_000, 100, own_consumer, True, settled=True),
+        m("own-consume-unsettled", 20_000, 100, own_consumer, True, settled=False),
     ]
 
 
@@ -635,18 +657,25 @@ def target_met(m: Measurement, ratio: float, per: float) -> bool:
 
 
 def measure(m: Measurement, broker: Child, null: Child, args: argparse.Namespace) -> tuple[float, float]:
-    """One run of ``m`` against the null endpoint, then against shardbus; prints its line, returns (ratio, broker
-    CPU us/msg)."""
-    results = {}
-    for child in (null, broker):
-        if m.fill and child is broker:
-            asyncio.run(own_fill(child, m.queue, m.n + WARMUP))
-            if args.profile:
-                broker.dump_profile()  # discard the fill
-        timer = Timer(child)
-        m.run(child, m.queue, m.n, timer)
-        results[child.name] = timer
-    s, z = results["shardbus"], results["null"]
+    """One run of ``m``: the same client opened against the null endpoint and against shardbus, its ``m.n``
+    messages taken in slices from each in turn (which of the two goes first alternates too), so that drift of
+    the machine's speed during the run reaches both alike; prints its line, returns (ratio, broker CPU us/msg)."""
+    steps = m.n // m.step
+    slices = max(1, min(args.slices, steps))
+    sizes = [(steps * (i + 1) // slices - steps * i // slices) * m.step for i in range(slices)]
+    if m.fill:
+        asyncio.run(own_fill(broker, m.queue, m.n + WARMUP))
+    timers = {null.name: Timer(null), broker.name: Timer(broker)}
+    with asyncio.Runner() as runner, contextlib.ExitStack() as stack:
+        takes = {child.name: stack.enter_context(m.opener(child, m.queue, m.n, runner)) for child in (null, broker)}
+        if args.profile:
+            broker.dump_profile()  # discard the fill and the warm-up
+        for i, size in enumerate(sizes):
+            for name in (null.name, broker.name)[:: 1 if i % 2 == 0 else -1]:
+                timers[name].start()
+                takes[name](size)
+                timers[name].stop()
+    s, z = timers[broker.name], timers[null.name]
     rate_s, rate_z = m.n / s.seconds, m.n / z.seconds
     total, loop = s.cpu
     ratio, per = rate_s / rate_z, total / m.n * 1e6
@@ -670,6 +699,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
     parser.add_argument("--sort", default="tottime", help="profile order: tottime or cumulative")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every measurement; prints medians")
+    parser.add_argument(
+        "--slices", type=int, default=SLICES, help="turns each endpoint gets per measurement (they alternate)"
+    )
     parser.add_argument("--only", default="", help="comma-separated measurement names (prefixes)")
     parser.add_argument("--check-credit", action="store_true", help="show sender-link credit after 10,000 sends")
     parser.add_argument(

@@ -2,22 +2,31 @@
 
 bench/amqp.py's timings swing by a third on these shared machines, more than most changes move them. An
 instruction count does not: the same code, input and Python give the same count, whatever else the machine does.
-So this script measures the broker's whole produce path the way callgrind can count it, in one process:
+So this script measures one of the broker's paths the way callgrind can count it, in one process:
 
-  1. ``record``: our engine's client opens a connection to an in-process broker (SASL PLAIN, a sender link to a
-     queue of a premium namespace) and records every byte it sends: the handshake, then ``--batches`` reads of
-     76 unsettled 1 KB transfers (about what one socket read brings the broker under bench/amqp.py's producer).
+  1. ``record``: our engine's client opens a connection to an in-process broker (SASL PLAIN, a premium
+     namespace's queue) and records every byte it sends, read by read, as a socket would bring them:
+       - ``produce``: a sender link, then ``--batches`` reads of 76 unsettled 1 KB transfers (about what one
+         socket read brings the broker under bench/amqp.py's producer);
+       - ``peek-lock``: a peek-lock receiver link on a queue holding ``--batches`` x 100 messages, then per batch
+         a flow granting 100 credits and 100 reads of one ``accepted`` disposition each: what the SDK sends for
+         ``receive_messages(max_message_count=100)`` and a ``complete_message`` per message;
+       - ``receive-and-delete``: the same with a receive-and-delete link, so a batch is just the flow.
   2. ``replay``: a fresh broker (durable SQLite store, as ``shardbus serve`` runs it) is fed those bytes through
      its real ``AmqpProtocol`` and ``ServiceBusConnection``, with a transport that keeps what it is given; each
-     read waits for its dispositions, so every batch is decoded, routed, stored (one commit) and acknowledged.
-  3. callgrind counts the replay with ``--batches`` reads and with none; the difference over the messages is the
-     broker's instructions per message (event loop and store threads, user space: the kernel's share of a write
-     and an fsync is not counted).
+     read waits for its answer (dispositions; all 100 transfers; the echo), so every step runs to its end.
+     Settlements linger for company before their commit (``SETTLE_LINGER``), and how many share one depends on
+     the clock, which callgrind slows fifty-fold; so the replay lets them linger for ever and commits them itself
+     every ``SETTLE_GROUP`` completes (about what a 2 ms linger gathers at the SDK's pace) and after each batch.
+  3. callgrind counts the replay with ``--batches`` batches and with none (the consume paths still fill their
+     queue: the fill is in both counts); the difference over the messages is the broker's instructions per
+     message (event loop and store threads, user space: the kernel's share of a write and an fsync is not
+     counted).
 
 With ``--base REV`` the same recording is replayed by that git revision's ``src`` too (checked out into a
 temporary directory), and the line ends with ``ratio`` = this checkout / base: below 1 is fewer instructions.
 
-    python bench/amqp_instructions.py [--batches N] [--base REV]
+    python bench/amqp_instructions.py [--path produce|peek-lock|receive-and-delete] [--batches N] [--base REV]
 """
 
 from __future__ import annotations
@@ -32,25 +41,37 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve()
-BATCH = 76
+BATCH = 76  # transfers per produce read
+CONSUME_BATCH = 100  # credit per consume batch (the SDK bench's max_message_count)
+SETTLE_GROUP = 8  # completes per commit in the peek-lock replay
 BODY = bytes(range(256)) * 4
 MESSAGE_ID = "5b4f3c1e-0000-4000-8000-000000000001"  # fixed, so that every run packs the same bytes
+PATHS = ("produce", "peek-lock", "receive-and-delete")
 
 
 class KeepingTransport:
-    """What ``AmqpProtocol`` writes to, kept; ``written`` is set at each write (the broker's acknowledgements)."""
+    """What ``AmqpProtocol`` writes to, kept; ``written`` is set at each write (the broker's answers)."""
 
     def __init__(self) -> None:
         self.out: list[bytes] = []
-        self.written: asyncio.Event | None = None
+        self.written = asyncio.Event()
 
     def write(self, data: bytes) -> None:
         self.out.append(data)
-        if self.written is not None:
-            self.written.set()
+        self.written.set()
+
+    async def answer(self) -> None:
+        """Wait for a write since the last wait (or ``feed``)."""
+        await self.written.wait()
+        self.written.clear()
+
+    def feed(self, protocol: Any, data: bytes) -> None:
+        """Hand ``protocol`` one read (``answer`` then waits for what it writes in reply)."""
+        self.written.clear()
+        protocol.data_received(data)
 
     def close(self) -> None:
         pass
@@ -62,70 +83,185 @@ class KeepingTransport:
         return default
 
 
-async def _broker(data_dir: str) -> tuple[Any, Any, KeepingTransport]:
-    """A premium namespace with queue ``q`` served to one in-process connection."""
-    from shardbus.amqp.transport import AmqpProtocol
-    from shardbus.endpoint.connection import NamespaceDirectory, ServiceBusConnection
+class Recording(NamedTuple):
+    path: str
+    handshake: list[bytes]  # reads before the measured part
+    batches: list[list[bytes]]  # per batch, its reads
+
+
+def _namespace(data_dir: str) -> Any:
+    """A premium namespace with queue ``q``."""
     from shardbus.namespace import Namespace
 
     ns = Namespace(data_dir, tier="premium")
     ns.create_queue("q")
+    return ns
+
+
+def _connect(ns: Any) -> tuple[Any, KeepingTransport]:
+    """A new in-process connection to ``ns``: its protocol and transport."""
+    from shardbus.amqp.transport import AmqpProtocol
+    from shardbus.endpoint.connection import NamespaceDirectory, ServiceBusConnection
+
     handler = ServiceBusConnection(NamespaceDirectory({"ns": ns}, "ns", {"ns": {"K": "V"}}), asyncio.get_running_loop())
     protocol = AmqpProtocol(handler.amqp, handler)
     transport = KeepingTransport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
-    return ns, protocol, transport
+    return protocol, transport
 
 
-async def record(path: str, batches: int) -> None:
-    """Run the client against an in-process broker; save (handshake reads, transfer reads) to ``path``."""
+def _client(role: bool, settled: bool = False) -> tuple[Any, Any]:
+    """Our engine's client, SASL PLAIN, with one link to ``q``: a sender, or a receiver (receive-and-delete when
+    ``settled``, else peek-lock); returns (connection, link)."""
     from shardbus.amqp.connection import Connection, Role
+    from shardbus.amqp.performatives import SENDER, SndSettleMode, Source, Target
+
+    client = Connection(Role.CLIENT, "c", hostname="localhost", sasl_mechanism="PLAIN", username="K", password="V")
+    client.open()
+    session = client.begin(incoming_window=0x7FFFFFFF)
+    if role == SENDER:
+        return client, client.attach(session, "snd", SENDER, source=Source(), target=Target(address="q"))
+    mode = SndSettleMode.SETTLED if settled else SndSettleMode.UNSETTLED
+    return client, client.attach(
+        session, "rcv", not SENDER, source=Source(address="q"), target=Target(), snd_settle_mode=mode
+    )
+
+
+def _answered(client: Any, transport: KeepingTransport) -> list[Any]:
+    """Hand the client what the broker wrote; the client's events."""
+    client.receive_data(b"".join(transport.out))
+    transport.out.clear()
+    return client.next_events()
+
+
+async def _handshake(client: Any, protocol: Any, transport: KeepingTransport) -> list[bytes]:
+    """Run the client's opening (each step its own read, as a socket would bring it); returns the reads."""
+    reads: list[bytes] = []
+    for _ in range(20):
+        data = client.data_to_send()
+        if data:
+            reads.append(data)
+            protocol.data_received(data)
+        await asyncio.sleep(0.01)
+        if transport.out:
+            _answered(client, transport)
+    return reads
+
+
+def _payload() -> bytes:
     from shardbus.amqp.message import AmqpMessage, BodyType, Properties
-    from shardbus.amqp.performatives import SENDER, Source, Target
 
-    payload = AmqpMessage(properties=Properties(message_id=MESSAGE_ID), body=[BODY], body_type=BodyType.DATA).encode()
+    return AmqpMessage(properties=Properties(message_id=MESSAGE_ID), body=[BODY], body_type=BodyType.DATA).encode()
+
+
+async def _fill(ns: Any, count: int) -> None:
+    """Send ``count`` messages to ``q`` over AMQP, as a client would (so they keep their wire sections)."""
+    from shardbus.amqp import events as E
+    from shardbus.amqp.performatives import SENDER
+
+    protocol, transport = _connect(ns)
+    client, link = _client(SENDER)
+    await _handshake(client, protocol, transport)
+    if link.credit < count:
+        raise SystemExit(f"the broker granted {link.credit} credits, fewer than the {count} messages to fill")
+    payload = _payload()
+    for start in range(0, count, BATCH):
+        todo = min(BATCH, count - start)
+        for i in range(todo):
+            client.send_transfer(link, (start + i).to_bytes(16, "little"), payload)
+        transport.feed(protocol, client.data_to_send())
+        done = 0
+        while done < todo:
+            await transport.answer()
+            events = _answered(client, transport)
+            done += sum(e.last - e.first + 1 for e in events if isinstance(e, E.DispositionReceived))
+
+
+def _delivered(protocol: Any) -> int:
+    """Deliveries the broker has sent on this connection (its sessions' next delivery ids)."""
+    return sum(s.next_delivery_id for s in protocol.conn._local_sessions.values())
+
+
+async def record(file: str, path: str, batches: int) -> None:
+    """Run the client for ``path`` against an in-process broker; save its reads to ``file``."""
+    from shardbus.amqp import events as E
+    from shardbus.amqp.performatives import RECEIVER, SENDER, Accepted
+
+    consume = path != "produce"
     with tempfile.TemporaryDirectory(prefix="shardbus-instr-") as data_dir:
-        ns, protocol, transport = await _broker(data_dir)
-        client = Connection(Role.CLIENT, "c", hostname="localhost", sasl_mechanism="PLAIN", username="K", password="V")
-        client.open()
-        session = client.begin(incoming_window=0x7FFFFFFF)
-        link = client.attach(session, "snd", SENDER, source=Source(), target=Target(address="q"))
-        handshake: list[bytes] = []
-        for _ in range(20):  # each step as its own read, as a socket would bring it
-            data = client.data_to_send()
-            if data:
-                handshake.append(data)
-                protocol.data_received(data)
-            await asyncio.sleep(0.01)
-            if transport.out:
-                client.receive_data(b"".join(transport.out))
-                transport.out.clear()
-                client.next_events()
-        if link.credit < batches * BATCH:
-            raise SystemExit(f"the broker granted {link.credit} credits; use at most {link.credit // BATCH} batches")
-        reads = []
-        for b in range(batches):
-            for i in range(BATCH):
-                client.send_transfer(link, (b * BATCH + i).to_bytes(16, "little"), payload)
-            reads.append(client.data_to_send())
+        ns = _namespace(data_dir)
+        if consume:
+            await _fill(ns, batches * CONSUME_BATCH)
+        protocol, transport = _connect(ns)
+        client, link = _client(RECEIVER if consume else SENDER, settled=path == "receive-and-delete")
+        handshake = await _handshake(client, protocol, transport)
+        reads: list[list[bytes]] = []
+        if not consume:
+            if link.credit < batches * BATCH:
+                most = link.credit // BATCH
+                raise SystemExit(f"the broker granted {link.credit} credits; use at most {most} batches")
+            payload = _payload()
+            for b in range(batches):
+                for i in range(BATCH):
+                    client.send_transfer(link, (b * BATCH + i).to_bytes(16, "little"), payload)
+                reads.append([client.data_to_send()])
+        for _ in range(batches if consume else 0):
+            client.flow(link, link_credit=CONSUME_BATCH)
+            batch = [client.data_to_send()]
+            transport.feed(protocol, batch[0])
+            ids: list[int] = []
+            while len(ids) < CONSUME_BATCH:
+                await transport.answer()
+                ids += [e.delivery_id for e in _answered(client, transport) if isinstance(e, E.DeliveryReceived)]
+            if path == "peek-lock":
+                for delivery_id in ids:
+                    client.disposition(link, delivery_id, settled=False, state=Accepted())
+                    batch.append(client.data_to_send())
+                    transport.feed(protocol, batch[-1])
+                    await transport.answer()  # the echo
+                    _answered(client, transport)
+            reads.append(batch)
         ns.close()
-    Path(path).write_bytes(pickle.dumps((handshake, reads)))
+    Path(file).write_bytes(pickle.dumps(Recording(path, handshake, reads)))
 
 
-async def replay(path: str, batches: int) -> None:
-    handshake, reads = pickle.loads(Path(path).read_bytes())
+async def replay(file: str, batches: int) -> None:
+    recording: Recording = pickle.loads(Path(file).read_bytes())
+    from shardbus.partition import broker
     from shardbus.server import tune_garbage_collector
 
+    consume = recording.path != "produce"
+    broker.SETTLE_LINGER = 3600.0  # commits come from ``settled`` below, never from the clock
     with tempfile.TemporaryDirectory(prefix="shardbus-instr-") as data_dir:
-        ns, protocol, transport = await _broker(data_dir)
-        for data in handshake:
+        ns = _namespace(data_dir)
+        if consume:
+            await _fill(ns, len(recording.batches) * CONSUME_BATCH)
+        protocol, transport = _connect(ns)
+        partition = ns.resolve("q")[0].partitions[0]
+
+        def settled() -> None:
+            partition._committer.wait_idle()
+
+        for data in recording.handshake:
             protocol.data_received(data)
             await asyncio.sleep(0.01)
         tune_garbage_collector()  # as the broker does once it serves
-        for data in reads[:batches]:
-            transport.written = asyncio.Event()
-            protocol.data_received(data)
-            await transport.written.wait()  # the dispositions: stored
+        for reads in recording.batches[:batches]:
+            if not consume:
+                transport.feed(protocol, reads[0])
+                await transport.answer()  # the dispositions: stored
+                continue
+            expected = _delivered(protocol) + CONSUME_BATCH
+            transport.feed(protocol, reads[0])
+            while _delivered(protocol) < expected:
+                await transport.answer()
+            for i, data in enumerate(reads[1:], 1):
+                transport.feed(protocol, data)
+                await transport.answer()  # the echo
+                if i % SETTLE_GROUP == 0:
+                    settled()
+            settled()
+            transport.out.clear()
         ns.close()
 
 
@@ -140,17 +276,22 @@ def instructions(src: Path, recording: str, batches: int) -> int:
     return int(match[1])
 
 
-def per_message(src: Path, recording: str, batches: int) -> float:
-    return (instructions(src, recording, batches) - instructions(src, recording, 0)) / (batches * BATCH)
+def per_message(src: Path, recording: str, batches: int, messages: int) -> float:
+    return (instructions(src, recording, batches) - instructions(src, recording, 0)) / messages
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=100, help="reads of 76 transfers (at most 131)")
+    parser.add_argument("--path", choices=PATHS, default="produce", help="what the client does")
+    parser.add_argument(
+        "--batches", type=int, help="produce: reads of 76 transfers (at most 131, default 100); consume: of 100 (60)"
+    )
     parser.add_argument("--base", help="a git revision to compare with")
     parser.add_argument("--replay", help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.batches is None:
+        args.batches = 100 if args.path == "produce" else 60
     if args.replay:
         sys.path.insert(0, args.src)
         asyncio.run(replay(args.replay, args.batches))
@@ -161,7 +302,7 @@ def main() -> None:
     sys.path.insert(0, str(src))
     with tempfile.TemporaryDirectory(prefix="shardbus-instr-") as tmp:
         recording = os.path.join(tmp, "client.bin")
-        asyncio.run(record(recording, args.batches))
+        asyncio.run(record(recording, args.path, args.batches))
         base_src = None
         if args.base:  # first, so that a bad revision fails before the long part
             base = Path(tmp) / "base"
@@ -171,11 +312,18 @@ def main() -> None:
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
             base_src = base / "src"
-        print(f"broker produce path, {args.batches} x {BATCH} unsettled 1 KB transfers, callgrind", flush=True)
-        ours = per_message(src, recording, args.batches)
+        size = BATCH if args.path == "produce" else CONSUME_BATCH
+        what = {
+            "produce": "unsettled 1 KB transfers",
+            "peek-lock": "peek-lock deliveries of 1 KB, each completed in its own read",
+            "receive-and-delete": "receive-and-delete deliveries of 1 KB",
+        }[args.path]
+        print(f"broker {args.path} path, {args.batches} x {size} {what}, callgrind", flush=True)
+        messages = args.batches * size
+        ours = per_message(src, recording, args.batches, messages)
         line = f"instructions per message: {ours:,.0f}"
         if base_src is not None:
-            theirs = per_message(base_src, recording, args.batches)
+            theirs = per_message(base_src, recording, args.batches, messages)
             line += f"  base {args.base}: {theirs:,.0f}  ratio={ours / theirs:.3f}"
         print(line)
 

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -73,6 +73,7 @@ from .management import OPERATIONS, ManagementContext, ManagementReply
 from .mapping import decode_batch_to_messages, decode_to_message, encode_delivery
 
 log = logging.getLogger("shardbus.amqp")
+_ACCEPTED = Accepted()  # fieldless, so one instance serves every echo
 
 CBS = "$cbs"
 SESSION_FILTER = "com.microsoft:session-filter"
@@ -184,6 +185,7 @@ class ServiceBusConnection:
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
         self._pending_sends: list[tuple[Any, ev.DeliveryReceived, list[Message]]] = []
         self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
+        self._watched: Future | None = None  # the settlement write ``_log_failure_of`` saw last
         self._coordinators: set[Any] = set()
         self._transactions: dict[bytes, _Txn] = {}
         self._later_fns: list[Callable[[], None]] = []  # for the loop, from other threads (``_later``)
@@ -229,6 +231,13 @@ class ServiceBusConnection:
     def _flush(self) -> None:
         if self.protocol is not None:
             self.protocol.flush()
+
+    def _log_failure_of(self, future: Future) -> None:
+        """Log if a settlement's write fails. Settlements that linger together share their write's future (see
+        store/committer.py), so one watch covers a run of them."""
+        if future is not self._watched:
+            self._watched = future
+            future.add_done_callback(_log_failure)
 
     def _later(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the connection's event loop (from any thread), then write what it produced. Calls made
@@ -696,7 +705,7 @@ class ServiceBusConnection:
         _observe_all(RECEIVE_SECONDS, [max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000 for m in sent])
         if settled and sent:
             for future in receiver.submit_complete(sent):
-                future.add_done_callback(_log_failure)
+                self._log_failure_of(future)
         return len(sent)
 
     def _wait_for_messages(self, link: Any, state: _ReceiveLink) -> None:
@@ -741,12 +750,17 @@ class ServiceBusConnection:
         pending, self._pending_completes = self._pending_completes, []
         if not pending or self.closed or self.amqp.is_done:
             return
-        groups: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
-        for item in pending:
-            receiver = item[1]
-            groups.setdefault((id(receiver), partition_of_lock_token(item[2])), (receiver, []))[1].append(item)
+        groups: Iterable[tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]]
+        if len(pending) == 1:  # the SDK completes one message per call
+            groups = ((pending[0][1], pending),)
+        else:
+            by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+            for item in pending:
+                receiver = item[1]
+                by_key.setdefault((id(receiver), partition_of_lock_token(item[2])), (receiver, []))[1].append(item)
+            groups = by_key.values()
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
-        for receiver, items in groups.values():
+        for receiver, items in groups:
             try:
                 futures = receiver.submit_complete([token for _, _, token, _ in items])
             except ShardbusError:
@@ -759,7 +773,7 @@ class ServiceBusConnection:
                 continue
             # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
             for future in futures:
-                future.add_done_callback(_log_failure)
+                self._log_failure_of(future)
             self._echo_accepted(items, echo)
         self._send_echoes(echo)
 
@@ -773,15 +787,18 @@ class ServiceBusConnection:
     def _send_echoes(self, echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Echo ``accepted`` for the noted deliveries: one range disposition per run of consecutive ids."""
         for link, ids in echo.values():
+            if len(ids) == 1:
+                self.amqp.disposition(link, ids[0], None, state=_ACCEPTED)
+                continue
             # Only ids in the list may be covered: the others in between may be another link's deliveries.
             ids.sort()
             start = prev = ids[0]
             for did in ids[1:]:
                 if did != prev + 1:
-                    self.amqp.disposition(link, start, None if prev == start else prev, state=Accepted())
+                    self.amqp.disposition(link, start, None if prev == start else prev, state=_ACCEPTED)
                     start = did
                 prev = did
-            self.amqp.disposition(link, start, None if prev == start else prev, state=Accepted())
+            self.amqp.disposition(link, start, None if prev == start else prev, state=_ACCEPTED)
 
     # ------------------------------------------------------------------------------------------------------
     # AMQP transactions (a coordinator link declares and discharges; transfers and dispositions carry
@@ -907,7 +924,7 @@ class ServiceBusConnection:
                 future.add_done_callback(lambda f: self._later(lambda: self._echo_verdict(ref, f, outcome)))
             return
         if future is not None:
-            future.add_done_callback(_log_failure)
+            self._log_failure_of(future)
         if not settled:
             self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=outcome)
 
@@ -935,7 +952,7 @@ class ServiceBusConnection:
 def _log_failure(f: Future) -> None:
     exc = f.exception()
     if exc is not None:
-        log.warning("a settlement's store write failed (the message will be delivered again): %s", exc)
+        log.warning("settlements' store write failed (their messages will be delivered again): %s", exc)
 
 
 _HANDLERS: dict[type, Callable[[ServiceBusConnection, Any], None]] = {

@@ -231,7 +231,7 @@ class PartitionBroker:
         self._lock = threading.RLock()
         self._slots: dict[int, SlotSettings] = {}
         self._queues: dict[tuple[int, int], MessageQueue] = {}
-        self._locks: dict[uuid.UUID, Entry] = {}
+        self._locks: dict[int, Entry] = {}  # by lock token's int: hashing a UUID runs Python code
         self._dedup: dict[str, int] = {}
         self._next_seq = 1
         self._visible_next = 1  # every sequence number below it is visible or gone (see make_visible)
@@ -392,7 +392,7 @@ class PartitionBroker:
                     for entry in q.entries.values():
                         self._size -= entry.size
                         if entry.msg.lock_token is not None:
-                            self._locks.pop(entry.msg.lock_token, None)
+                            self._locks.pop(entry.msg.lock_token.int, None)
             for key in [k for k in self._session_states if k[0] == slot]:
                 del self._session_states[key]
             return self._write([("drop_slot", slot)])
@@ -422,7 +422,7 @@ class PartitionBroker:
         msg = entry.msg
         token = msg.lock_token
         if token is not None:
-            self._locks.pop(token, None)
+            self._locks.pop(token.int, None)
             if q.sessions is not None and msg.session_id is not None:
                 session = q.sessions.get(msg.session_id)
                 if session is not None:
@@ -732,7 +732,7 @@ class PartitionBroker:
                 msg.lock_token = token
                 msg.locked_until_ms = until
                 msg.delivery_count += 1
-                locks[token] = entry
+                locks[token.int] = entry
                 push(lock_heap, (until, entry.seq, token))
                 out.append(msg.copy())
             self._slot_stats(slot).delivered += len(out)
@@ -767,7 +767,7 @@ class PartitionBroker:
             if session is None or session.holder != token or session.locked_until > now:
                 continue  # released or renewed since
             for message_token in list(session.locked):
-                entry = self._locks.get(message_token)
+                entry = self._locks.get(message_token.int)
                 if entry is not None:
                     self._slot_stats(entry.slot).lock_expired += 1
                     self._unlock(q, entry, settings, count_delivery=True, writes=writes)
@@ -775,7 +775,7 @@ class PartitionBroker:
         lock_heap = q.lock_heap
         while lock_heap and lock_heap[0][0] <= now:
             _, seq, token = heapq.heappop(lock_heap)
-            entry = self._locks.get(token)
+            entry = self._locks.get(token.int)
             if entry is None or entry.msg.lock_token != token or entry.msg.locked_until_ms > now:
                 continue  # settled or renewed since
             self._slot_stats(entry.slot).lock_expired += 1
@@ -858,7 +858,7 @@ class PartitionBroker:
     # settling
     # ------------------------------------------------------------------------------------------------------
     def _locked_entry(self, slot: int, token: uuid.UUID, now: int) -> Entry:
-        entry = self._locks.get(token)
+        entry = self._locks.get(token.int)
         if entry is None or entry.slot != slot or entry.msg.locked_until_ms <= now:
             if entry is not None and entry.msg.session_id is not None and self._is_session_slot(slot):
                 raise SessionLockLost(
@@ -1029,7 +1029,7 @@ class PartitionBroker:
                     token = new_lock_token(self.id)
                     entry.msg.lock_token = token
                     entry.msg.delivery_count += 1
-                    self._locks[token] = entry
+                    self._locks[token.int] = entry
                     if held is not None:  # a session's messages are locked by the session lock
                         entry.msg.locked_until_ms = held.locked_until
                         held.locked.add(token)
@@ -1121,7 +1121,7 @@ class PartitionBroker:
                 msg.lock_token = message_token
                 msg.locked_until_ms = session.locked_until
                 msg.delivery_count += 1
-                self._locks[message_token] = entry
+                self._locks[message_token.int] = entry
                 session.locked.add(message_token)
                 out.append(msg.copy())
             self._slot_stats(slot).delivered += len(out)
@@ -1137,7 +1137,7 @@ class PartitionBroker:
             q, session = self._held_session(slot, session_id, token, now)
             session.locked_until = until = now + self._slots[slot].lock_duration_ms
             for message_token in session.locked:
-                entry = self._locks.get(message_token)
+                entry = self._locks.get(message_token.int)
                 if entry is not None:
                     entry.msg.locked_until_ms = until
             heapq.heappush(q.session_locks, (until, session_id, token))
@@ -1154,7 +1154,7 @@ class PartitionBroker:
                 return
             writes: list[Op] = []
             for message_token in list(session.locked):
-                entry = self._locks.get(message_token)
+                entry = self._locks.get(message_token.int)
                 if entry is not None:
                     self._unlock(q, entry, self._slots[slot], count_delivery=False, writes=writes)
             session.holder = None

@@ -13,6 +13,9 @@ A submission may also ``linger``: wait up to that many seconds for company befor
 nobody waits for (settlements, whose outcome the client already has) use it, so that a stream of one-at-a-time
 completes shares a few transactions instead of paying one each. Any submission without it (a send, which is
 acknowledged only once stored) ends the wait at once and takes the lingering ones along, in order.
+Consecutive lingering submissions without ``on_commit`` also share one future: they are written in the same
+batch and so have the same outcome, and a future per settlement (a condition variable made on the event loop,
+resolved on the store's thread) was work every complete paid for nothing.
 """
 
 from __future__ import annotations
@@ -56,18 +59,25 @@ class GroupCommitter:
         self._running = False
         self._urgent = False  # something pending must not wait (a plain submission, or wait_idle)
         self._write_by = 0.0  # monotonic deadline of the oldest pending lingering submission
+        self._shared: Future | None = None  # the last pending submission's future, if later ones may join it
         self._idle = threading.Event()
         self._idle.set()
 
     def submit(self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0) -> Future:
-        future: Future = Future()
+        """Queue ``ops`` for the next batch; the future resolves (to ``on_commit``'s result) once it is durable."""
         with self._lock:
+            shareable = linger > 0 and on_commit is None
+            if shareable and self._shared is not None:
+                self._pending[-1][0].extend(ops)  # our own copy (below): the caller's list is never changed
+                return self._shared
+            future: Future = Future()
             if linger <= 0:
                 self._urgent = True
                 self._wake.notify()
             elif not self._pending or self._urgent:
                 self._write_by = time.monotonic() + linger
-            self._pending.append((ops, on_commit, future))
+            self._pending.append((list(ops) if shareable else ops, on_commit, future))
+            self._shared = future if shareable else None
             if self._running:
                 return future
             self._running = True
@@ -89,6 +99,7 @@ class GroupCommitter:
                     self._idle.set()
                     return
                 self._pending = []
+                self._shared = None
                 self._urgent = False
             ops: list[Op] = []
             for item in batch:

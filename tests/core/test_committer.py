@@ -1,0 +1,73 @@
+"""GroupCommitter: lingering settlements share one batch and one future; everything else keeps its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shardbus.store.committer import GroupCommitter
+
+
+class RecordingStore:
+    """Just ``apply``: keeps every batch it is given, or fails them all when told to."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+        self.fail = False
+
+    def apply(self, ops: list[Any]) -> None:
+        if self.fail:
+            raise OSError("disk full")
+        self.batches.append(list(ops))
+
+
+def _committer(store: RecordingStore) -> GroupCommitter:
+    return GroupCommitter(store, lambda exc: RuntimeError(f"store failed: {exc}"))  # type: ignore[arg-type]
+
+
+def test_lingering_writes_share_one_batch_and_one_future() -> None:
+    store = RecordingStore()
+    committer = _committer(store)
+    first_ops = [("delete", 0, [1])]
+    first = committer.submit(first_ops, linger=30.0)
+    second = committer.submit([("delete", 0, [2])], linger=30.0)
+    third = committer.submit([("delete", 0, [3])], linger=30.0)
+    assert second is first and third is first
+    assert not first.done()  # still lingering
+    assert committer.wait_idle(5)
+    assert first.result(5) is None
+    assert store.batches == [[("delete", 0, [1]), ("delete", 0, [2]), ("delete", 0, [3])]]
+    assert first_ops == [("delete", 0, [1])]  # the caller's list is not the one that grew
+
+
+def test_writes_that_must_not_wait_or_report_keep_their_own_future() -> None:
+    store = RecordingStore()
+    committer = _committer(store)
+    lingering = committer.submit([("delete", 0, [1])], linger=30.0)
+    reported = committer.submit([("delete", 0, [2])], on_commit=lambda: "visible", linger=30.0)
+    after = committer.submit([("delete", 0, [3])], linger=30.0)
+    urgent = committer.submit([("put", 0, [4])])
+    assert len({id(lingering), id(reported), id(after), id(urgent)}) == 4
+    assert reported.result(5) == "visible"
+    for future in (lingering, after, urgent):
+        assert future.result(5) is None
+    assert committer.wait_idle(5)
+    applied = [op for batch in store.batches for op in batch]
+    assert applied == [("delete", 0, [1]), ("delete", 0, [2]), ("delete", 0, [3]), ("put", 0, [4])]
+
+
+def test_a_failed_batch_fails_every_write_that_shared_it() -> None:
+    store = RecordingStore()
+    store.fail = True
+    committer = _committer(store)
+    futures = [committer.submit([("delete", 0, [i])], linger=30.0) for i in range(3)]
+    assert committer.wait_idle(5)
+    for future in futures:
+        with pytest.raises(RuntimeError, match="disk full"):
+            future.result(5)
+    store.fail = False
+    later = committer.submit([("delete", 0, [9])], linger=30.0)
+    assert later is not futures[0]  # a new batch, a new future
+    assert committer.wait_idle(5)
+    assert later.result(5) is None
