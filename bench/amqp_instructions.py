@@ -148,6 +148,13 @@ async def _handshake(client: Any, protocol: Any, transport: KeepingTransport) ->
     return reads
 
 
+def _transfers(client: Any, link: Any, first: int, count: int, payload: bytes) -> bytes:
+    """``count`` unsettled transfers of ``payload`` (tags counting from ``first``), as one read's bytes."""
+    for i in range(first, first + count):
+        client.send_transfer(link, i.to_bytes(16, "little"), payload)
+    return client.data_to_send()
+
+
 def _payload() -> bytes:
     from shardbus.amqp.message import AmqpMessage, BodyType, Properties
 
@@ -167,9 +174,7 @@ async def _fill(ns: Any, count: int) -> None:
     payload = _payload()
     for start in range(0, count, BATCH):
         todo = min(BATCH, count - start)
-        for i in range(todo):
-            client.send_transfer(link, (start + i).to_bytes(16, "little"), payload)
-        transport.feed(protocol, client.data_to_send())
+        transport.feed(protocol, _transfers(client, link, start, todo, payload))
         done = 0
         while done < todo:
             await transport.answer()
@@ -201,10 +206,7 @@ async def record(file: str, path: str, batches: int) -> None:
                 most = link.credit // BATCH
                 raise SystemExit(f"the broker granted {link.credit} credits; use at most {most} batches")
             payload = _payload()
-            for b in range(batches):
-                for i in range(BATCH):
-                    client.send_transfer(link, (b * BATCH + i).to_bytes(16, "little"), payload)
-                reads.append([client.data_to_send()])
+            reads += [[_transfers(client, link, b * BATCH, BATCH, payload)] for b in range(batches)]
         for _ in range(batches if consume else 0):
             client.flow(link, link_credit=CONSUME_BATCH)
             batch = [client.data_to_send()]

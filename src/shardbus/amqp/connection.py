@@ -134,13 +134,6 @@ def _disposition_body(
 ) -> bytes | None:
     """The encoded ``disposition``, byte for byte what ``Disposition.encode`` gives (trailing nulls and defaults
     omitted), or None for flags that are not ``bool`` (left to the generic encoder)."""
-    if settled is True and batchable is False and role.__class__ is bool:
-        encoded = _EMPTY_STATE_BYTES.get(state.__class__)
-        if encoded is not None:  # a settled echo of accepted or released: every settlement's answer
-            body = b"".join(
-                (b"\x41" if role else b"\x42", _uint(first), b"\x40" if last is None else _uint(last), b"\x41", encoded)
-            )
-            return bytes((0x00, 0x53, 0x15, 0xC0, len(body) + 1, 5)) + body
     if settled.__class__ is not bool or batchable.__class__ is not bool or role.__class__ is not bool:
         return None
     parts = [b"\x41" if role else b"\x42", _uint(first)]

@@ -787,9 +787,6 @@ class ServiceBusConnection:
     def _send_echoes(self, echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Echo ``accepted`` for the noted deliveries: one range disposition per run of consecutive ids."""
         for link, ids in echo.values():
-            if len(ids) == 1:
-                self.amqp.disposition(link, ids[0], None, state=_ACCEPTED)
-                continue
             # Only ids in the list may be covered: the others in between may be another link's deliveries.
             ids.sort()
             start = prev = ids[0]
