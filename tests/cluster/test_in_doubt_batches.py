@@ -189,9 +189,9 @@ class _GatedStore(SqliteStore):
         self.gate = threading.Event()
         self.gate.set()
 
-    def apply(self, ops) -> None:
+    def apply(self, ops, sync=True) -> None:
         self.gate.wait(10)
-        super().apply(ops)
+        super().apply(ops, sync)
 
 
 def _broker(path: Path, clock=time.time, store=SqliteStore) -> PartitionBroker:

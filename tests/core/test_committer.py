@@ -14,12 +14,14 @@ class RecordingStore:
 
     def __init__(self) -> None:
         self.batches: list[list[Any]] = []
+        self.synced: list[bool] = []  # each batch's ``sync``
         self.fail = False
 
-    def apply(self, ops: list[Any]) -> None:
+    def apply(self, ops: list[Any], sync: bool = True) -> None:
         if self.fail:
             raise OSError("disk full")
         self.batches.append(list(ops))
+        self.synced.append(sync)
 
 
 def _committer(store: RecordingStore) -> GroupCommitter:
@@ -71,3 +73,15 @@ def test_a_failed_batch_fails_every_write_that_shared_it() -> None:
     assert later is not futures[0]  # a new batch, a new future
     assert committer.wait_idle(5)
     assert later.result(5) is None
+
+
+def test_lingering_writes_alone_skip_the_sync_and_ride_along_a_synced_batch() -> None:
+    store = RecordingStore()
+    committer = _committer(store)
+    committer.submit([("delete", 0, [1])], linger=30.0)
+    assert committer.wait_idle(5)
+    committer.submit([("delete", 0, [2])], linger=30.0)
+    committer.submit([("put", 0, [3])]).result(5)  # a send: ends the linger, and its batch is synced
+    assert committer.wait_idle(5)
+    assert store.batches == [[("delete", 0, [1])], [("delete", 0, [2]), ("put", 0, [3])]]
+    assert store.synced == [False, True]

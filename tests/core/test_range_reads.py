@@ -136,10 +136,10 @@ def test_end_only_covers_messages_whose_store_write_committed(ns):
     gate, entered = threading.Event(), threading.Event()
     real_apply = store.apply
 
-    def held_apply(ops):
+    def held_apply(ops, sync=True):
         entered.set()
         assert gate.wait(10)
-        real_apply(ops)
+        real_apply(ops, sync)
 
     store.apply = held_apply
     try:

@@ -179,10 +179,10 @@ def test_concurrent_sends_share_commits(ns):
     commits = 0
     real_apply = store.apply
 
-    def counting_apply(ops):
+    def counting_apply(ops, sync=True):
         nonlocal commits
         commits += 1
-        real_apply(ops)
+        real_apply(ops, sync)
 
     store.apply = counting_apply
     per_thread, threads = 50, 8

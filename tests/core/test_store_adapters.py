@@ -172,6 +172,26 @@ def test_delete(kit: Kit, store: MessageStore) -> None:
     assert [r.seq for r in _reload(kit, store).rows[0]] == [1, 3]
 
 
+def test_unsynced_batches_keep_their_order_among_synced_ones(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(s) for s in range(1, 6)])])
+    store.apply([("delete", 0, [1, 2])], sync=False)  # a settlement's commit: no fsync
+    store.apply([("put", 0, [_row(6)])])
+    store.apply([("delete", 0, [6])], sync=False)
+    assert [r.seq for r in _reload(kit, store).rows[0]] == [3, 4, 5]
+
+
+def test_sqlite_syncs_exactly_the_batches_asked_to(tmp_path) -> None:
+    store = SqliteStore(tmp_path / "p.db")
+    setting = lambda: store._db.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  (2 FULL, 1 NORMAL)
+    store.apply([("create_slot", 0)])
+    assert setting() == 2
+    store.apply([("delete", 0, [1])], sync=False)
+    assert setting() == 1
+    store.apply([("put", 0, [_row(1)])])
+    assert setting() == 2
+    store.close()
+
+
 def test_update_changes_only_mutable_columns(kit: Kit, store: MessageStore) -> None:
     store.apply([("create_slot", 0), ("put", 0, [_row(1), _row(2, dead_letter=b"x")])])
     store.apply(

@@ -1421,11 +1421,11 @@ class _FaultableStore:
     def load(self) -> Any:
         return self._store.load()
 
-    def apply(self, ops: list[Op]) -> None:
+    def apply(self, ops: list[Op], sync: bool = True) -> None:
         when, self._broker._fail_next_write = self._broker._fail_next_write, None
         if when == "before":
             raise StoreError("injected store failure")
-        self._store.apply(ops)
+        self._store.apply(ops, sync)
         if when == "after":
             raise StoreError("injected store failure (after the write landed)")
 

@@ -79,8 +79,12 @@ class Snapshot:
 class MessageStore(Protocol):
     def load(self) -> Snapshot: ...
 
-    def apply(self, ops: list[Op]) -> None:
-        """Run ``ops`` in one transaction; return only when it is durable. Raise StoreError on failure."""
+    def apply(self, ops: list[Op], sync: bool = True) -> None:
+        """Run ``ops`` in one transaction; return only when it is durable. Raise StoreError on failure.
+
+        ``sync=False`` relaxes "durable" to "survives a crash of this process": the machine's crash may take
+        the transaction back, and the next synced one (or the store's close) makes it durable too. Transactions
+        are never reordered or torn, so what survives is always a prefix of what was applied."""
         ...
 
     def close(self) -> None: ...

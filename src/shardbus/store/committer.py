@@ -15,7 +15,11 @@ completes shares a few transactions instead of paying one each. Any submission w
 acknowledged only once stored) ends the wait at once and takes the lingering ones along, in order.
 Consecutive lingering submissions without ``on_commit`` also share one future: they are written in the same
 batch and so have the same outcome, and a future per settlement (a condition variable made on the event loop,
-resolved on the store's thread) was work every complete paid for nothing.
+resolved on the store's thread) was work every complete paid for nothing. A batch of lingering submissions
+alone is applied with ``sync=False`` (no fsync: it survives a crash of the process, and the next synced batch
+makes it durable); a batch with anything else in it is synced as a whole. The fsync was most of what a
+settlement's commit cost (about half the store thread's CPU under a stream of completes), and a settlement
+taken back by a power loss means a delivery again, which lingering already accepts.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class GroupCommitter:
         self._pending: list[Pending] = []
         self._running = False
         self._urgent = False  # something pending must not wait (a plain submission, or wait_idle)
+        self._sync = False  # something pending is a plain submission: the batch must be synced
         self._write_by = 0.0  # monotonic deadline of the oldest pending lingering submission
         self._shared: Future | None = None  # the last pending submission's future, if later ones may join it
         self._idle = threading.Event()
@@ -72,7 +77,7 @@ class GroupCommitter:
                 return self._shared
             future: Future = Future()
             if linger <= 0:
-                self._urgent = True
+                self._urgent = self._sync = True
                 self._wake.notify()
             elif not self._pending or self._urgent:
                 self._write_by = time.monotonic() + linger
@@ -98,15 +103,16 @@ class GroupCommitter:
                     self._running = False
                     self._idle.set()
                     return
+                sync = self._sync
                 self._pending = []
                 self._shared = None
-                self._urgent = False
+                self._urgent = self._sync = False
             ops: list[Op] = []
             for item in batch:
                 ops.extend(item[0])
             try:
                 if ops:
-                    self.store.apply(ops)
+                    self.store.apply(ops, sync)
             except BaseException as exc:  # every caller in the batch learns of the failure
                 error = self._on_failure(exc)
                 for _, _, future in batch:

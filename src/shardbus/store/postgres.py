@@ -7,7 +7,8 @@ one transaction sent in pipeline mode (every statement goes out before any reply
 about one round trip plus the commit, whatever its size; bulk operations are single statements over arrays,
 sent in binary (``%b``) because text-format bytea arrays cost more to escape than the rest of the write.
 ``synchronous_commit`` is forced on for the session, so a batch is flushed to the server's WAL when ``apply``
-returns.
+returns; ``apply(sync=False)`` turns it off for that transaction alone (the server flushes it within its
+``wal_writer_delay``, in commit order).
 
 Errors: every driver error (including a lost connection) is raised as ``StoreError``; a broken connection is
 dropped and the next call connects again. A connection lost during COMMIT leaves the batch's outcome unknown,
@@ -219,7 +220,7 @@ class PostgresStore:
             raise StoreError(f"cannot read store {self}: {exc}") from exc
 
     # --- writing -------------------------------------------------------------------------------------------
-    def apply(self, ops: list[Op]) -> None:
+    def apply(self, ops: list[Op], sync: bool = True) -> None:
         try:
             conn = self._connection()
             dispatch = self._ops
@@ -227,6 +228,8 @@ class PostgresStore:
             # statement without waiting and collects the replies at COMMIT. An error in one statement makes the
             # server skip the rest and the whole block raise.
             with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                if not sync:
+                    cur.execute("SET LOCAL synchronous_commit TO off")
                 if self.lease is not None:
                     cur.execute(f"SELECT {_REQUIRE_LEASE}(%s, %s)", self.lease)
                 for op in _plan(ops):

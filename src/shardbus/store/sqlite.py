@@ -2,8 +2,13 @@
 
 FULL makes every commit fsync the WAL, so a batch is on disk when ``apply`` returns (an acknowledged send
 survives power loss, not just a process crash). The cost is one fsync per batch; the group committer puts many
-operations in each batch. Each slot (a queue, or one subscription of a topic partition) is its own table whose
-rowid is the partition-relative sequence number, so rows need no second index.
+operations in each batch. ``apply(sync=False)`` commits with ``synchronous=NORMAL`` instead: no fsync, so the
+commit survives a crash of the process but maybe not of the machine. The WAL is written in order and every
+later FULL commit (and every checkpoint) syncs the whole file, so an unsynced commit becomes durable with the
+next synced one and never jumps ahead of it.
+
+Each slot (a queue, or one subscription of a topic partition) is its own table whose rowid is the
+partition-relative sequence number, so rows need no second index.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class SqliteStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            self._synced = True  # the connection's synchronous setting is FULL (else NORMAL)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._ops = op_handlers(self)
@@ -95,9 +101,12 @@ class SqliteStore:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
     # --- writing -------------------------------------------------------------------------------------------
-    def apply(self, ops: list[Op]) -> None:
+    def apply(self, ops: list[Op], sync: bool = True) -> None:
         db = self._db
         try:
+            if sync != self._synced:  # a connection setting, changed only between transactions
+                db.execute("PRAGMA synchronous=FULL" if sync else "PRAGMA synchronous=NORMAL")
+                self._synced = sync
             db.execute("BEGIN")
             try:
                 dispatch = self._ops
