@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import shardbus
 
@@ -19,6 +20,7 @@ WRITER = textwrap.dedent(
     ns = shardbus.Namespace.open(sys.argv[1])
     ns.create_queue("q", enable_partitioning=True)
     lock = threading.Lock()
+    print("ready", flush=True)
 
     def work(t):
         i = 0
@@ -36,21 +38,27 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_kill_9_during_sends_loses_no_acknowledged_message(tmp_path):
-    data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(data)], stdout=subprocess.PIPE, text=True)
-    acked: list[str] = []
+def _kill_after(script: str, data: Path, count: int) -> tuple[list[str], set[str]]:
+    """Run ``script`` on ``data``, read ``count`` lines it prints after its first (which says it is ready), kill -9
+    it, and return those lines and the bodies the queue holds after the crash."""
+    proc = subprocess.Popen([sys.executable, "-c", script, str(data)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    lines: list[str] = []
     deadline = time.monotonic() + 60
-    while len(acked) < 400 and time.monotonic() < deadline:
+    while len(lines) < count and time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
-        acked.append(line.strip())
+        lines.append(line.strip())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert len(acked) >= 400, "the writer did not get going"
+    assert len(lines) >= count, "the child did not get going"
     with shardbus.Namespace.open(data) as ns:
-        stored = {m.body.decode() for m in ns.browse("q")}
+        return lines, {m.body.decode() for m in ns.browse("q")}
+
+
+def test_kill_9_during_sends_loses_no_acknowledged_message(tmp_path):
+    acked, stored = _kill_after(WRITER, tmp_path / "data", 400)
     missing = set(acked) - stored
     assert not missing, f"{len(missing)} acknowledged messages lost"
 
@@ -63,7 +71,7 @@ SETTLER = textwrap.dedent(
     ns.create_queue("q", enable_partitioning=True)
     for b in range(40):  # keyless batches: spread over the partitions round-robin
         ns.send("q", [shardbus.Message(str(i)) for i in range(b * 100, b * 100 + 100)])
-    print("sent", flush=True)
+    print("ready", flush=True)
     with ns.receiver("q") as r:
         while True:
             for m in r.receive(10, max_wait=1):
@@ -74,21 +82,7 @@ SETTLER = textwrap.dedent(
 
 
 def test_kill_9_during_completes_keeps_every_completed_message_gone(tmp_path):
-    data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-c", SETTLER, str(data)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "sent"
-    completed: list[str] = []
-    deadline = time.monotonic() + 60
-    while len(completed) < 300 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        completed.append(line.strip())
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert len(completed) >= 300, "the settler did not get going"
-    with shardbus.Namespace.open(data) as ns:
-        stored = {m.body.decode() for m in ns.browse("q")}
+    completed, stored = _kill_after(SETTLER, tmp_path / "data", 300)
     back = set(completed) & stored
     assert not back, f"{len(back)} completed messages are back after the crash"
     assert len(stored) + len(set(completed)) <= 4000

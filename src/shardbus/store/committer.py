@@ -17,9 +17,9 @@ Consecutive lingering submissions without ``on_commit`` also share one future: t
 batch and so have the same outcome, and a future per settlement (a condition variable made on the event loop,
 resolved on the store's thread) was work every complete paid for nothing. A batch of lingering submissions
 alone is applied with ``sync=False`` (no fsync: it survives a crash of the process, and the next synced batch
-makes it durable); a batch with anything else in it is synced as a whole. The fsync was most of what a
-settlement's commit cost (about half the store thread's CPU under a stream of completes), and a settlement
-taken back by a power loss means a delivery again, which lingering already accepts.
+makes it durable); a batch with anything else in it is synced as a whole. The fsync was half of a settlement
+commit's CPU (SQLite, 7 deletes: 140 against 72 us) and a third of the store thread's under the SDK's stream of
+completes, and a settlement taken back by a power loss means a delivery again, which lingering already accepts.
 """
 
 from __future__ import annotations
