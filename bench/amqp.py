@@ -26,7 +26,7 @@ Measurements (1 KB bodies):
                                  AMQP allows) and counted when the broker's settled echoes arrive. One disposition
                                  per delivery is the SDK's pattern, which sdk-peek-lock-complete measures; with it
                                  this line cost 26-30 us/msg of broker CPU, about 21 of it paid by the null
-                                 endpoint too (a frame in and an echo out per message), against 15-19 this way
+                                 endpoint too (a frame in and an echo out per message), against 15-22 this way
 
 Each line ends with ``target met``/``MISSED``: the issue's targets are ratio >= 0.80 for the SDK lines and
 broker_cpu < 25 us/msg for our own client's lines. One run of a line swings by a third on a shared 2-core machine
