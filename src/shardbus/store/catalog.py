@@ -86,10 +86,23 @@ class Catalog:
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
         self._db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._enter_wal()
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)  # IF NOT EXISTS: front ends opening it together each wait their turn
         self._seen_version = self._data_version()
+
+    def _enter_wal(self) -> None:
+        """Switch to WAL, trying again while another process holds the file: front ends opening a new catalog at
+        once can get "database is locked" here despite the busy timeout (seen once in CI, in tests/cluster)."""
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _data_version(self) -> int:
         with self._lock:
