@@ -91,8 +91,7 @@ KEY_NAME = "RootManageSharedAccessKey"
 KEY = "SAS_KEY_VALUE"
 BATCH_LIMIT = 100 * 1024 * 1024  # what a premium namespace advertises (com.microsoft:max-message-batch-size)
 LINK_MESSAGES = 5_000  # messages per sender link of our own producer (the broker never tops up sender credit)
-WINDOW = 256  # in-flight unsettled transfers of our own producer (--window)
-ACK_EACH = False  # our own consumer: one disposition per delivery, not per read (--ack-each)
+WINDOW = 256  # in-flight unsettled transfers of our own producer (--window changes it for own-produce-unsettled)
 CREDIT = 500  # credit our own consumer keeps granted
 SDK_RECEIVE_BATCH = 100
 WARMUP = 100
@@ -498,7 +497,9 @@ SEND_PAYLOAD = AmqpMessage(
 
 
 @contextlib.contextmanager
-def own_producer(child: Child, queue: str, total: int, runner: asyncio.Runner, settled: bool) -> Iterator[Take]:
+def own_producer(
+    child: Child, queue: str, total: int, runner: asyncio.Runner, settled: bool, window: int
+) -> Iterator[Take]:
     client, session = runner.run(own_connect(child, queue))
     sent = 0  # messages sent so far, warm-up included: the count picks the link
 
@@ -526,7 +527,7 @@ def own_producer(child: Child, queue: str, total: int, runner: asyncio.Runner, s
                 if not isinstance(outcome, Accepted):
                     failures.append(outcome)
 
-        await asyncio.gather(*(worker() for _ in range(WINDOW)))
+        await asyncio.gather(*(worker() for _ in range(window)))
         if failures:
             raise RuntimeError(f"{child.name}: {len(failures)} sends failed, e.g. {failures[0]}")
 
@@ -552,7 +553,9 @@ def _runs(ids: list[int]) -> Iterator[tuple[int, int | None]]:
 
 
 @contextlib.contextmanager
-def own_consumer(child: Child, queue: str, total: int, runner: asyncio.Runner, settled: bool) -> Iterator[Take]:
+def own_consumer(
+    child: Child, queue: str, total: int, runner: asyncio.Runner, settled: bool, ack_each: bool
+) -> Iterator[Take]:
     client, session = runner.run(own_connect(child, queue))
     conn = client._conn
 
@@ -566,7 +569,7 @@ def own_consumer(child: Child, queue: str, total: int, runner: asyncio.Runner, s
         got = 0
         while got < count:
             ids = [(await receiver.receive(timeout=30)).delivery_id]
-            while not (ACK_EACH or queued.empty()):  # the rest of what the same read brought
+            while not (ack_each or queued.empty()):  # the rest of what the same read brought
                 ids.append(queued.get_nowait().delivery_id)
             got += len(ids)
             if not settled:  # accepted together: one unsettled disposition per run of consecutive ids
@@ -638,7 +641,7 @@ class Measurement:
         self.queue = name.replace("-", "")
 
 
-def measurements(scale: float) -> list[Measurement]:
+def measurements(scale: float, window: int = WINDOW, ack_each: bool = False) -> list[Measurement]:
     def n(base: int, step: int) -> int:
         return max(step, int(base * scale) // step * step)
 
@@ -650,10 +653,10 @@ def measurements(scale: float) -> list[Measurement]:
         m("sdk-batch-send-1000", 20_000, 1000, sdk_sender, batch=1000),
         m("sdk-receive-and-delete", 10_000, 100, sdk_receiver, True, peek_lock=False),
         m("sdk-peek-lock-complete", 6_000, 100, sdk_receiver, True, peek_lock=True),
-        m("own-produce-unsettled", 20_000, 100, own_producer, settled=False),
-        m("own-produce-presettled", 20_000, 100, own_producer, settled=True),
-        m("own-consume-presettled", 20_000, 100, own_consumer, True, settled=True),
-        m("own-consume-unsettled", 20_000, 100, own_consumer, True, settled=False),
+        m("own-produce-unsettled", 20_000, 100, own_producer, settled=False, window=window),
+        m("own-produce-presettled", 20_000, 100, own_producer, settled=True, window=window),
+        m("own-consume-presettled", 20_000, 100, own_consumer, True, settled=True, ack_each=ack_each),
+        m("own-consume-unsettled", 20_000, 100, own_consumer, True, settled=False, ack_each=ack_each),
     ]
 
 
@@ -715,7 +718,6 @@ def measure(m: Measurement, broker: Child, null: Child, args: argparse.Namespace
 
 
 def main() -> None:
-    global WINDOW, ACK_EACH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small N (smoke test)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every N")
@@ -746,10 +748,11 @@ def main() -> None:
         run_null()
         return
 
-    WINDOW, ACK_EACH = args.window, args.ack_each  # read by the measurement functions
     scale = args.scale * (0.05 if args.quick else 1.0)
     chosen = [
-        m for m in measurements(scale) if not args.only or any(m.name.startswith(o) for o in args.only.split(","))
+        m
+        for m in measurements(scale, args.window, args.ack_each)
+        if not args.only or any(m.name.startswith(o) for o in args.only.split(","))
     ]
     install_uvloop()
     # SIGTERM (e.g. a test runner's timeout) unwinds through the finally below, which stops the children.
