@@ -33,6 +33,13 @@ broker_cpu < 25 us/msg for our own client's lines. One run of a line swings by a
 (the clients, the broker and whatever else runs share the cores), so ``--repeat R`` measures everything R times,
 round by round, and ends with each line's median and range; its verdict is the median's.
 
+Placement: the client (this process, the SDK's or our own) runs on one CPU and each endpoint process, all its
+threads, on the others (``--no-pin`` leaves placement to the scheduler). The null endpoint barely runs, but
+shardbus's event loop and store threads do, and on 2 CPUs the scheduler sometimes put them on the client's CPU
+after the pauses between turns, so the client waited for them: in two alternating runs on the same machine,
+peek-lock + complete read 0.94 and 0.90 pinned against 0.79 and 0.71 unpinned. Pinned, shardbus's threads share a
+CPU with each other instead of with the client, as a broker on a machine of its own would.
+
 Choices: the broker runs a **premium** namespace (one partition per entity), whose 100 MB message limit the broker
 advertises as the sender link's batch limit; with the standard tier's 256 KB limit the SDK refuses a list of
 1000 x 1 KB messages (``ValueError``), and we wanted the same 1 KB body everywhere. The null endpoint advertises
@@ -43,7 +50,7 @@ stay below 65,536 per SDK receiver: past that the broker exhausts the SDK's sess
 connection with amqp:internal-error.
 
     python bench/amqp.py [--quick] [--scale F] [--repeat R] [--slices S] [--only NAME[,NAME]] [--check-credit]
-                         [--window N] [--ack-each]
+                         [--window N] [--ack-each] [--no-pin]
                          [--profile [--top N] [--sort tottime|cumulative]] [--broker-gc-off]
 
 ``--profile`` runs the broker's event-loop thread under cProfile (timer: thread CPU time, so waits for the GIL are
@@ -733,6 +740,9 @@ def main() -> None:
     parser.add_argument(
         "--ack-each", action="store_true", help="own-consume-unsettled: one disposition per delivery (the SDK's way)"
     )
+    parser.add_argument(
+        "--no-pin", action="store_true", help="leave the client and the endpoints wherever the scheduler puts them"
+    )
     parser.add_argument("--check-credit", action="store_true", help="show sender-link credit after 10,000 sends")
     parser.add_argument(
         "--broker-gc-off", action="store_true", help="diagnosis: run the broker with Python's cyclic GC disabled"
@@ -740,7 +750,10 @@ def main() -> None:
     parser.add_argument("--serve", nargs=2, metavar=("DIR", "QUEUES"), help=argparse.SUPPRESS)
     parser.add_argument("--null", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--profile-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", help=argparse.SUPPRESS)  # an endpoint's CPUs, comma-separated
     args = parser.parse_args()
+    if args.cpus:  # before the endpoint starts a thread: they all inherit it
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     if args.serve:
         run_broker(args.serve[0], args.serve[1].split(","), args.profile_dir, args.broker_gc_off)
         return
@@ -759,9 +772,17 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     folder = Path(tempfile.mkdtemp(prefix="shardbus-bench-amqp-"))
     children: list[Child] = []
+    placement = "unpinned"
+    endpoint_cpus: list[str] = []
+    cpus = sorted(os.sched_getaffinity(0))
+    if not args.no_pin and len(cpus) >= 2:
+        os.sched_setaffinity(0, {cpus[0]})  # the client: this process, before it starts a thread
+        endpoint_cpus = ["--cpus", ",".join(map(str, cpus[1:]))]
+        placement = f"client on CPU {cpus[0]}, endpoints on CPU {','.join(map(str, cpus[1:]))}"
     try:
         profile_dir = folder / "profiles" if args.profile else None
         broker_args = ["--serve", str(folder / "data"), ",".join(["credit", *(m.queue for m in chosen)])]
+        broker_args += endpoint_cpus
         if args.broker_gc_off:
             broker_args.append("--broker-gc-off")
         if profile_dir is not None:
@@ -769,9 +790,12 @@ def main() -> None:
             broker_args += ["--profile-dir", str(profile_dir)]
         broker = Child("shardbus", broker_args, profile_dir)
         children.append(broker)
-        null = Child("null", ["--null"])
+        null = Child("null", ["--null", *endpoint_cpus])
         children.append(null)
-        print(f"1 KB bodies; broker: premium namespace, durable SQLite store; {os.cpu_count()} CPUs", flush=True)
+        print(
+            f"1 KB bodies; broker: premium namespace, durable SQLite store; {os.cpu_count()} CPUs ({placement})",
+            flush=True,
+        )
         if args.check_credit:
             for child in (null, broker):
                 print(asyncio.run(check_credit(child, "credit")))

@@ -365,6 +365,8 @@ def _apply_health(link: WorkerLink, f: Future) -> None:
 class RemotePartition:
     """A partition served by a worker: ``PartitionBroker``'s interface, one request per call."""
 
+    answers_at_once = False
+
     def __init__(self, link: WorkerLink, key: str, spec: PartitionSpec) -> None:
         self.link = link
         self.key = key  # also where its store lives, relative to the worker's data directory

@@ -218,6 +218,8 @@ def _scheduled_ms(msg: Message) -> int:
 
 
 class PartitionBroker:
+    answers_at_once = True  # see ``PartitionHandle``
+
     def __init__(
         self,
         config: PartitionConfig,

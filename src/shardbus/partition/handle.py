@@ -47,6 +47,8 @@ class PartitionHandle(Protocol):
     id: int
     config: PartitionConfig
     listeners: list[Callable[[int], None]]  # called with a slot that gained receivable messages
+    # ``submit_lock_messages`` answers before it returns (in this process); a remote partition answers later
+    answers_at_once: bool
 
     @property
     def healthy(self) -> bool: ...
