@@ -7,7 +7,25 @@ import time
 
 import pytest
 
+from shardbus.amqp.transport import AmqpClient
+
 _names = itertools.count()
+
+
+@pytest.fixture
+def root_client(broker):
+    """Factory (async): our engine's client (``cls``, an ``AmqpClient``) connected to the broker with the root key."""
+
+    async def connect(cls: type[AmqpClient] = AmqpClient) -> AmqpClient:
+        return await cls.connect(
+            "127.0.0.1",
+            broker.server.port,
+            sasl_mechanism="PLAIN",
+            username="RootManageSharedAccessKey",
+            password="SAS_KEY_VALUE",
+        )
+
+    return connect
 
 
 @pytest.fixture

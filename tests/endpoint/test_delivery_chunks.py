@@ -11,7 +11,7 @@ import os
 import pytest
 
 from shardbus import Message
-from shardbus.amqp.transport import AmqpClient, AmqpProtocol
+from shardbus.amqp.transport import AmqpProtocol
 from shardbus.endpoint import connection as endpoint
 from shardbus.endpoint.connection import ServiceBusConnection
 
@@ -19,7 +19,7 @@ REMOTE = bool(int(os.environ.get("SHARDBUS_TEST_WORKERS", "0")))  # tests/confte
 
 
 @pytest.mark.parametrize("credit", [100, 5])
-def test_a_flow_is_answered_in_doubling_chunks_each_written_at_once(broker, ns, queue, monkeypatch, credit):
+def test_a_flow_is_answered_in_doubling_chunks_each_written_at_once(root_client, ns, queue, monkeypatch, credit):
     name = queue()
     ns.send(name, [Message(f"m{i}") for i in range(100)])
     steps: list[tuple[str, int]] = []  # ("take", delivered) and ("write", 0), in the broker's order
@@ -38,14 +38,8 @@ def test_a_flow_is_answered_in_doubling_chunks_each_written_at_once(broker, ns, 
     monkeypatch.setattr(ServiceBusConnection, "_transfer", record_transfer)
     monkeypatch.setattr(AmqpProtocol, "flush_now", record_flush)
 
-    async def run() -> list[str]:
-        client = await AmqpClient.connect(
-            "127.0.0.1",
-            broker.server.port,
-            sasl_mechanism="PLAIN",
-            username="RootManageSharedAccessKey",
-            password="SAS_KEY_VALUE",
-        )
+    async def run() -> list[bytes]:
+        client = await root_client()
         try:
             session = await client.session()
             receiver = await session.receiver(name, credit=credit)

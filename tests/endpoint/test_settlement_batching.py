@@ -29,7 +29,7 @@ class EchoRecordingClient(AmqpClient):
         super().handle_event(protocol, ev)
 
 
-def test_accepts_of_one_read_are_settled_together_each_with_its_outcome(broker, ns, queue):
+def test_accepts_of_one_read_are_settled_together_each_with_its_outcome(root_client, ns, queue):
     name = queue(enable_partitioning=True)
     count = 12
     ns.send(name, [Message(f"m{i}", partition_key="k") for i in range(count // 2)])  # one partition
@@ -37,13 +37,7 @@ def test_accepts_of_one_read_are_settled_together_each_with_its_outcome(broker, 
         ns.send(name, Message(f"n{i}"))  # spread round-robin over the others
 
     async def run() -> tuple[int, list[int], dict[int, Any]]:
-        client = await EchoRecordingClient.connect(
-            "127.0.0.1",
-            broker.server.port,
-            sasl_mechanism="PLAIN",
-            username="RootManageSharedAccessKey",
-            password="SAS_KEY_VALUE",
-        )
+        client = await root_client(EchoRecordingClient)
         try:
             session = await client.session()
             receiver = await session.receiver(name, credit=count)
