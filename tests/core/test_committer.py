@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -85,3 +86,24 @@ def test_lingering_writes_alone_skip_the_sync_and_ride_along_a_synced_batch() ->
     assert committer.wait_idle(5)
     assert store.batches == [[("delete", 0, [1])], [("delete", 0, [2]), ("put", 0, [3])]]
     assert store.synced == [False, True]
+
+
+def test_waiting_for_a_lingering_write_ends_its_linger() -> None:
+    store = RecordingStore()
+    committer = _committer(store)
+    future = committer.submit([("delete", 0, [1])], linger=30.0)
+    assert future.result(5) is None  # not 30 s: the Python API's complete() waits like this
+    assert store.batches == [[("delete", 0, [1])]]
+    assert store.synced == [False]  # still a batch of lingering writes alone
+
+
+def test_a_callback_alone_lets_a_write_linger_and_hurry_ends_it() -> None:
+    store = RecordingStore()
+    committer = _committer(store)
+    future = committer.submit([("delete", 0, [1])], linger=30.0)
+    called = threading.Event()
+    future.add_done_callback(lambda f: called.set())  # the AMQP endpoint's failure log: nobody waits
+    assert not called.wait(0.3) and store.batches == []
+    future.hurry()  # a worker whose front end waits for the reply
+    assert called.wait(5)
+    assert store.batches == [[("delete", 0, [1])]]

@@ -20,6 +20,11 @@ alone is applied with ``sync=False`` (no fsync: it survives a crash of the proce
 makes it durable); a batch with anything else in it is synced as a whole. The fsync was half of a settlement
 commit's CPU (SQLite, 7 deletes: 140 against 72 us) and a third of the store thread's under the SDK's stream of
 completes, and a settlement taken back by a power loss means a delivery again, which lingering already accepts.
+
+Lingering is for writes nobody waits for. A lingering submission's future is a ``LingeringWrite``: waiting on it
+(``result()``, as the Python API's ``complete()`` does) ends the linger, and so does ``hurry()``, for callers that
+wait through a callback (a worker answering a front end, which waits for the reply). A callback alone (the AMQP
+endpoint logging a failed write) lets it linger.
 """
 
 from __future__ import annotations
@@ -45,6 +50,23 @@ def shared_pool() -> ThreadPoolExecutor:
 
 
 Pending = tuple[list[Op], Callable[[], Any] | None, Future]
+
+
+class LingeringWrite(Future):
+    """The future of a lingering submission (see the module docstring): whoever waits for it ends the linger."""
+
+    def __init__(self, committer: GroupCommitter) -> None:
+        super().__init__()
+        self._committer = committer
+
+    def hurry(self) -> None:
+        """Someone waits for this write: stop waiting for company."""
+        if not self.done():
+            self._committer.hurry()
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.hurry()
+        return super().result(timeout)
 
 
 class GroupCommitter:
@@ -75,7 +97,7 @@ class GroupCommitter:
             if shareable and self._shared is not None:
                 self._pending[-1][0].extend(ops)  # our own copy (below): the caller's list is never changed
                 return self._shared
-            future: Future = Future()
+            future: Future = LingeringWrite(self) if linger > 0 else Future()
             if linger <= 0:
                 self._urgent = self._sync = True
                 self._wake.notify()
@@ -126,10 +148,14 @@ class GroupCommitter:
                 else:
                     future.set_result(result)
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until everything submitted so far is written (used when closing): lingering ends now."""
+    def hurry(self) -> None:
+        """Write what is pending now instead of lingering (a batch of lingering writes alone stays unsynced)."""
         with self._lock:
-            if self._pending:
+            if self._pending and not self._urgent:
                 self._urgent = True
                 self._wake.notify()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted so far is written (used when closing): lingering ends now."""
+        self.hurry()
         return self._idle.wait(timeout)
