@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import pytest
 
@@ -16,13 +17,14 @@ _names = itertools.count()
 def root_client(broker):
     """Factory (async): our engine's client (``cls``, an ``AmqpClient``) connected to the broker with the root key."""
 
-    async def connect(cls: type[AmqpClient] = AmqpClient) -> AmqpClient:
+    async def connect(cls: type[AmqpClient] = AmqpClient, **options: Any) -> AmqpClient:
         return await cls.connect(
             "127.0.0.1",
             broker.server.port,
             sasl_mechanism="PLAIN",
             username="RootManageSharedAccessKey",
             password="SAS_KEY_VALUE",
+            **options,
         )
 
     return connect

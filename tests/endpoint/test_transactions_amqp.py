@@ -19,19 +19,8 @@ from shardbus.amqp.performatives import (
     Source,
     TransactionalState,
 )
-from shardbus.amqp.transport import AmqpClient, ClientSender
+from shardbus.amqp.transport import ClientSender
 from shardbus.amqp.types import Symbol
-
-
-async def _connect(broker):
-    return await AmqpClient.connect(
-        "127.0.0.1",
-        broker.server.port,
-        sasl_mechanism="PLAIN",
-        username="RootManageSharedAccessKey",
-        password="SAS_KEY_VALUE",
-        timeout=10,
-    )
 
 
 async def _coordinator(session) -> ClientSender:
@@ -60,12 +49,12 @@ def run(coro):
 
 
 @pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partitioned"])
-def test_commit_applies_sends_and_settlements_together(broker, ns, queue, partitioned):
+def test_commit_applies_sends_and_settlements_together(root_client, ns, queue, partitioned):
     q = queue(enable_partitioning=partitioned)
     ns.send(q, Message(b"input", partition_key="k"))
 
     async def work() -> None:
-        client = await _connect(broker)
+        client = await root_client(timeout=10)
         try:
             session = await client.session()
             coordinator = await _coordinator(session)
@@ -92,11 +81,11 @@ def test_commit_applies_sends_and_settlements_together(broker, ns, queue, partit
     assert [m.body for m in ns.browse(q)] == [b"output"]
 
 
-def test_rollback_applies_nothing(broker, ns, queue):
+def test_rollback_applies_nothing(root_client, ns, queue):
     q = queue(enable_partitioning=True)
 
     async def work() -> None:
-        client = await _connect(broker)
+        client = await root_client(timeout=10)
         try:
             session = await client.session()
             coordinator = await _coordinator(session)
@@ -111,11 +100,11 @@ def test_rollback_applies_nothing(broker, ns, queue):
     assert ns.get_runtime_properties(q).total_message_count == 0
 
 
-def test_a_rule_violation_dooms_the_transaction(broker, ns, queue):
+def test_a_rule_violation_dooms_the_transaction(root_client, ns, queue):
     q = queue(enable_partitioning=True)
 
     async def work() -> None:
-        client = await _connect(broker)
+        client = await root_client(timeout=10)
         try:
             session = await client.session()
             coordinator = await _coordinator(session)
@@ -139,11 +128,11 @@ def test_a_rule_violation_dooms_the_transaction(broker, ns, queue):
     assert ns.get_runtime_properties(q).total_message_count == 0
 
 
-def test_unknown_transaction_ids_are_refused(broker, ns, queue):
+def test_unknown_transaction_ids_are_refused(root_client, ns, queue):
     q = queue()
 
     async def work() -> None:
-        client = await _connect(broker)
+        client = await root_client(timeout=10)
         try:
             session = await client.session()
             coordinator = await _coordinator(session)
