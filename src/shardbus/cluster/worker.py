@@ -40,7 +40,7 @@ from ..amqp.transport import AmqpProtocol
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
 from ..partition.broker import PartitionBroker, PartitionConfig
 from ..store.base import MessageStore, StoreError
-from ..store.committer import LingeringWrite
+from ..store.committer import hurry
 from ..store.postgres import PostgresStore, drop_partition_schema, partition_schema
 from ..store.sqlite import SqliteStore
 from . import wire
@@ -321,10 +321,9 @@ class WorkerConnection:
         if pending is None:
             self._reply(request_id, key, True, result)
             return
-        if isinstance(pending, LingeringWrite):
-            # The front end waits for this reply (a settlement's outcome) before it answers its own caller, as
-            # ``result()`` does in one process: the write need not wait for company.
-            pending.hurry()
+        # The front end waits for this reply (a settlement's outcome) before it answers its own caller, as
+        # ``result()`` does in one process: the write need not wait for company.
+        hurry(pending)
 
         def done(f: Future) -> None:
             try:

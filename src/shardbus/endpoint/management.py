@@ -21,7 +21,7 @@ from ..model.errors import ArgumentError, SessionLockLost
 from ..model.message import Message, SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
 from ..namespace import Namespace
-from ..store.committer import LingeringWrite
+from ..store.committer import hurry
 from . import rules
 from .conditions import condition_of
 from .mapping import decode_to_message, encode_delivery
@@ -249,8 +249,7 @@ def _after(futures: list[Future], reply: Callable[[], ManagementReply]) -> Futur
                 result.set_exception(e)
 
     for f in futures:
-        if isinstance(f, LingeringWrite):
-            f.hurry()  # the client waits for the reply: a settlement's write need not wait for company
+        hurry(f)  # the client waits for the reply: a settlement's write need not wait for company
         f.add_done_callback(one_done)
     return result
 

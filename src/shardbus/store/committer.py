@@ -22,8 +22,8 @@ commit's CPU (SQLite, 7 deletes: 140 against 72 us) and a third of the store thr
 completes, and a settlement taken back by a power loss means a delivery again, which lingering already accepts.
 
 Lingering is for writes nobody waits for. A lingering submission's future is a ``LingeringWrite``: waiting on it
-(``result()``, as the Python API's ``complete()`` does) ends the linger, and so does ``hurry()``, for callers that
-wait through a callback (a worker answering a front end, which waits for the reply). A callback alone (the AMQP
+(``result()``, as the Python API's ``complete()`` does) ends the linger, and so does ``hurry(future)``, for callers
+that wait through a callback (a worker answering a front end, a ``$management`` reply). A callback alone (the AMQP
 endpoint logging a failed write) lets it linger.
 """
 
@@ -69,6 +69,13 @@ class LingeringWrite(Future):
         return super().result(timeout)
 
 
+def hurry(future: Future) -> None:
+    """A caller waits for ``future`` through a callback: if it is a lingering write, it stops waiting for company
+    (any other future is written without lingering already)."""
+    if isinstance(future, LingeringWrite):
+        future.hurry()
+
+
 class GroupCommitter:
     def __init__(
         self,
@@ -97,12 +104,15 @@ class GroupCommitter:
             if shareable and self._shared is not None:
                 self._pending[-1][0].extend(ops)  # our own copy (below): the caller's list is never changed
                 return self._shared
-            future: Future = LingeringWrite(self) if linger > 0 else Future()
+            future: Future
             if linger <= 0:
+                future = Future()
                 self._urgent = self._sync = True
                 self._wake.notify()
-            elif not self._pending or self._urgent:
-                self._write_by = time.monotonic() + linger
+            else:
+                future = LingeringWrite(self)
+                if not self._pending or self._urgent:
+                    self._write_by = time.monotonic() + linger
             self._pending.append((list(ops) if shareable else ops, on_commit, future))
             self._shared = future if shareable else None
             if self._running:
