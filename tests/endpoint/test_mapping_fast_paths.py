@@ -209,6 +209,9 @@ _UUID = b"\x98" + bytes(range(16))
         _properties_then_body(b"\xa1\x02\xff\xfe"),  # invalid UTF-8: refused
         _properties_then_body(*[_NULL] * 14),  # more fields than the section has: ignored
         _properties_then_body(b"\xa1\x09short"),  # a string running past its list
+        _properties_then_body(b"\xa1\x01m", *[_NULL] * 12),  # the SDK's: a message-id, then only nulls
+        _properties_then_body(b"\xa1\x01m", *[_NULL] * 9, b"\xa1\x01s"),  # nulls, then a session-id
+        b"\x00\x53\x73\xc0\x06\x02\xa1\x01m\x40\x40\x00\x53\x75\xa0\x01b",  # more nulls than its count
     ],
 )
 def test_plain_properties_give_the_general_paths_values_types_and_errors(payload: bytes) -> None:

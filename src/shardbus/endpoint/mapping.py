@@ -163,6 +163,9 @@ def _plain_properties(buf: bytes, p: int) -> tuple[list[Any], int] | None:
     for i in range(count):
         c = buf[p]
         if c == 0x40:
+            if buf.count(0x40, p, end) == end - p == count - i:  # only nulls left (the SDK sets 1 of 13)
+                p = end
+                break
             p += 1
         elif (c == 0xA1 or c == 0xA3) and _TEXT_FIELDS[i]:
             s = p + 2
