@@ -36,18 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .base import MessageStore, Op
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def shared_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shardbus-commit")
-        return _pool
-
+from .pools import COMMITS
 
 Pending = tuple[list[Op], Callable[[], Any] | None, Future]
 
@@ -85,7 +74,7 @@ class GroupCommitter:
     ) -> None:
         self.store = store
         self._on_failure = on_failure  # turns a store failure into the error callers see
-        self._executor = executor or shared_pool()
+        self._executor = executor or COMMITS.get()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # ends a linger early
         self._pending: list[Pending] = []

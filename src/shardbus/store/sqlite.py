@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from .base import Op, Row, Snapshot, StoreError, op_handlers
+from .pools import CHECKPOINTS
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -45,18 +45,6 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 8192
 CHECKPOINT_BYTES = 2 << 20  # about this much written to the WAL starts a background checkpoint
 _COMMIT_BYTES = 2 * PAGE_SIZE  # what a commit writes besides new rows' data (touched pages, the meta row), roughly
-
-_checkpoints: ThreadPoolExecutor | None = None
-_checkpoints_lock = threading.Lock()
-
-
-def _checkpoint_pool() -> ThreadPoolExecutor:
-    global _checkpoints
-    with _checkpoints_lock:
-        if _checkpoints is None:
-            _checkpoints = ThreadPoolExecutor(max_workers=2, thread_name_prefix="shardbus-checkpoint")
-        return _checkpoints
-
 
 _RANGE_MIN = 3  # a run of more than this many consecutive sequence numbers is deleted as one range
 
@@ -151,7 +139,7 @@ class SqliteStore:
             raise StoreError(f"store {self.path} failed: {exc}") from exc
         if self._written >= CHECKPOINT_BYTES and self._checkpoint is None:
             self._written = 0
-            self._checkpoint = _checkpoint_pool().submit(self._run_checkpoint)
+            self._checkpoint = CHECKPOINTS.get().submit(self._run_checkpoint)
 
     def _run_checkpoint(self) -> None:
         """A passive checkpoint on a connection of its own (its thread's), closed after: never the last one
