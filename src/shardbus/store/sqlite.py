@@ -96,7 +96,7 @@ class SqliteStore:
             self._db.executescript(_SCHEMA)
             self._synced = True  # the connection's synchronous setting is FULL (else NORMAL)
             self._written = 0  # bytes written to the WAL since the last checkpoint started, roughly
-            self._checkpoint: Future | None = None  # the background checkpoint in flight
+            self._checkpoint: Future | None = None  # the last background checkpoint (in flight until done)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._ops = op_handlers(self)
@@ -137,7 +137,7 @@ class SqliteStore:
                 raise
         except sqlite3.Error as exc:
             raise StoreError(f"store {self.path} failed: {exc}") from exc
-        if self._written >= CHECKPOINT_BYTES and self._checkpoint is None:
+        if self._written >= CHECKPOINT_BYTES and (self._checkpoint is None or self._checkpoint.done()):
             self._written = 0
             self._checkpoint = CHECKPOINTS.get().submit(self._run_checkpoint)
 
@@ -153,8 +153,6 @@ class SqliteStore:
                 db.close()
         except sqlite3.Error as exc:  # the next one (or SQLite's automatic one) copies what this one did not
             log.warning("background checkpoint of %s failed: %s", self.path, exc)
-        finally:
-            self._checkpoint = None
 
     def _put(self, slot: int, rows: list[Row]) -> None:
         table = _table(slot)
