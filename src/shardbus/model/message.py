@@ -101,7 +101,8 @@ class Message:
     # Hops taken through auto-forwarding; the service dead-letters after its chain limit.
     forward_hops: int = field(default=0, repr=False)
     # A front end's encoded form of the unchanging part of the message (kept in memory, never stored), so
-    # deliveries need not re-encode it. Anything that changes properties or body must clear it.
+    # deliveries need not re-encode it; the front end decides its layout (AMQP leaves a data body out of it, as
+    # ``body`` holds that already). Anything that changes properties or body must clear it.
     wire_sections: bytes | None = field(default=None, repr=False)
     # Set by auto-forwarding: the destination drops a second arrival with the same id (exactly-once hand-off).
     transfer_id: str | None = field(default=None, repr=False)
