@@ -759,15 +759,19 @@ def _make_fast_decoder(cls: Any, kinds: Sequence[str]) -> Callable[[bytes], tupl
         else:
             env[f"d{i}"] = d
             lines.append(f"    f{i} = d{i}")
-    for i, kind in enumerate(kinds):
-        body = _FAST_STATE if kind == "STATE" else _FAST_FIELD.get(kind, "")
+    # Built from the last field back: an optional field's check encloses every later field, so the first absent
+    # one skips the rest at once (a transfer sets 5 of its 11 fields, a disposition 4 or 5 of 6).
+    rest = ""
+    for i in reversed(range(len(kinds))):
+        body = _FAST_STATE if kinds[i] == "STATE" else _FAST_FIELD.get(kinds[i], "")
         mandatory = i in cls._MANDATORY
         null = "        return None\n" if mandatory else "        p += 1\n"
         block = "    c = b[p]\n" + body.format(i=i)
         block += ("    elif" if body else "    if") + " c == 0x40:\n" + null + "    else:\n        return None\n"
+        rest = block + rest
         if not mandatory:  # mandatory fields are within min_count, always present
-            block = f"    if count > {i}:\n" + "\n".join("    " + x for x in block.splitlines()) + "\n"
-        lines.append(block.rstrip("\n"))
+            rest = f"    if count > {i}:\n" + "".join("    " + x + "\n" for x in rest.splitlines())
+    lines.append(rest.rstrip("\n"))
     lines += ["    if p != end:", "        return None", f"    return cls({', '.join(f'f{i}' for i in range(n))}), end"]
     exec("\n".join(lines), env)
     return env["fast"]  # type: ignore[no-any-return]
