@@ -760,7 +760,7 @@ def _make_fast_decoder(cls: Any, kinds: Sequence[str]) -> Callable[[bytes], tupl
             env[f"d{i}"] = d
             lines.append(f"    f{i} = d{i}")
     # Built from the last field back: an optional field's check encloses every later field, so the first absent
-    # one skips the rest at once (a transfer sets 5 of its 11 fields, a disposition 4 or 5 of 6).
+    # one skips the rest at once (our client's transfers set 5 of their 11 fields).
     rest = ""
     for i in reversed(range(len(kinds))):
         body = _FAST_STATE if kinds[i] == "STATE" else _FAST_FIELD.get(kinds[i], "")

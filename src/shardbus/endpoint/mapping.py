@@ -251,9 +251,9 @@ def decode_to_message(payload: bytes) -> Message:
         # Kept up to the body's first byte (see ``_wire_sections``), so only when the body is one data section at
         # the end; several data sections or a footer are re-encoded, as they are after a restart.
         if [s.code for s in kept].count(DATA) == 1 and kept[-1].code == DATA:
-            body = kept.pop()
-            head = payload[body.start : body.end - len(m.body)]
-            m.wire_sections = b"".join([*[payload[s.start : s.end] for s in kept], head])
+            data = kept.pop()
+            data_head = payload[data.start : data.end - len(m.body)]  # descriptor, constructor and size
+            m.wire_sections = b"".join([*[payload[s.start : s.end] for s in kept], data_head])
     elif kept and kept[-1].end == len(payload) and len(kept) == len(sections) - sections.index(kept[0]):
         m.wire_sections = payload[kept[0].start :]  # the usual layout: one slice instead of a join
     else:
