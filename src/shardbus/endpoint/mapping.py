@@ -186,7 +186,7 @@ def _decode_plain(buf: bytes) -> Message | None:
     """One pass from bytes to ``Message`` for what nearly every sender sends: properties, optionally
     application-properties, then one data section, in that order, nothing else. None for anything else (or
     anything malformed), which the general path then decodes, refuses or reports exactly as before. Every section
-    of such a message is unchanging: deliveries carry what precedes the body as it came (see ``_wire_sections``)."""
+    of such a message is unchanging: deliveries carry what precedes the body as it came (see ``_unchanging_parts``)."""
     n = len(buf)
     p = 0
     props: list[Any] | None = None  # the properties' 13 fields
@@ -234,7 +234,7 @@ def _decode_plain(buf: bytes) -> Message | None:
         m.reply_to_session_id = rgid
     if app:
         m.application_properties = {str(k): v for k, v in app.items()}
-    m.wire_sections = buf[:start]  # up to the body's first byte (see ``_wire_sections``)
+    m.wire_sections = buf[:start]  # up to the body's first byte (see ``_unchanging_parts``)
     return m
 
 
@@ -248,7 +248,7 @@ def decode_to_message(payload: bytes) -> Message:
     m = to_message(decode_message(payload, sections))
     kept = [s for s in sections if s.code in _UNCHANGING]
     if m.body_type is _DATA_BODY:
-        # Kept up to the body's first byte (see ``_wire_sections``), so only when the body is one data section at
+        # Kept up to the body's first byte (see ``_unchanging_parts``), so only when the body is one data section at
         # the end; several data sections or a footer are re-encoded, as they are after a restart.
         if [s.code for s in kept].count(DATA) == 1 and kept[-1].code == DATA:
             data = kept.pop()
@@ -333,10 +333,10 @@ def _header(ttl: int | None, delivery_count: int) -> bytes:
     return found
 
 
-def _delivery_head(m: Message, ttl: int | None, delivery_count: int) -> bytes:
+def _delivery_head(m: Message, ttl: int | None, delivery_count: int, tail: tuple[bytes, ...] = ()) -> bytes:
     """Header and message-annotations of a delivery whose message has no annotations of its own, written
     directly: what ``encode_message`` would give for the same values (in the same order), at a fraction of the
-    cost, and every delivery pays for it."""
+    cost, and every delivery pays for it. ``tail`` (the rest of the message) is joined on in the same copy."""
     parts = [
         _SEQUENCE_NUMBER_KEY,
         _long(m.sequence_number),  # type: ignore[arg-type]
@@ -371,24 +371,27 @@ def _delivery_head(m: Message, ttl: int | None, delivery_count: int) -> bytes:
         size = bytes((0xC1, n + 1, count))
     else:
         size = b"\xd1" + (n + 4).to_bytes(4, "big") + count.to_bytes(4, "big")
-    return b"".join((_header(ttl, delivery_count), b"\x00\x53\x72", size, body))
+    return b"".join((_header(ttl, delivery_count), b"\x00\x53\x72", size, body, *tail))
 
 
-def _wire_sections(m: Message, head: bytes) -> bytes:
-    """``head`` followed by the message's unchanging sections as its sender encoded them. Of a data body,
-    ``wire_sections`` ends where the body's bytes begin (the section's descriptor and size are in it) and the body
-    follows from ``body``: the message holds it anyway, and a second copy in the kept sections was another
+def _unchanging_parts(m: Message) -> tuple[bytes, ...]:
+    """The message's unchanging sections as its sender encoded them, in parts to join after a head. Of a data
+    body, ``wire_sections`` ends where the body's bytes begin (the section's descriptor and size are in it) and the
+    body follows from ``body``: the message holds it anyway, and a second copy in the kept sections was another
     kilobyte per 1 KB message in memory (and a page fault for every four or so stored)."""
     if m.body_type is _DATA_BODY:
-        return b"".join((head, m.wire_sections, m.body))  # type: ignore[arg-type]
-    return head + m.wire_sections  # type: ignore[operator]
+        return (m.wire_sections, m.body)  # type: ignore[return-value]
+    return (m.wire_sections,)  # type: ignore[return-value]
 
 
 def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
     """The encoded message a receiver gets (or a peek returns) for ``m``, with the broker's annotations."""
     dead_lettered = m.dead_letter_reason is not None or m.dead_letter_error_description is not None
     if m.wire_sections is not None and not (peek or m.annotations or dead_lettered):
-        return _wire_sections(m, _delivery_head(m, *_wire_ttl_and_count(m, peek)))
+        ttl, count = _wire_ttl_and_count(m, peek)
+        if m.body_type is _DATA_BODY:  # ``_unchanging_parts``, inlined: every delivery comes here
+            return _delivery_head(m, ttl, count, (m.wire_sections, m.body))
+        return _delivery_head(m, ttl, count, (m.wire_sections,))
     annotations: dict[Any, Any] = {}
     if m.annotations:
         annotations.update((t.Symbol(k), v) for k, v in m.annotations.items())
@@ -416,7 +419,8 @@ def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
         app[DEAD_LETTER_DESCRIPTION] = m.dead_letter_error_description
     header = Header(ttl=ttl, delivery_count=delivery_count)
     if m.wire_sections is not None and app is m.application_properties:
-        return _wire_sections(m, encode_message(AmqpMessage(header=header, message_annotations=annotations)))
+        head = encode_message(AmqpMessage(header=header, message_annotations=annotations))
+        return b"".join((head, *_unchanging_parts(m)))
     bt = m.body_type
     if bt == BodyType.DATA:
         body, wire_body = [m.body], WireBody.DATA
