@@ -181,6 +181,13 @@ class _Phase(enum.Enum):
     DONE = 5
 
 
+# Members the per-frame code compares with, as module constants: in Python 3.11 reading a member off an Enum class
+# costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
+_AMQP_PHASE = _Phase.AMQP
+_DONE_PHASE = _Phase.DONE
+_MAPPED = SessionState.MAPPED
+
+
 class Connection:
     """A sans-IO AMQP 1.0 connection endpoint.
 
@@ -267,7 +274,7 @@ class Connection:
 
     def receive_data(self, data: bytes | bytearray | memoryview, now: float | None = None) -> None:
         """Feed bytes from the transport; ``b""`` means the peer closed its end. Never raises for bad input."""
-        if self._phase is _Phase.DONE:
+        if self._phase is _DONE_PHASE:
             return
         if not data:
             self._transport_lost()
@@ -295,7 +302,7 @@ class Connection:
     @property
     def is_done(self) -> bool:
         """True once the connection is finished: flush ``data_to_send()`` and close the socket."""
-        return self._phase is _Phase.DONE
+        return self._phase is _DONE_PHASE
 
     @property
     def is_open(self) -> bool:
@@ -311,7 +318,7 @@ class Connection:
 
     def tick(self, now: float | None = None) -> None:
         """Run idle-timeout bookkeeping: heartbeat if due, close if the peer went silent."""
-        if self._phase is not _Phase.AMQP:
+        if self._phase is not _AMQP_PHASE:
             return
         now = time.monotonic() if now is None else now
         if self.idle_timeout and now - self._last_received > self.idle_timeout:
@@ -324,7 +331,7 @@ class Connection:
 
     def next_deadline(self) -> float | None:
         """When ``tick`` should next be called (monotonic seconds), or None if no timer is needed."""
-        if self._phase is not _Phase.AMQP:
+        if self._phase is not _AMQP_PHASE:
             return None
         # called after every write: no list, no min()
         ours = self._last_received + self.idle_timeout if self.idle_timeout else None
@@ -509,7 +516,7 @@ class Connection:
         if link.state is LinkState.ATTACH_RCVD:
             self.attach_reply(link, source=None, target=None)
         session = link.session
-        if session.local_channel is None or session.state is not SessionState.MAPPED:
+        if session.local_channel is None or session.state is not _MAPPED:
             link._local_detach()
             return
         self._send(session.local_channel, session._local_detach(link, closed, error))
@@ -536,7 +543,7 @@ class Connection:
                 raise LocalProtocolError(f"link {target.name!r} is not attached")
         else:
             link, session = None, target
-        if session.state is not SessionState.MAPPED:
+        if session.state is not _MAPPED:
             raise LocalProtocolError(f"session is {session.state.value}")
         self._send(session.local_channel, session._flow(link, echo))  # type: ignore[arg-type]
 
@@ -699,7 +706,7 @@ class Connection:
 
     def _session_send(self, session: Session, perf: Composite) -> None:
         """Frames a session produces by itself (echo/window flows); dropped while it has no local channel."""
-        if session.local_channel is not None and session.state is SessionState.MAPPED:
+        if session.local_channel is not None and session.state is _MAPPED:
             self._send(session.local_channel, perf)
 
     def _send_sasl(self, perf: Composite) -> None:
@@ -713,14 +720,14 @@ class Connection:
         try:
             while True:
                 phase = self._phase
-                if phase is _Phase.AMQP:  # the steady state: a tight loop over the frames of this read
+                if phase is _AMQP_PHASE:  # the steady state: a tight loop over the frames of this read
                     next_frame, on_frame = reader.next_frame, self._on_amqp_frame
                     while True:
                         frame = next_frame()
                         if frame is None:
                             return
                         on_frame(frame)
-                        if self._phase is not _Phase.AMQP:
+                        if self._phase is not _AMQP_PHASE:
                             break
                 elif phase is _Phase.HEADER:
                     header = reader.read_protocol_header()
@@ -848,7 +855,7 @@ class Connection:
         t = type(perf)
         if session is not None and t in _SESSION_FRAMES:
             try:
-                if t is Transfer and session.mapped:  # the commonest frame, one layer less
+                if t is Transfer and session.state is _MAPPED:  # the commonest frame, one layer less
                     session._on_transfer(perf, body[offset:], self._events, session._send_own)  # type: ignore[arg-type]
                 else:
                     session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events, session._send_own)
@@ -928,7 +935,7 @@ class Connection:
     def _session_failed(self, session: Session, exc: SessionViolation) -> None:
         """End a session after a session-level violation by the peer."""
         err = Error(exc.condition, exc.description)
-        if session.state is SessionState.MAPPED and session.local_channel is not None:
+        if session.state is _MAPPED and session.local_channel is not None:
             session._local_end()
             self._send(session.local_channel, End(error=err))
             self._events.append(SessionEnded(session, err, by_peer=False, reply_needed=False))

@@ -753,24 +753,29 @@ def _make_fast_decoder(cls: Any, kinds: Sequence[str]) -> Callable[[bytes], tupl
         f"    if end > len(b) or count < {min_count} or count > {n}:",
         "        return None",
     ]
+    defaults = []  # each field's default, as the source text that produces it
     for i, d in enumerate(cls._DEFAULTS):
         if d is None or d.__class__ in (bool, int):
-            lines.append(f"    f{i} = {d!r}")  # a constant: cheaper than a global
+            defaults.append(repr(d))  # a constant: cheaper than a global
         else:
             env[f"d{i}"] = d
-            lines.append(f"    f{i} = d{i}")
+            defaults.append(f"d{i}")
+    lines += [f"    f{i} = {defaults[i]}" for i in range(len(kinds), n)]  # fields this decoder never reads
     # Built from the last field back: an optional field's check encloses every later field, so the first absent
-    # one skips the rest at once (our client's transfers set 5 of their 11 fields).
+    # one skips the rest at once (our client's transfers set 5 of their 11 fields), and only absent or null
+    # fields are given their defaults.
     rest = ""
     for i in reversed(range(len(kinds))):
         body = _FAST_STATE if kinds[i] == "STATE" else _FAST_FIELD.get(kinds[i], "")
         mandatory = i in cls._MANDATORY
-        null = "        return None\n" if mandatory else "        p += 1\n"
+        null = "        return None\n" if mandatory else f"        f{i} = {defaults[i]}\n        p += 1\n"
         block = "    c = b[p]\n" + body.format(i=i)
         block += ("    elif" if body else "    if") + " c == 0x40:\n" + null + "    else:\n        return None\n"
         rest = block + rest
         if not mandatory:  # mandatory fields are within min_count, always present
-            rest = f"    if count > {i}:\n" + "".join("    " + x + "\n" for x in rest.splitlines())
+            absent = "".join(f"        f{k} = {defaults[k]}\n" for k in range(i, len(kinds)))
+            nested = "".join("    " + x + "\n" for x in rest.splitlines())
+            rest = f"    if count > {i}:\n" + nested + "    else:\n" + absent
     lines.append(rest.rstrip("\n"))
     lines += ["    if p != end:", "        return None", f"    return cls({', '.join(f'f{i}' for i in range(n))}), end"]
     exec("\n".join(lines), env)

@@ -78,6 +78,8 @@ class SessionState(enum.Enum):
 # Members that per-delivery code compares with, as module constants: in Python 3.11 reading a member off an
 # Enum class costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
 _MAPPED = SessionState.MAPPED
+_END_SENT = SessionState.END_SENT
+_END_RCVD = SessionState.END_RCVD
 
 
 class Session:
@@ -332,7 +334,7 @@ class Session:
         self, perf: Composite, payload: bytes, events: list[Event], send: Callable[[Composite], None]
     ) -> None:
         """Handle a frame for this session (not begin/end, which the connection routes itself)."""
-        if self.state is SessionState.END_SENT or self.state is SessionState.END_RCVD:
+        if self.state is _END_SENT or self.state is _END_RCVD:
             return  # discarding: the peer has not seen our end yet, or has ended and is winding down
         t = type(perf)
         if t is Transfer:

@@ -85,6 +85,9 @@ MANAGEMENT_SUFFIX = "/$management"
 DEAD_LETTER_CONDITION = "com.microsoft:dead-letter"
 WINDOW = 0x7FFFFFFF
 SENDER_CREDIT = 10_000
+_SENDER_CREDIT_LOW = SENDER_CREDIT // 2  # a sender's credit is topped up below this
+_RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
+_LOGGED_EVENTS = frozenset((ev.LinkAttachRequested, ev.LinkDetached))  # logged (debug) as they come
 # A large answer to a flow is taken and written in chunks that double from FIRST_CHUNK, so the client decodes the
 # first deliveries while this loop locks and encodes the next ones, and each chunk is ready before the client has
 # eaten the one before (the SDK decodes a delivery about three times slower than we make one). The SDK's
@@ -210,13 +213,12 @@ class ServiceBusConnection:
             return
         if self._pending_completes and handler is not ServiceBusConnection._on_disposition:
             self._flush_completes()  # settle what came before this event first (a detach, say)
-        link = getattr(event, "link", None)
-        if link is not None and type(event) in (ev.LinkAttachRequested, ev.LinkDetached):
-            log.debug("%s", type(event).__name__, extra=self._context(link))
+        if type(event) in _LOGGED_EVENTS:
+            log.debug("%s", type(event).__name__, extra=self._context(event.link))  # type: ignore[attr-defined]
         try:
             handler(self, event)
         except ShardbusError as exc:  # a refusal already answered on the wire; nothing else to do
-            log.info("refused: %s", exc, extra=self._context(link))
+            log.info("refused: %s", exc, extra=self._context(getattr(event, "link", None)))
 
     def _context(self, link: Any = None) -> dict[str, Any]:
         """Log record fields naming this connection (and link), for structured logs (logs.py)."""
@@ -475,13 +477,14 @@ class ServiceBusConnection:
     # ------------------------------------------------------------------------------------------------------
     def _on_delivery(self, e: ev.DeliveryReceived) -> None:
         link = e.link
-        if link.link_credit < SENDER_CREDIT // 2:  # keep credit-respecting clients sending
+        if link.link_credit < _SENDER_CREDIT_LOW:  # keep credit-respecting clients sending
             self.amqp.flow(link, link_credit=SENDER_CREDIT)
-        if link in self._senders:
+        entity = self._senders.get(link)
+        if entity is not None:
             if isinstance(e.state, TransactionalState):
-                self._on_transactional_send(e, self._senders[link])
+                self._on_transactional_send(e, entity)
             else:
-                self._on_send(e, self._senders[link])
+                self._on_send(e, entity)
             return
         if link in self._coordinators:
             self._on_coordinator(e)
@@ -697,7 +700,7 @@ class ServiceBusConnection:
 
     def _transfer(self, link: Any, receiver: Receiver | SessionReceiver, messages: list[Message]) -> int:
         """Send what fits in the client's session window; give the rest back. Returns how many were sent."""
-        settled = receiver.mode is ReceiveMode.RECEIVE_AND_DELETE
+        settled = receiver.mode is _RECEIVE_AND_DELETE
         max_frame = self.amqp.remote_max_frame_size
         sent: list[Message] = []
         now_ms = time.time() * 1000

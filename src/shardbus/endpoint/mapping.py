@@ -227,11 +227,14 @@ def _decode_plain(buf: bytes) -> Message | None:
         return None
     if body is None:
         return None
-    m = new_message(body)
-    if props is not None:
-        m.message_id, _, m.to, m.subject, m.reply_to, m.correlation_id, ct, _, _, _, m.session_id, _, rgid = props
-        m.content_type = None if ct is None else str(ct)
-        m.reply_to_session_id = rgid
+    if props is None:
+        m = new_message(body)
+    else:
+        message_id, _, to, subject, reply_to, correlation_id, ct, _, _, _, session_id, _, rgid = props
+        content_type = None if ct is None else str(ct)
+        # positional, in Message's field order: body, message-id, session-id, partition-key, correlation-id,
+        # subject, content-type, to, reply-to, reply-to-session-id
+        m = new_message(body, message_id, session_id, None, correlation_id, subject, content_type, to, reply_to, rgid)
     if app:
         m.application_properties = {str(k): v for k, v in app.items()}
     m.wire_sections = buf[:start]  # up to the body's first byte (see ``_unchanging_parts``)

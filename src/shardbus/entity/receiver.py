@@ -54,6 +54,8 @@ from ..model.routing import decode_sequence_number, partition_of_lock_token
 from ..partition.broker import PartitionBroker, Settle
 from .entity import Target
 
+_RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
+
 LockRef = Message | uuid.UUID
 
 # A message waits at most this long in a receiver's cache for a receive call, then goes back to its partition.
@@ -152,7 +154,7 @@ class Receiver(Settling):
         """Whatever is available now, up to ``max_count``, without waiting for new messages (peek-lock: waits
         only for the partitions' answers; receive-and-delete: also for the deletes)."""
         out = self.take(max_count)
-        if self.mode is ReceiveMode.RECEIVE_AND_DELETE and out:
+        if self.mode is _RECEIVE_AND_DELETE and out:
             return self._delete_taken(out)
         return out
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -152,12 +153,27 @@ def _make_copier() -> object:
 
 
 _copy_message = _make_copier()
-_BLANK = Message()
 
 
-def new_message(body: bytes) -> Message:
-    """``Message(body)`` for a body already of type bytes, without the dataclass constructor (a front end builds
-    one per message it receives)."""
-    m = _copy_message(_BLANK)
-    m.body = body
-    return m
+def _make_constructor() -> Callable[..., Message]:
+    """``new_message``, generated once: the user-set fields as parameters in the dataclass's order (with its
+    defaults), the broker-set ones at their defaults, and no ``__post_init__``. A front end builds one message
+    per send; copying a blank one and then setting the fields it decoded stored most of them twice."""
+    env: dict[str, object] = {"Message": Message, "_new": Message.__new__}
+    params, lines = [], []
+    for f in fields(Message):
+        env[f"_d_{f.name}"] = f.default
+        default = repr(f.default) if f.default is None or type(f.default) in (int, bytes) else f"_d_{f.name}"
+        if f.repr:  # a user-set field (the broker's are repr=False)
+            params.append(f"{f.name}={default}")
+            lines.append(f"    m.{f.name} = {f.name}")
+        else:
+            lines.append(f"    m.{f.name} = {default}")
+    source = [f"def new_message({', '.join(params)}):", "    m = _new(Message)", *lines, "    return m"]
+    exec("\n".join(source), env)
+    return env["new_message"]  # type: ignore[return-value]
+
+
+new_message = _make_constructor()
+new_message.__doc__ = """``Message(...)`` for a body already of type bytes, the other user-set fields positional in the
+dataclass's order, without the dataclass constructor (a front end builds one per message it receives)."""
