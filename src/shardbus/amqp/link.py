@@ -273,7 +273,7 @@ class Link:
                     t.delivery_id,
                     t.delivery_tag,
                     t.message_format or 0,
-                    bool(t.settled),
+                    t.settled is True,  # None (absent) is False; the decoders give nothing else
                     t.state,
                     payload,
                     t.batchable,

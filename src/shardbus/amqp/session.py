@@ -396,21 +396,24 @@ class Session:
         events.append(FlowReceived(self, link, f))
 
     def _on_transfer(self, t: Transfer, payload: bytes, events: list[Event], send: Callable[[Composite], None]) -> None:
-        if self.incoming_window <= 0:
+        window = self.incoming_window - 1
+        if window < 0:
             raise SessionViolation(Condition.WINDOW_VIOLATION, "transfer beyond the incoming window")
         link = self._by_remote_handle.get(t.handle)
         if link is None:
             raise SessionViolation(Condition.UNATTACHED_HANDLE, f"no link attached with handle {t.handle}")
-        self.incoming_window -= 1
-        if self.next_incoming_id is not None:
-            self.next_incoming_id = (self.next_incoming_id + 1) & _MASK
+        self.incoming_window = window
+        next_id = self.next_incoming_id
+        if next_id is not None:
+            self.next_incoming_id = (next_id + 1) & _MASK
         self.remote_outgoing_window -= 1
-        if self.auto_flow and self.incoming_window * 2 < self.configured_incoming_window:
+        if self.auto_flow and window * 2 < self.configured_incoming_window:
             self.incoming_window = self.configured_incoming_window
             send(self._flow())
         limit = self.connection.max_message_size
-        if link.max_message_size and link.max_message_size < limit:
-            limit = link.max_message_size
+        own_limit = link.max_message_size
+        if own_limit and own_limit < limit:
+            limit = own_limit
         done = link._on_transfer(t, payload, limit)
         if done is None:
             return

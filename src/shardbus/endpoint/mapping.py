@@ -159,8 +159,11 @@ def _plain_properties(buf: bytes, p: int) -> tuple[list[Any], int] | None:
     count = buf[p + 2]
     if count > 13 or end > len(buf):
         return None
-    p += 3
     out: list[Any] = [None] * 13
+    if count == 1 and buf[p + 3] == 0xA1 and p + 5 + buf[p + 4] == end:  # a message-id alone, as the SDK sends
+        out[0] = buf[p + 5 : end].decode("utf-8")
+        return out, end
+    p += 3
     for i in range(count):
         c = buf[p]
         if c == 0x40:

@@ -192,6 +192,7 @@ _new_tuple = tuple.__new__
 # Members that per-message code compares with, as module constants: in Python 3.11 reading a member off an
 # Enum class costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
 _ACTIVE = MessageState.ACTIVE
+_SCHEDULED = MessageState.SCHEDULED
 _MAIN = SubQueue.MAIN
 
 
@@ -564,7 +565,7 @@ class PartitionBroker:
         window_start = now - cfg.dedup_window_ms
         dedup_new: list[tuple[str, int]] = []
         rows_by_slot: dict[int, list[Row]] = {}
-        visible: list[tuple[int, Entry]] = []
+        visible: dict[int, list[Entry]] = {}  # each slot's new entries, in sequence order
         results: list[int | None] = []
         added_size = 0
         seq = self._next_seq
@@ -587,10 +588,11 @@ class PartitionBroker:
                     if floor is _UNSET:
                         floor = ttl_floors[slot] = self._ttl_floor(slot)
                         rows_by_slot[slot] = []
+                        visible[slot] = []
                     entry, row = new_entry(slot, seq, msg, now, floor)
                     added_size += entry.size
                     rows_by_slot[slot].append(row)
-                    visible.append((slot, entry))
+                    visible[slot].append(entry)
                 seq += 1
             if self._size + added_size > cfg.max_size_bytes:
                 raise QuotaExceeded(
@@ -663,28 +665,29 @@ class PartitionBroker:
         row = _new_tuple(Row, (seq, 0, 0 if state is _ACTIVE else int(state), 0, None, data))
         return Entry(msg, slot, seq, _MAIN, len(data)), row
 
-    def _add_visible(self, visible: list[tuple[int, Entry]]) -> set[int]:
+    def _add_visible(self, visible: dict[int, list[Entry]]) -> set[int]:
+        """Put committed new entries (by slot, in sequence order) in their main queues; the slots that got
+        receivable messages."""
         touched = set()
-        queues: dict[int, MessageQueue] = {}  # each slot's main queue, looked up once per batch
-        counts: dict[int, int] = {}
-        scheduled, push = MessageState.SCHEDULED, heapq.heappush
-        for slot, entry in visible:
-            q = queues.get(slot)
-            if q is None:
-                q = queues[slot] = self._queue(slot, SubQueue.MAIN)
-                counts[slot] = 0
-            counts[slot] += 1
-            q.entries[entry.seq] = entry
-            if entry.msg.state is scheduled:
-                push(q.scheduled, (_scheduled_ms(entry.msg), entry.seq))
-            else:
-                if q.sessions is None:
-                    push(q.ready, entry.seq)  # ``_push_ready`` without sessions
+        push = heapq.heappush
+        for slot, entries in visible.items():
+            q = self._queue(slot, _MAIN)
+            stored, ready, sessions = q.entries, q.ready, q.sessions
+            readied = False
+            for entry in entries:
+                seq = entry.seq
+                stored[seq] = entry
+                if entry.msg.state is _SCHEDULED:
+                    push(q.scheduled, (_scheduled_ms(entry.msg), seq))
+                elif sessions is None:
+                    push(ready, seq)  # ``_push_ready`` without sessions
+                    readied = True
                 else:
                     self._push_ready(q, entry)
+                    readied = True
+            if readied:
                 touched.add(slot)
-        for slot, n in counts.items():
-            self._slot_stats(slot).incoming += n
+            self._slot_stats(slot).incoming += len(entries)
         return touched
 
     def _notify(self, slots: Iterable[int]) -> None:
