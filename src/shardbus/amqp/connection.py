@@ -856,9 +856,9 @@ class Connection:
         if session is not None and t in _SESSION_FRAMES:
             try:
                 if t is Transfer and session.state is _MAPPED:  # the commonest frame, one layer less
-                    session._on_transfer(perf, body[offset:], self._events, session._send_own)  # type: ignore[arg-type]
+                    session._on_transfer(perf, body[offset:], self._events)  # type: ignore[arg-type]
                 else:
-                    session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events, session._send_own)
+                    session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events)
             except LinkViolation as exc:
                 d = session._link_violation(exc, self._events)
                 if d is not None:

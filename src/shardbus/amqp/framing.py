@@ -121,15 +121,15 @@ class FrameReader:
         """
         buf = self._buf
         p = self._pos
-        avail = len(buf) - p
-        if avail < 8:
+        if len(buf) - p < 8:
             return None
         size, doff, ftype, channel = _HDR_unpack(buf, p)
-        if size < 8 or doff < 2 or doff * 4 > size:
+        if doff < 2 or doff * 4 > size:  # so size is at least 8 too
             raise FramingError(f"invalid frame header (size={size}, doff={doff})")
         if size > self.max_frame_size:
             raise FramingError(f"frame of {size} bytes exceeds max-frame-size {self.max_frame_size}")
-        if avail < size:
+        end = p + size
+        if end > len(buf):
             return None
-        self._pos = p + size
-        return _new_frame(Frame, (ftype, channel, bytes(buf[p + doff * 4 : p + size])))
+        self._pos = end
+        return _new_frame(Frame, (ftype, channel, bytes(buf[p + doff * 4 : end])))

@@ -26,7 +26,6 @@ Frames arrive through ``_on_frame`` (called by the connection); application acti
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import Condition, LinkViolation, LocalProtocolError, SessionViolation
@@ -330,19 +329,17 @@ class Session:
             raise SessionViolation(Condition.UNATTACHED_HANDLE, f"no link attached with handle {handle}")
         return link
 
-    def _on_frame(
-        self, perf: Composite, payload: bytes, events: list[Event], send: Callable[[Composite], None]
-    ) -> None:
+    def _on_frame(self, perf: Composite, payload: bytes, events: list[Event]) -> None:
         """Handle a frame for this session (not begin/end, which the connection routes itself)."""
         if self.state is _END_SENT or self.state is _END_RCVD:
             return  # discarding: the peer has not seen our end yet, or has ended and is winding down
         t = type(perf)
         if t is Transfer:
-            self._on_transfer(perf, payload, events, send)  # type: ignore[arg-type]
+            self._on_transfer(perf, payload, events)  # type: ignore[arg-type]
         elif t is Disposition:
             self._on_disposition(perf, events)  # type: ignore[arg-type]
         elif t is Flow:
-            self._on_flow(perf, events, send)  # type: ignore[arg-type]
+            self._on_flow(perf, events)  # type: ignore[arg-type]
         elif t is Attach:
             self._on_attach(perf, events)  # type: ignore[arg-type]
         elif t is Detach:
@@ -379,7 +376,7 @@ class Session:
             self._release(link)
         events.append(LinkDetached(link, bool(d.closed), d.error, True, reply_needed))
 
-    def _on_flow(self, f: Flow, events: list[Event], send: Callable[[Composite], None]) -> None:
+    def _on_flow(self, f: Flow, events: list[Event]) -> None:
         nid = f.next_incoming_id
         if nid is None:
             nid = 0  # peer has not seen our begin yet: our initial next-outgoing-id
@@ -392,10 +389,10 @@ class Session:
             link = self._link_for(f.handle)
             link._on_flow(f)
         if f.echo:
-            send(self._flow(link))
+            self._send_own(self._flow(link))
         events.append(FlowReceived(self, link, f))
 
-    def _on_transfer(self, t: Transfer, payload: bytes, events: list[Event], send: Callable[[Composite], None]) -> None:
+    def _on_transfer(self, t: Transfer, payload: bytes, events: list[Event]) -> None:
         window = self.incoming_window - 1
         if window < 0:
             raise SessionViolation(Condition.WINDOW_VIOLATION, "transfer beyond the incoming window")
@@ -409,7 +406,7 @@ class Session:
         self.remote_outgoing_window -= 1
         if self.auto_flow and window * 2 < self.configured_incoming_window:
             self.incoming_window = self.configured_incoming_window
-            send(self._flow())
+            self._send_own(self._flow())
         limit = self.connection.max_message_size
         own_limit = link.max_message_size
         if own_limit and own_limit < limit:
