@@ -296,8 +296,16 @@ class Session:
         if not mine:
             return out
         if count < len(mine):
+            if pop:  # a range we settle: each delivery is forgotten as it is found
+                take = mine.pop
+                for i in range(count + 1):
+                    ref = take((first + i) & _MASK, None)
+                    if ref is not None:
+                        out.append(ref)
+                        ref.link.unsettled.pop(ref.delivery_tag, None)
+                return out
             for i in range(count + 1):
-                ref = mine.pop((first + i) & _MASK, None) if pop else mine.get((first + i) & _MASK)
+                ref = mine.get((first + i) & _MASK)
                 if ref is not None:
                     out.append(ref)
         else:

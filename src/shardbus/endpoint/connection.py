@@ -523,9 +523,11 @@ class ServiceBusConnection:
         pending, self._pending_sends = self._pending_sends, []
         by_entity: dict[int, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
         for entity, event, messages in pending:
-            _, events, batches = by_entity.setdefault(id(entity), (entity, [], []))
-            events.append(event)
-            batches.append(messages)
+            group = by_entity.get(id(entity))
+            if group is None:
+                group = by_entity[id(entity)] = (entity, [], [])
+            group[1].append(event)
+            group[2].append(messages)
         started = time.monotonic()
         for entity, events, batches in by_entity.values():
 

@@ -304,7 +304,10 @@ class _Sender:
                     healthy = [(start + k) % n for k in range(n) if self.partitions[(start + k) % n].healthy]
                     keyless_partition = healthy[0] if healthy else start % n
                 pid = keyless_partition
-            indices, item_lists, keys = groups.setdefault(pid, ([], [], []))
+            group = groups.get(pid)
+            if group is None:
+                group = groups[pid] = ([], [], [])
+            indices, item_lists, keys = group
             indices.append(i)
             item_lists.append(items)
             keys.append(key)
