@@ -210,3 +210,18 @@ def test_acknowledged_sends_are_on_disk(ns, tmp_path):
     folder = ns.root / "entities" / str(ns._queue("q").entity_id)
     total = sum(sqlite3.connect(f).execute("SELECT count(*) FROM m0").fetchone()[0] for f in folder.glob("p*.db"))
     assert total == 50
+
+
+# --- the front ends' message constructor ------------------------------------------------------------------------
+def test_new_message_is_the_dataclass_constructor_without_its_checks():
+    from dataclasses import fields
+
+    from shardbus.model.message import new_message
+
+    def values(m: Message) -> dict:
+        return {f.name: getattr(m, f.name) for f in fields(Message)}
+
+    assert values(new_message(b"x")) == values(Message(b"x"))
+    given = dict(body=b"b", message_id="m", session_id="s", partition_key="s", correlation_id="c", subject="j")
+    given |= dict(content_type="t", to="o", reply_to="r", reply_to_session_id="rs")
+    assert values(new_message(*given.values())) == values(Message(**given))  # positional, in the fields' order

@@ -160,7 +160,8 @@ def _plain_properties(buf: bytes, p: int) -> tuple[list[Any], int] | None:
     if count > 13 or end > len(buf):
         return None
     out: list[Any] = [None] * 13
-    if count == 1 and buf[p + 3] == 0xA1 and p + 5 + buf[p + 4] == end:  # a message-id alone, as the SDK sends
+    # a message-id alone, as our client sends it (the SDK adds 12 nulls, which the loop below takes at once)
+    if count == 1 and buf[p + 3] == 0xA1 and p + 5 + buf[p + 4] == end:
         out[0] = buf[p + 5 : end].decode("utf-8")
         return out, end
     p += 3
