@@ -772,7 +772,11 @@ class ServiceBusConnection:
             by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
             for item in pending:
                 receiver = item[1]
-                by_key.setdefault((id(receiver), partition_of_lock_token(item[2])), (receiver, []))[1].append(item)
+                key = (id(receiver), partition_of_lock_token(item[2]))
+                group = by_key.get(key)
+                if group is None:
+                    group = by_key[key] = (receiver, [])
+                group[1].append(item)
             groups = by_key.values()
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
         for receiver, items in groups:
@@ -796,8 +800,12 @@ class ServiceBusConnection:
     def _echo_accepted(items: list[tuple[Any, Any, uuid.UUID, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Note the unsettled deliveries of ``items`` for an ``accepted`` echo, by session (``_send_echoes``)."""
         for ref, _, _, settled in items:
-            if not settled and ref.link.attached:
-                echo.setdefault(id(ref.link.session), (ref.link, []))[1].append(ref.delivery_id)
+            link = ref.link
+            if not settled and link.attached:
+                noted = echo.get(id(link.session))
+                if noted is None:
+                    noted = echo[id(link.session)] = (link, [])
+                noted[1].append(ref.delivery_id)
 
     def _send_echoes(self, echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Echo ``accepted`` for the noted deliveries: one range disposition per run of consecutive ids."""
