@@ -37,6 +37,7 @@ from ..model.routing import (
     batch_partition_key,
     decode_sequence_number,
     partition_for_key,
+    partition_key_of,
 )
 from ..partition.broker import PartitionBroker
 
@@ -253,6 +254,9 @@ class _Sender:
                 "The SessionId was not set on a message, and it cannot be sent to the entity. Entities that have "
                 "session support enabled can only receive messages that have the SessionId set to a valid value."
             )
+        if len(messages) == 1:  # the usual send: the loop, the batch's key rule and the list below for one message
+            m = messages[0]
+            return partition_key_of(m, duplicate_detection), self._fan_out(m if owned else m.copy())
         key = batch_partition_key(messages, duplicate_detection, len(self.partitions) > 1)
         items = []
         fan_out = self._fan_out
