@@ -540,25 +540,23 @@ class ServiceBusConnection:
 
     def _acknowledge(self, results: list[tuple[ev.DeliveryReceived, BaseException | None]]) -> None:
         """Settle stored sends: consecutive accepted deliveries of one link share a range disposition."""
-        run: list[ev.DeliveryReceived] = []
-
-        def flush_run() -> None:
-            if run:
-                self.amqp.disposition(run[0].link, run[0].delivery_id, run[-1].delivery_id, state=Accepted())
-                run.clear()
-
+        link: Any = None  # the link of the run of accepted deliveries, and its first and last delivery ids
+        first = last = 0
         for e, exc in results:
             if e.settled:
                 continue
-            if exc is not None:
-                flush_run()
-                self._settle(e, Rejected(error=_error(exc)))
-            elif run and (run[-1].link is not e.link or run[-1].delivery_id + 1 != e.delivery_id):
-                flush_run()
-                run.append(e)
+            if exc is None and e.link is link and e.delivery_id == last + 1:
+                last = e.delivery_id  # the run goes on
+                continue
+            if link is not None:
+                self.amqp.disposition(link, first, last, state=_ACCEPTED)
+                link = None
+            if exc is None:
+                link, first, last = e.link, e.delivery_id, e.delivery_id
             else:
-                run.append(e)
-        flush_run()
+                self._settle(e, Rejected(error=_error(exc)))
+        if link is not None:
+            self.amqp.disposition(link, first, last, state=_ACCEPTED)
 
     # ------------------------------------------------------------------------------------------------------
     # $cbs
