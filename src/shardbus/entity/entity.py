@@ -254,7 +254,7 @@ class _Sender:
                 "The SessionId was not set on a message, and it cannot be sent to the entity. Entities that have "
                 "session support enabled can only receive messages that have the SessionId set to a valid value."
             )
-        if len(messages) == 1:  # the usual send: the loop, the batch's key rule and the list below for one message
+        if len(messages) == 1:  # the usual send: no batch key rule (a set of keys) and no items list to build
             m = messages[0]
             return partition_key_of(m, duplicate_detection), self._fan_out(m if owned else m.copy())
         key = batch_partition_key(messages, duplicate_detection, len(self.partitions) > 1)

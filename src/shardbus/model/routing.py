@@ -46,8 +46,6 @@ def batch_partition_key(
     messages: Iterable[Message], requires_duplicate_detection: bool, partitioned: bool
 ) -> str | None:
     """The one key a batch is routed by. A batch is stored atomically, so it must fit in one partition."""
-    if type(messages) is list and len(messages) == 1:  # the usual single send: no set to build
-        return partition_key_of(messages[0], requires_duplicate_detection)
     keys = {partition_key_of(m, requires_duplicate_detection) for m in messages}
     if len(keys) > 1 and partitioned:
         raise InvalidOperation(
