@@ -28,3 +28,17 @@ def test_amqp_bench_quick() -> None:
     assert [line.split()[0] for line in lines] == NAMES
     for line in lines:
         assert "null=" in line and "ratio=" in line and "broker_cpu=" in line
+
+
+def test_amqp_bench_body_size() -> None:
+    """``--body-size`` runs end to end (the null endpoint, a child process, takes it too) and is reported."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--body-size", "182", "--only", "own-produce-unsettled"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("182-byte bodies;")
+    assert [line.split()[0] for line in done.stdout.splitlines() if "shardbus=" in line] == ["own-produce-unsettled"]
