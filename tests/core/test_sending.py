@@ -102,6 +102,18 @@ def test_batch_lands_in_one_partition_all_or_nothing(ns):
     assert ns.get_runtime_properties("q").active_message_count == 10
 
 
+def test_a_value_the_store_cannot_keep_refuses_its_batch_and_leaves_nothing(ns):
+    ns.create_queue("q", requires_duplicate_detection=True)
+    bad = Message(b"bad", message_id="m2", application_properties={"k": object()})
+    with pytest.raises(shardbus.ArgumentError, match="cannot be stored"):
+        ns.send("q", [Message(b"ok", message_id="m1"), bad])
+    with pytest.raises(shardbus.ArgumentError, match="cannot be stored"):
+        ns.send("q", Message(b"x", application_properties={"surrogate": "\udb48"}))
+    assert ns.get_runtime_properties("q").active_message_count == 0
+    ns.send("q", [Message(b"ok", message_id="m1"), Message(b"again", message_id="m2")])  # not taken as duplicates
+    assert [m.body for m in ns.browse("q")] == [b"ok", b"again"]
+
+
 def test_batch_with_distinct_keys_is_refused_on_partitioned_entities(ns):
     ns.create_queue("q", enable_partitioning=True)
     with pytest.raises(shardbus.InvalidOperation, match="distinct"):

@@ -167,6 +167,8 @@ class Char(str):
     def __new__(cls, value: str) -> Char:
         if len(value) != 1:
             raise ValueError("Char holds exactly one code point")
+        if "\ud800" <= value <= "\udfff":
+            raise ValueError("a surrogate is not a character")
         return str.__new__(cls, value)
 
     def __repr__(self) -> str:

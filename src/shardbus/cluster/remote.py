@@ -37,7 +37,7 @@ from typing import Any
 from ..amqp import events as E
 from ..amqp.transport import AmqpClient, ClientReceiver, ClientSender
 from ..model.entities import RuntimeProperties
-from ..model.errors import PartitionUnavailable, ShardbusError
+from ..model.errors import ArgumentError, PartitionUnavailable, ShardbusError
 from ..model.message import Message, SubQueue
 from ..partition.broker import Settle, SlotSettings, SlotStats
 from ..partition.handle import PartitionSpec, RemoteVerdict
@@ -89,7 +89,10 @@ class WorkerLink:
             future.set_exception(PartitionUnavailable(self._down_text(partition)))
             return future
         request_id = next(self._ids)
-        frame = wire.pack_frame([request_id, key, now, operation, args])
+        try:
+            frame = wire.pack_frame([request_id, key, now, operation, args])
+        except (TypeError, ValueError, OverflowError) as exc:  # as an in-process partition refuses to store it
+            raise ArgumentError(f"A value in the request cannot be stored: {exc}.") from exc
         self._pending[request_id] = (future, partition)
         with self._lock:
             self._outbox.append(frame)

@@ -1,17 +1,19 @@
 """Service Bus messages on the wire ⇄ ``shardbus.Message`` (SERVICEBUS_AMQP.md §3.5 and §4.4).
 
 Inbound, the broker-owned ``x-opt-*`` annotations a client may echo back (a re-sent received message keeps
-them) are dropped, and the ones a sender may set (partition key, scheduled enqueue time) become message fields.
+them) are dropped, and the ones a sender may set (partition key, scheduled enqueue time) become message fields (the
+scheduled time only when it is an AMQP timestamp, the one type the service honours).
 Outbound, the broker's annotations are stamped: sequence number, enqueued time, locked-until, partition key,
 state (for peek), and dead-letter reason and description become application properties, as the service does.
 
-AMQP value types without a Python counterpart (symbol, long, timestamp, ...) are registered with the store's
-packer, so application properties keep their exact AMQP types across storage.
+AMQP value types without a Python counterpart (symbol, long, timestamp, char, array, described, ...) are
+registered with the store's packer, so application properties keep their exact AMQP types across storage.
 """
 
 from __future__ import annotations
 
 import struct
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -65,14 +67,36 @@ DEAD_LETTER_DESCRIPTION = "DeadLetterErrorDescription"
 _TYPES = (t.Symbol, t.UByte, t.UShort, t.UInt, t.ULong, t.Byte, t.Short, t.Int, t.Long, t.Timestamp, t.Float)
 for _tag, _cls in enumerate(_TYPES, start=1):
     register_type(_tag, _cls, (float if _cls is t.Float else str if _cls is t.Symbol else int), _cls)
+# Tags 12 on (a tag is part of the stored format: never reuse one). A described value (the service's own uri,
+# datetime-offset and timespan among them) is kept as it came, its descriptor and value stored like any other
+# values; an array keeps its element type, by name.
+_ARRAY_ITEM_TYPES = (*_TYPES, t.Char, t.Decimal32, t.Decimal64, t.Decimal128, t.Described, t.Array, uuid.UUID)
+_ARRAY_TYPES = {cls.__name__: cls for cls in (*_ARRAY_ITEM_TYPES, str, bytes, int, float, bool, list, dict)}
+register_type(12, t.Described, lambda d: [d.descriptor, d.value], lambda plain: t.Described(*plain))
+register_type(13, t.Char, str, t.Char)
+for _tag, _cls in enumerate((t.Decimal32, t.Decimal64, t.Decimal128), start=14):
+    register_type(_tag, _cls, bytes, _cls)
+register_type(
+    17,
+    t.Array,
+    lambda a: [a.element_type.__name__, list(a)],
+    lambda plain: t.Array(_ARRAY_TYPES[plain[0]], plain[1]),
+)
 
 
-def _ms(value: Any) -> int | None:
-    if value is None:
+# The milliseconds a ``datetime`` can hold (years 1 to 9999)
+_MIN_MS = int(datetime(1, 1, 1, tzinfo=UTC).timestamp() * 1000)
+_MAX_MS = int(datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC).timestamp() * 1000)
+
+
+def _scheduled_time(value: Any) -> datetime | None:
+    """The time an ``x-opt-scheduled-enqueue-time`` annotation asks for, or None when it asks for none the service
+    would honour: only an AMQP timestamp counts. The service ignores any other value (azure-sdk-for-js#27396:
+    "The service ignores the value when it is not valid"; a plain integer does not schedule either,
+    azure-uamqp-python#57), and so does this, instead of failing the send."""
+    if type(value) is not t.Timestamp or not _MIN_MS <= value <= _MAX_MS:
         return None
-    if isinstance(value, datetime):
-        return datetime_to_ms(value)
-    return int(value)
+    return datetime.fromtimestamp(value / 1000, UTC)
 
 
 def to_message(amqp: AmqpMessage) -> Message:
@@ -108,8 +132,7 @@ def to_message(amqp: AmqpMessage) -> Message:
             if name == "x-opt-partition-key":
                 m.partition_key = None if value is None else str(value)
             elif name == "x-opt-scheduled-enqueue-time":
-                ms = _ms(value)
-                m.scheduled_enqueue_time = None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+                m.scheduled_enqueue_time = _scheduled_time(value)
             elif name not in BROKER_OWNED:
                 extra[name] = value
         m.annotations = extra or None

@@ -59,6 +59,7 @@ from typing import Any
 
 from ..model.entities import RuntimeProperties
 from ..model.errors import (
+    ArgumentError,
     InvalidOperation,
     MessageLockLost,
     MessageNotFound,
@@ -652,7 +653,10 @@ class PartitionBroker:
         msg.delivery_count = 0
         if msg.enqueued_sequence_number is None:
             msg.enqueued_sequence_number = sequence_number
-        data = pack_message(msg)
+        try:
+            data = pack_message(msg)
+        except (TypeError, ValueError, OverflowError) as exc:  # a value the store cannot keep: refuse, nothing else
+            raise ArgumentError(f"The message cannot be stored: {exc}.") from exc
         if len(data) > self.config.max_message_size_bytes:
             raise MessageSizeExceeded(
                 f"The received message (size {len(data)} bytes) exceeds the limit "

@@ -1,8 +1,8 @@
 """Packing a message's user-set fields into the bytes a store keeps (MessagePack).
 
 Only what the sender set is packed; broker-owned fields live in their own columns (see ``base.Row``). Values
-MessagePack cannot carry natively (datetime, UUID, timedelta, tuples of AMQP types a front end put in
-annotations) use extension types, so application properties keep their types across restarts.
+MessagePack cannot carry natively (datetime, UUID, timedelta, and the value types a front end registers, such as
+AMQP's uint or symbol) use extension types, so application properties keep their types across restarts.
 """
 
 from __future__ import annotations
@@ -55,10 +55,16 @@ class PackerPool:
         return data
 
 
+# What an unregistered subclass of a type MessagePack carries is stored as (an IntEnum member as its int, say).
+_PLAIN_BASES = (int, float, str, bytes, bytearray, list, dict)
+
+
 def _default(value: Any) -> Any:
     tag = _registered_by_type.get(type(value))
     if tag is not None:
-        return msgpack.ExtType(_EXT_PICKLED_TYPE, _packer.pack((tag, _registered[tag][1](value))))
+        return msgpack.ExtType(_EXT_PICKLED_TYPE, _packer.pack([tag, _registered[tag][1](value)]))
+    if type(value) is tuple:
+        return list(value)
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
@@ -67,6 +73,9 @@ def _default(value: Any) -> Any:
         return msgpack.ExtType(_EXT_UUID, value.bytes)
     if isinstance(value, timedelta):
         return msgpack.ExtType(_EXT_TIMEDELTA, (value // _US).to_bytes(8, "big", signed=True))
+    for base in _PLAIN_BASES:
+        if isinstance(value, base):
+            return base(value)
     raise TypeError(f"cannot store a value of type {type(value).__name__}")
 
 
@@ -83,13 +92,15 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-_packer = PackerPool(default=_default, use_bin_type=True)
+# Strict types: a subclass of int, str, list, ... (an AMQP uint, symbol or array in application properties) goes
+# to ``_default`` instead of being packed as its base type, so a registered type comes back as itself.
+_packer = PackerPool(default=_default, use_bin_type=True, strict_types=True)
 
 
 def pack_message(m: Message) -> bytes:
     ttl = None if m.time_to_live is None else m.time_to_live // _US
     return _packer.pack(
-        (
+        [  # a list: MessagePack's strict types take a tuple as an unknown type
             m.body,
             int(m.body_type),
             m.message_id,
@@ -109,12 +120,12 @@ def pack_message(m: Message) -> bytes:
             m.forward_hops,
             m.enqueued_time_ms,
             m.expires_at_ms,
-        )
+        ]
     )
 
 
 def pack_dead_letter(m: Message) -> bytes:
-    return _packer.pack((m.dead_letter_reason, m.dead_letter_error_description, m.dead_letter_source))
+    return _packer.pack([m.dead_letter_reason, m.dead_letter_error_description, m.dead_letter_source])
 
 
 def unpack_dead_letter(m: Message, data: bytes | None) -> None:
