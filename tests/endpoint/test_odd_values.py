@@ -1,7 +1,8 @@
-"""Values a sender may put in a message that Service Bus senders rarely do, over real sockets: an
-``x-opt-scheduled-enqueue-time`` the service would not honour, and application properties of AMQP types the SDK
-has no Python type for. Each send is accepted and nothing else is harmed; the values come back with their AMQP
-types, also after a restart (when deliveries are encoded from the store, not from the bytes the sender sent)."""
+"""Values a client may send that Service Bus clients rarely do, over real sockets: an ``x-opt-scheduled-enqueue-time``
+the service would not honour, application properties of AMQP types the SDK has no Python type for, and link
+addresses and session filters of the wrong type. Each message is accepted, each odd link refused with the right
+condition, and the connection goes on; the values come back with their AMQP types, also after a restart (when
+deliveries are encoded from the store, not from the bytes the sender sent)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from azure.servicebus import ServiceBusClient
 
+from shardbus import Message
 from shardbus.amqp import types as t
 from shardbus.amqp.message import AmqpMessage, BodyType, Properties, decode_message
 from shardbus.amqp.performatives import Accepted
-from shardbus.amqp.transport import AmqpClient
+from shardbus.amqp.transport import AmqpClient, AmqpClientError
 from shardbus.endpoint.mapping import SCHEDULED_TIME
 from shardbus.server import Broker
 
@@ -108,3 +110,45 @@ def test_application_properties_keep_their_amqp_types_across_a_restart(tmp_path,
         after = asyncio.run(_receive_all(b.server.port, "q", 2))
         for m in after:
             assert _typed(m.application_properties) == _typed(APP_PROPERTIES)
+
+
+SESSION_FILTER = t.Symbol("com.microsoft:session-filter")
+REFUSED_LINKS = [  # (receiving?, address, source filter, the condition of the refusal)
+    (True, b"\xff\xfe", None, "amqp:not-found"),  # an address that is not UTF-8
+    (False, b"\xff\xfe", None, "amqp:not-found"),
+    (True, "sq", {SESSION_FILTER: 5}, "com.microsoft:argument-error"),  # a session id that is not a string
+    (True, "sq", {SESSION_FILTER: b"\xff"}, "com.microsoft:argument-error"),
+    (True, "sq", {SESSION_FILTER: [1]}, "com.microsoft:argument-error"),
+]
+
+
+def test_odd_link_addresses_and_session_filters_are_refused_and_the_connection_goes_on(broker, ns):
+    """Each used to close the connection with amqp:internal-error."""
+    ns.create_queue("sq", requires_session=True)
+    ns.send("sq", Message(b"x", session_id="s"))
+
+    async def run() -> list:
+        client = await AmqpClient.connect(
+            "127.0.0.1",
+            broker.server.port,
+            sasl_mechanism="PLAIN",
+            username="RootManageSharedAccessKey",
+            password="SAS_KEY_VALUE",
+        )
+        try:
+            session = await client.session()
+            conditions = []
+            for receiving, address, filters, _ in REFUSED_LINKS:
+                with pytest.raises(AmqpClientError) as refused:
+                    if receiving:
+                        await session.receiver(address, filters=filters)
+                    else:
+                        await session.sender(address)
+                conditions.append(str(refused.value.error.condition))
+            receiver = await session.receiver("sq", filters={SESSION_FILTER: "s"}, credit=1)  # the same connection
+            assert decode_message((await receiver.receive(timeout=10)).payload).body == [b"x"]
+            return conditions
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == [condition for *_, condition in REFUSED_LINKS]

@@ -188,7 +188,11 @@ async def serve(
 
 
 class AmqpClientError(Exception):
-    """The peer refused or closed something the client was waiting for."""
+    """The peer refused or closed something the client was waiting for; ``error`` is the peer's, if it sent one."""
+
+    def __init__(self, message: str, error: Any = None) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 class ClientSender:
@@ -272,12 +276,21 @@ class ClientSession:
     async def _attach(self, name: str, role: bool, source: Any, target: Any, **kw: Any) -> Link:
         c = self.client
         link = c._conn.attach(self.session, name, role, source=source, target=target, **kw)
-        fut = asyncio.get_running_loop().create_future()
-        c._attach_waiters[id(link)] = fut
+        loop = asyncio.get_running_loop()
+        fut = c._attach_waiters[id(link)] = loop.create_future()
+        # A peer that refuses the link answers with an attach without source and target and a detach carrying
+        # the reason, often in one read: the detach's waiter must be in place before either is handled.
+        refusal = c._detach_waiters[id(link)] = loop.create_future()
         c._flush()
-        attach = await asyncio.wait_for(fut, c.timeout)
-        if attach.source is None and attach.target is None:
-            raise AmqpClientError(f"peer refused link {name!r}")
+        try:
+            attach = await asyncio.wait_for(fut, c.timeout)
+            if attach.source is None and attach.target is None:
+                error = await asyncio.wait_for(refusal, c.timeout)
+                reason = "" if error is None else f": {error.description} ({error.condition})"
+                raise AmqpClientError(f"peer refused link {name!r}{reason}", error)
+        finally:
+            if c._detach_waiters.get(id(link)) is refusal:
+                del c._detach_waiters[id(link)]
         return link
 
     async def sender(self, address: str, *, name: str | None = None, settled: bool = False) -> ClientSender:

@@ -62,7 +62,7 @@ from ..entity.receiver import Receiver
 from ..entity.sessions import SessionReceiver, accept_session
 from ..entity.transactions import Transaction
 from ..metrics import RECEIVE_SECONDS, SEND_SECONDS
-from ..model.errors import InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
+from ..model.errors import ArgumentError, InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
 from ..model.message import Message, ReceiveMode
 from ..model.routing import partition_of_lock_token, uuid_of_bytes_le
 from ..namespace import Namespace
@@ -88,6 +88,8 @@ SENDER_CREDIT = 10_000
 _SENDER_CREDIT_LOW = SENDER_CREDIT // 2  # a sender's credit is topped up below this
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
 _LOGGED_EVENTS = frozenset((ev.LinkAttachRequested, ev.LinkDetached))  # logged (debug) as they come
+# What a $management handler raises reading a request body whose fields have the wrong type or shape
+_MALFORMED = (TypeError, ValueError, AttributeError, IndexError, KeyError, OverflowError)
 # A large answer to a flow is taken and written in chunks that double from FIRST_CHUNK, so the client decodes the
 # first deliveries while this loop locks and encodes the next ones, and each chunk is ready before the client has
 # eaten the one before (the SDK decodes a delivery about three times slower than we make one). The SDK's
@@ -112,9 +114,23 @@ class NamespaceDirectory:
         return self.namespaces[name], self.keys.get(name, {})
 
 
+def _session_filter(value: Any) -> str | None:
+    """The session a receiver's ``com.microsoft:session-filter`` names: a string (or UTF-8 binary), or None
+    for the next available one; any other value is refused."""
+    if value is None or isinstance(value, str):
+        return None if value is None else str(value)
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    raise ArgumentError(f"The session filter must be a session id (a string), not {type(value).__name__}.")
+
+
 def entity_path(address: Any) -> str:
     """``amqps://host:port/q1`` or ``q1`` → ``q1``; node suffixes are kept."""
-    text = address.decode() if isinstance(address, bytes) else str(address or "")
+    # invalid UTF-8 names no entity: replaced, it resolves to none and the link is refused as not found
+    text = address.decode("utf-8", "replace") if isinstance(address, bytes) else str(address or "")
     if "://" in text:
         text = text.split("://", 1)[1]
         text = text.split("/", 1)[1] if "/" in text else ""
@@ -399,14 +415,14 @@ class ServiceBusConnection:
         if SESSION_FILTER not in filters:
             self._reply_receiver(link, attach, Receiver(target, mode, sub_queue, self._ns._clock))
             return
-        session_id = filters[SESSION_FILTER]
-        if isinstance(session_id, bytes):
-            session_id = session_id.decode("utf-8")
+        session_id = _session_filter(filters[SESSION_FILTER])
         if session_id is not None:
             self._reply_session(link, attach, SessionReceiver(target, session_id, mode, 0, self._ns._clock))
             return
         properties = {str(k): v for k, v in (attach.properties or {}).items()}
-        timeout_ms = properties.get("com.microsoft:timeout") or DEFAULT_SESSION_WAIT_MS
+        timeout_ms = properties.get("com.microsoft:timeout")
+        if not isinstance(timeout_ms, int | float) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
+            timeout_ms = DEFAULT_SESSION_WAIT_MS  # none, or not a number of milliseconds
         self._await_session(link, attach, target, mode, time.monotonic() + timeout_ms / 1000)
 
     def _await_session(self, link: Any, attach: Any, target: Target, mode: ReceiveMode, deadline: float) -> None:
@@ -630,6 +646,10 @@ class ServiceBusConnection:
             result = handler(context, body)
         except ShardbusError as exc:
             respond(ManagementReply.error(exc))
+            return
+        except _MALFORMED as exc:  # a field of the wrong type or shape: the handlers read the body as they go
+            log.info("malformed $management request: %r", exc, extra=self._context(link))
+            respond(ManagementReply.error(ArgumentError(f"The request for '{operation}' is malformed: {exc}.")))
             return
         if isinstance(result, ManagementReply):
             respond(result)
