@@ -29,10 +29,14 @@ def _message(i: int, **sections) -> bytes:
     return message.encode()
 
 
-async def _send_all(port: int, queue: str, payloads: list[bytes]) -> list:
-    client = await AmqpClient.connect(
+async def _connect(port: int) -> AmqpClient:
+    return await AmqpClient.connect(
         "127.0.0.1", port, sasl_mechanism="PLAIN", username="RootManageSharedAccessKey", password="SAS_KEY_VALUE"
     )
+
+
+async def _send_all(port: int, queue: str, payloads: list[bytes]) -> list:
+    client = await _connect(port)
     try:
         sender = await (await client.session()).sender(queue)
         return [await sender.send(p, timeout=10) for p in payloads]
@@ -41,9 +45,7 @@ async def _send_all(port: int, queue: str, payloads: list[bytes]) -> list:
 
 
 async def _receive_all(port: int, queue: str, count: int) -> list[AmqpMessage]:
-    client = await AmqpClient.connect(
-        "127.0.0.1", port, sasl_mechanism="PLAIN", username="RootManageSharedAccessKey", password="SAS_KEY_VALUE"
-    )
+    client = await _connect(port)
     try:
         receiver = await (await client.session()).receiver(queue, credit=count)
         return [decode_message((await receiver.receive(timeout=10)).payload) for _ in range(count)]
@@ -128,13 +130,7 @@ def test_odd_link_addresses_and_session_filters_are_refused_and_the_connection_g
     ns.send("sq", Message(b"x", session_id="s"))
 
     async def run() -> list:
-        client = await AmqpClient.connect(
-            "127.0.0.1",
-            broker.server.port,
-            sasl_mechanism="PLAIN",
-            username="RootManageSharedAccessKey",
-            password="SAS_KEY_VALUE",
-        )
+        client = await _connect(broker.server.port)
         try:
             session = await client.session()
             conditions = []

@@ -291,6 +291,8 @@ class ClientSession:
         finally:
             if c._detach_waiters.get(id(link)) is refusal:
                 del c._detach_waiters[id(link)]
+            if refusal.done() and not refusal.cancelled():
+                refusal.exception()  # read: a connection that closed meanwhile failed it, and nobody else waits
         return link
 
     async def sender(self, address: str, *, name: str | None = None, settled: bool = False) -> ClientSender:

@@ -117,8 +117,10 @@ class NamespaceDirectory:
 def _session_filter(value: Any) -> str | None:
     """The session a receiver's ``com.microsoft:session-filter`` names: a string (or UTF-8 binary), or None
     for the next available one; any other value is refused."""
-    if value is None or isinstance(value, str):
-        return None if value is None else str(value)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return str(value)  # a symbol too
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
