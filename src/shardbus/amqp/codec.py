@@ -206,10 +206,7 @@ def _d_float(b: bytes, p: int, d: int) -> tuple[Any, int]:
 
 
 def _d_char(b: bytes, p: int, d: int) -> tuple[Any, int]:
-    code = _I(b, p)[0]
-    if 0xD800 <= code <= 0xDFFF:  # not a Unicode character (nothing can encode it again); chr() takes it
-        raise ValueError(f"char U+{code:04X} is a surrogate")
-    return Char(chr(code)), p + 4  # chr() refuses what is past U+10FFFF
+    return Char(chr(_I(b, p)[0])), p + 4  # chr() refuses what is past U+10FFFF, Char() a surrogate
 
 
 def _fixed_raw(b: bytes, p: int, n: int) -> bytes:

@@ -41,6 +41,7 @@ from ..model.errors import ArgumentError, PartitionUnavailable, ShardbusError
 from ..model.message import Message, SubQueue
 from ..partition.broker import Settle, SlotSettings, SlotStats
 from ..partition.handle import PartitionSpec, RemoteVerdict
+from ..store import records
 from . import wire
 from .worker import CLUSTER_USER, CREDIT
 
@@ -91,7 +92,7 @@ class WorkerLink:
         request_id = next(self._ids)
         try:
             frame = wire.pack_frame([request_id, key, now, operation, args])
-        except (TypeError, ValueError, OverflowError) as exc:  # as an in-process partition refuses to store it
+        except records.PACK_ERRORS as exc:  # as an in-process partition refuses to store it
             raise ArgumentError(f"A value in the request cannot be stored: {exc}.") from exc
         self._pending[request_id] = (future, partition)
         with self._lock:

@@ -74,7 +74,7 @@ from ..model.message import Message, MessageState, SubQueue
 from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
 from ..store.base import MessageStore, Op, Row, StoreError, Update
 from ..store.committer import GroupCommitter
-from ..store.records import pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
+from ..store.records import PACK_ERRORS, pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 # Ids of auto-forwarded messages (see entity/forwarding.py) are always de-duplicated, whatever the entity's
@@ -655,7 +655,7 @@ class PartitionBroker:
             msg.enqueued_sequence_number = sequence_number
         try:
             data = pack_message(msg)
-        except (TypeError, ValueError, OverflowError) as exc:  # a value the store cannot keep: refuse, nothing else
+        except PACK_ERRORS as exc:  # a value the store cannot keep: refuse, nothing else
             raise ArgumentError(f"The message cannot be stored: {exc}.") from exc
         if len(data) > self.config.max_message_size_bytes:
             raise MessageSizeExceeded(

@@ -55,6 +55,8 @@ class PackerPool:
         return data
 
 
+# What packing raises for a value it cannot keep (an unknown type, a lone surrogate, an int past 64 bits)
+PACK_ERRORS = (TypeError, ValueError, OverflowError)
 # What an unregistered subclass of a type MessagePack carries is stored as (an IntEnum member as its int, say).
 _PLAIN_BASES = (int, float, str, bytes, bytearray, list, dict)
 
