@@ -23,7 +23,12 @@ class ServeProcess:
     (after the connection string), or at the connection-string line when there is none."""
 
     def __init__(
-        self, args: list[str], stderr_path: Path, cwd: Path | None = None, ready_prefix: str | None = None
+        self,
+        args: list[str],
+        stderr_path: Path,
+        cwd: Path | None = None,
+        ready_prefix: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.stderr_path = stderr_path
         self.ready_prefix = ready_prefix
@@ -35,7 +40,8 @@ class ServeProcess:
         with open(stderr_path, "w") as err:
             self.started = time.monotonic()
             self.proc = subprocess.Popen(
-                [*SERVE, *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, cwd=cwd
+                [*SERVE, *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, cwd=cwd,
+                env=env,
             )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .extras import MissingExtra
 from .logs import configure as configure_logs
 from .model.errors import ShardbusError
 from .namespace import DEFAULT_NAMESPACE
@@ -18,8 +18,21 @@ if TYPE_CHECKING:
     from .http.tls import TlsFiles
 
 
+def mode(args: argparse.Namespace) -> str:
+    """Where the partition brokers run, as the start-up lines and ``--help`` say it."""
+    if args.metadata:
+        where = "on the workers registered in the metadata store"
+    elif args.workers > 0:
+        where = f"in {args.workers} worker process{'es' if args.workers > 1 else ''}"
+    else:
+        where = "in this process (embedded)"
+    front = f"{args.frontends} front-end processes, " if args.frontends > 1 else ""
+    return f"{front}partitions {where}"
+
+
 def _print_ready(args: argparse.Namespace, port: int, started: float, conn_str: str, tls: TlsFiles) -> None:
     print(f"shardbus listening on {args.host}:{port} (ready in {time.monotonic() - started:.2f} s)")
+    print(f"mode: {mode(args)}")
     print(f"data directory: {args.data_dir}")
     print(f"connection string: {conn_str}")
     if tls.ca is not None:
@@ -67,12 +80,10 @@ def _serve_frontends(args: argparse.Namespace) -> int:
             metadata=args.metadata,
         )
         supervisor.stop_on_signals().start()
-    except (ShardbusError, OSError, ValueError, RuntimeError) as exc:
+    except (ShardbusError, OSError, ValueError, RuntimeError, MissingExtra) as exc:
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
         return 2
     _print_ready(args, supervisor.port, started, connection_string(args.host, supervisor.port, args.key), tls)
-    workers = "registered in the metadata store" if args.metadata else f"{args.workers} processes"
-    print(f"front ends: {args.frontends} processes, workers: {workers}", flush=True)
     try:
         supervisor.serve_until_signal()
     finally:
@@ -100,7 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
             metadata=args.metadata,
             fork_workers=True,  # nothing is open in this process yet: workers start in ~50 ms, not ~400
         )
-    except (ShardbusError, OSError, ValueError) as exc:
+    except (ShardbusError, OSError, ValueError, MissingExtra) as exc:
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
         return 2
 
@@ -145,9 +156,10 @@ def serve_main(argv: list[str]) -> int:
     serve.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count() or 1,
+        default=0,
         metavar="N",
-        help="run the partition brokers in N worker processes (one per core unless told; 0: in this process)",
+        help="run the partition brokers in N worker processes (0: in this process, the embedded default and the "
+        "fastest on one machine)",
     )
     serve.add_argument(
         "--frontends",

@@ -45,7 +45,7 @@ class Served(ServeProcess):
     def __init__(self, data: Path, log: Path, *extra: str) -> None:
         self.data = data
         args = ["--port", "0", "--data-dir", str(data), "--workers", "2", "--frontends", "2", *extra]
-        super().__init__(args, log, ready_prefix="front ends:")
+        super().__init__(args, log, ready_prefix="health:")
 
     def frontend_pids(self) -> list[int]:
         """The live front-end children of the serve process."""

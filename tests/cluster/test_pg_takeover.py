@@ -324,7 +324,7 @@ def test_two_front_end_processes_place_partitions_from_the_metadata_store(db, tm
     workers = [WorkerProc("alpha", db), WorkerProc("beta", db)]
     data = tmp_path / "data"
     args = ["--port", "0", "--data-dir", str(data), "--metadata", db, "--frontends", "2", "--key", CLUSTER_KEY]
-    serve = ServeProcess(args, tmp_path / "serve.log", ready_prefix="front ends:")
+    serve = ServeProcess(args, tmp_path / "serve.log", ready_prefix="health:")
     try:
         serve.wait_ready(60)
         connection_string, port = serve.connection_string, serve.port

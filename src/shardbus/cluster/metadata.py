@@ -23,16 +23,12 @@ import threading
 import time
 from collections.abc import Callable
 
-import psycopg
-from psycopg import sql
-
 from ..model.errors import PartitionUnavailable
 from ..store.base import StoreError
-from ..store.postgres import LEASE_SCHEMA, PostgresLeases, SharedConnection, _create_ddl
+from ..store.postgres import LEASE_SCHEMA, PostgresLeases, SharedConnection, _create_ddl, psycopg, sql
 
 log = logging.getLogger("shardbus.cluster")
 
-DEFAULT_LEASE_TTL = 10.0
 
 
 class ClusterMetadata:

@@ -31,24 +31,27 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..amqp import events as E
 from ..amqp.connection import Connection, Role
 from ..amqp.performatives import Error
 from ..amqp.transport import AmqpProtocol
+from ..extras import MissingExtra
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
 from ..partition.broker import PartitionBroker, PartitionConfig
 from ..store.base import MessageStore, StoreError
 from ..store.committer import hurry
-from ..store.postgres import PostgresStore, drop_partition_schema, partition_schema
 from ..store.sqlite import SqliteStore
 from . import wire
-from .metadata import DEFAULT_LEASE_TTL, ClusterMetadata, WorkerMembership
+
+if TYPE_CHECKING:  # cluster mode only: the PostgreSQL modules need the 'postgres' extra
+    from .metadata import WorkerMembership
 
 log = logging.getLogger("shardbus.worker")
 
 CLUSTER_USER = "cluster"
+DEFAULT_LEASE_TTL = 10.0  # seconds a dead worker keeps its partitions (cluster mode)
 CREDIT = 10_000  # requests a front end may have in flight per connection before it waits for more credit
 
 # PartitionBroker methods a front end may call by name (the PartitionHandle surface, partition/handle.py).
@@ -123,6 +126,8 @@ def store_schema(key: str, config: PartitionConfig) -> str:
     match = _STORE_KEY.fullmatch(key)
     if match is None:
         raise InvalidOperation(f"partition key {key!r} does not name a partition store")
+    from ..store.postgres import partition_schema
+
     return partition_schema(int(match["entity"]), config.path, int(match["partition"]), namespace=match["namespace"])
 
 
@@ -163,6 +168,8 @@ class PartitionHost:
             self.membership.acquire(key)
             if current is not None:  # fenced after losing its lease: a new broker reloads the store
                 current.stop("its lease was lost")
+            from ..store.postgres import PostgresStore
+
             lease, dsn = (key, self.membership.name), self.dsn
             factory: Callable[[], MessageStore] = lambda: PostgresStore(dsn, schema, lease=lease)  # noqa: E731
             self.schemas[key] = schema
@@ -208,6 +215,8 @@ class PartitionHost:
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
         if schema is not None and self.dsn is not None:
+            from ..store.postgres import drop_partition_schema
+
             drop_partition_schema(self.dsn, schema)
 
     def health(self) -> dict[str, str | None]:
@@ -559,8 +568,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.metadata:
         name = args.name or f"{socket.gethostname()}-{os.getpid()}"
         try:
+            from .metadata import ClusterMetadata, WorkerMembership
+
             metadata = ClusterMetadata(args.metadata)
-        except StoreError as exc:
+        except (StoreError, MissingExtra) as exc:
             print(f"shardbus worker: cannot join the cluster: {exc}", file=sys.stderr)
             return 2
         membership = WorkerMembership(metadata, name, "", args.lease_ttl, lambda key: None)

@@ -11,9 +11,15 @@ Installing shardbus also installs the top-level module ``pyspark_shardbus``, whi
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
-from pyspark.sql.types import StructType
+from ..extras import MissingExtra
+
+try:  # every module of the connector needs both
+    import pyarrow  # noqa: F401
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+    from pyspark.sql.types import StructType
+except ImportError as exc:
+    raise MissingExtra('format("shardbus")', "spark", exc.name or "pyspark") from exc
 
 from .columns import SCHEMA
 from .options import Options

@@ -29,9 +29,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from ..extras import MissingExtra
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+except ImportError as exc:
+    raise MissingExtra("PostgreSQL (its store, --metadata)", "postgres", "psycopg") from exc
 
 from .base import Op, Row, Snapshot, StoreError, Update, op_handlers
 
