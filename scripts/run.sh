@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip==25.3
-.venv/bin/python -m pip install -q -e .
+.venv/bin/python -m pip install -q .
 exec .venv/bin/shardbus serve "$@"

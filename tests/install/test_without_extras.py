@@ -10,10 +10,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
 from serve_process import SERVE, ServeProcess
 
 REFUSED = ("psycopg", "psycopg_binary", "pyspark", "pyarrow")
