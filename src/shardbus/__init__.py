@@ -11,56 +11,48 @@ The Python API (no network needed)::
                 receiver.complete(message)
 """
 
-from .entity.receiver import Receiver
-from .entity.sessions import SessionReceiver
-from .model.entities import (
-    EntityStatus,
-    QueueDescription,
-    RuntimeProperties,
-    SubscriptionDescription,
-    TopicDescription,
-)
+from importlib import import_module
+from typing import Any
+
 from .model.errors import *  # noqa: F403  (the domain error table is part of the API)
 from .model.errors import ALL_ERRORS, ShardbusError
-from .model.filters import (
-    CorrelationFilter,
-    EmptyRuleAction,
-    FalseFilter,
-    Rule,
-    SqlFilter,
-    SqlRuleAction,
-    TrueFilter,
-)
-from .model.message import BodyType, Message, MessageState, ReceiveMode, SubQueue
-from .model.tiers import Quotas, Tier
-from .namespace import Namespace
+
+# The rest of the API is imported on first use (PEP 562), so that ``import shardbus.client`` (the Spark connector,
+# the CLI) does not load the broker's core: namespace, entities, partitions, stores.
+_LAZY = {
+    "Receiver": ".entity.receiver",
+    "SessionReceiver": ".entity.sessions",
+    "EntityStatus": ".model.entities",
+    "QueueDescription": ".model.entities",
+    "RuntimeProperties": ".model.entities",
+    "SubscriptionDescription": ".model.entities",
+    "TopicDescription": ".model.entities",
+    "CorrelationFilter": ".model.filters",
+    "EmptyRuleAction": ".model.filters",
+    "FalseFilter": ".model.filters",
+    "Rule": ".model.filters",
+    "SqlFilter": ".model.filters",
+    "SqlRuleAction": ".model.filters",
+    "TrueFilter": ".model.filters",
+    "BodyType": ".model.message",
+    "Message": ".model.message",
+    "MessageState": ".model.message",
+    "ReceiveMode": ".model.message",
+    "SubQueue": ".model.message",
+    "Quotas": ".model.tiers",
+    "Tier": ".model.tiers",
+    "Namespace": ".namespace",
+}
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardbus' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ALL_ERRORS",
-    "BodyType",
-    "CorrelationFilter",
-    "EmptyRuleAction",
-    "EntityStatus",
-    "FalseFilter",
-    "Message",
-    "MessageState",
-    "Namespace",
-    "QueueDescription",
-    "Quotas",
-    "ReceiveMode",
-    "Receiver",
-    "Rule",
-    "SessionReceiver",
-    "RuntimeProperties",
-    "SqlFilter",
-    "SqlRuleAction",
-    "SubQueue",
-    "SubscriptionDescription",
-    "Tier",
-    "TopicDescription",
-    "TrueFilter",
-    *[e.__name__ for e in ALL_ERRORS],
-    "ShardbusError",
-]
+__all__ = ["ALL_ERRORS", *_LAZY, *[e.__name__ for e in ALL_ERRORS], "ShardbusError"]
