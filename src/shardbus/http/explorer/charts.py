@@ -57,8 +57,11 @@ def heat_strip(depths: list[int | None], labels: list[str] | None = None) -> Mar
     return Markup("".join(parts))
 
 
-def sparkline(values: list[float], color: str = "#1565c0", width: int = 120, height: int = 26) -> Markup:
-    """A line of ``values`` (oldest first) scaled to the largest; a flat grey line while there are fewer than two."""
+def sparkline(
+    values: list[float], color: str = "#1565c0", top: float | None = None, width: int = 120, height: int = 26
+) -> Markup:
+    """A line of ``values`` (oldest first) scaled to ``top`` (default: their largest; one ``top`` for all of an
+    entity's partitions makes them comparable); a flat grey line while there are fewer than two."""
     head = (
         f'<svg class="spark" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img">'
@@ -68,7 +71,7 @@ def sparkline(values: list[float], color: str = "#1565c0", width: int = 120, hei
         return Markup(
             f'{head}<line x1="0" y1="{y}" x2="{width}" y2="{y}" stroke="#cbd2d9" stroke-dasharray="3 3"/></svg>'
         )
-    top = max(values) or 1.0
+    top = max(top or 0.0, max(values)) or 1.0
     step = width / (len(values) - 1)
     points = " ".join(f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values))
     area = f"0,{height} {points} {width},{height}"

@@ -298,11 +298,13 @@ class Explorer:
             else:
                 labels.append(f"partition {r.id}: DOWN ({r.failure or 'unavailable'})")
         depths = [r.active if r.healthy else None for r in rows]
+        top = max((v for r in rows for v in (*r.rates.incoming, *r.rates.outgoing)), default=0.0)
         return {
             "rows": rows,
             "strip": charts.heat_strip(depths, labels),
             "taken": time.time(),
             "down": [r.id for r in rows if not r.healthy],
+            "top": top,
         }
 
     def entity(self, call: Call) -> HttpResponse:
