@@ -202,6 +202,11 @@ def test_a_form_without_the_csrf_token_is_refused(context, base, ns, name):
     form = {"kind": "queue", "name": name("forged"), "confirmed": "yes"}
     assert context.request.post(f"{base}/delete", form={**form, "name": q}).status == 403
     assert ns.get_runtime_properties(q).active_message_count == 0 and ns.get_queue(q)
+    # with the token but without the confirmation a purge or delete is refused too
+    purge = {"path": q, "queue": "active", "csrf": token}
+    assert context.request.post(f"{base}/purge", form=purge).status == 400
+    assert context.request.post(f"{base}/delete", form={"kind": "queue", "name": q, "csrf": token}).status == 400
+    assert ns.get_queue(q)
     assert context.request.post(f"{base}/send", form={"path": q, "body": "real", "csrf": token}).status == 200
     assert ns.get_runtime_properties(q).active_message_count == 1
 

@@ -379,7 +379,7 @@ class Explorer:
 
     @staticmethod
     def _confirmed(call: Call, what: str) -> None:
-        if (call.form.get("confirmed") or [""])[0] != "yes":
+        if "yes" not in call.form.get("confirmed", []):
             raise ArgumentError(f"{what} needs a confirmation (tick the box or confirm the dialog).")
 
     def _form_entity(self, call: Call) -> readings.Located:
