@@ -267,3 +267,39 @@ def test_the_admin_api_still_owns_a_queue_named_explorer(broker, ns):
 @pytest.fixture
 def ns(broker):
     return broker.namespace
+
+
+def test_topic_rules_sessions_and_cancelling_a_scheduled_message(context, base, ns, conn_str, name):
+    from datetime import UTC, datetime, timedelta
+
+    from shardbus.model.filters import Rule, SqlFilter, SqlRuleAction
+
+    t, sq = name("t"), name("sq")
+    ns.create_topic(t, enable_partitioning=True)
+    ns.create_subscription(t, "reds", default_rule=Rule("red", SqlFilter("color = 'red'"), SqlRuleAction("SET x = 1")))
+    ns.create_queue(sq, requires_session=True)
+    with ServiceBusClient.from_connection_string(conn_str) as client:
+        with client.get_queue_sender(sq) as sender:
+            sender.send_messages([ServiceBusMessage("a", session_id="s-1"), ServiceBusMessage("b", session_id="s-2")])
+        with client.get_topic_sender(t) as sender:
+            (seq,) = sender.schedule_messages(
+                ServiceBusMessage("later", application_properties={"color": "red"}),
+                datetime.now(UTC) + timedelta(hours=1),
+            )
+    page = sign_in(context, base)
+    page.goto(f"{base}/entity?path={t}")
+    rules = page.locator("#subscriptions").inner_text()
+    assert "reds" in rules and "color = 'red'" in rules and "SET x = 1" in rules
+    page.goto(f"{base}/entity?path={sq}")
+    sessions = page.locator("#sessions").inner_text()
+    assert "s-1" in sessions and "s-2" in sessions
+    # the scheduled message shows in its subscription; cancelling it there cancels it on the topic
+    page.goto(f"{base}/messages?path={t}/Subscriptions/reds&queue=scheduled")
+    row = page.locator(f"#messages tr[data-seq='{seq}']")
+    assert "Scheduled" in row.inner_text()
+    row.locator("input[name=seq]").check()
+    page.once("dialog", lambda dialog: dialog.accept())
+    with page.expect_navigation():
+        page.click("#selection button[type=submit]")
+    assert "Cancelled 1 scheduled" in page.locator(".note").inner_text()
+    assert ns.get_runtime_properties(f"{t}/Subscriptions/reds").scheduled_message_count == 0
