@@ -143,7 +143,11 @@ def resubmit(ns: Namespace, located: Located, selected: list[int] | None) -> tup
                     held.extend(m for m in batch if m.sequence_number not in wanted)
                     wanted.difference_update(m.sequence_number for m in take)
                 if take:
-                    ns.send(located.send_to, [resubmission(m) for m in take])  # returns once durable
+                    try:
+                        ns.send(located.send_to, [resubmission(m) for m in take])  # returns once durable
+                    except BaseException:
+                        held.extend(take)  # not sent: they stay dead letters, unlocked at once
+                        raise
                     receiver.complete(*take)
                     done += len(take)
         finally:
