@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
-CELL = 26  # px per partition in the heat strip
-STRIP_HEIGHT = 30
+CELL = 34  # px per partition in the heat strip
+STRIP_HEIGHT = 32
 DOWN_FILL = "#c62828"
 
 
