@@ -187,6 +187,18 @@ def test_resubmit_a_dead_letter(context, base, ns, conn_str, name):
             left = dlq.peek_messages(10)
     assert [m.message_id for m in left] == ["keep"]  # the other dead letter stayed, unlocked
     assert ns.get_runtime_properties(q).dead_letter_message_count == 1
+    # and "resubmit all" from the entity page moves the rest
+    page.goto(f"{base}/entity?path={q}")
+    page.once("dialog", lambda dialog: dialog.accept())
+    with page.expect_navigation():
+        page.click("form[action='/explorer/resubmit'] button[type=submit]")
+    assert "Resubmitted 1 message" in page.locator(".note").inner_text()
+    with ServiceBusClient.from_connection_string(conn_str) as client:
+        with client.get_queue_receiver(q, max_wait_time=5) as receiver:
+            (back,) = receiver.receive_messages(max_wait_time=5)
+            assert back.message_id == "keep"
+            receiver.complete_message(back)
+    assert ns.get_runtime_properties(q).dead_letter_message_count == 0
 
 
 def test_a_form_without_the_csrf_token_is_refused(context, base, ns, name):
@@ -281,6 +293,8 @@ def test_topic_rules_sessions_and_cancelling_a_scheduled_message(context, base, 
     with ServiceBusClient.from_connection_string(conn_str) as client:
         with client.get_queue_sender(sq) as sender:
             sender.send_messages([ServiceBusMessage("a", session_id="s-1"), ServiceBusMessage("b", session_id="s-2")])
+        with client.get_queue_receiver(sq, session_id="s-1") as session_receiver:
+            session_receiver.session.set_state("step-2")
         with client.get_topic_sender(t) as sender:
             (seq,) = sender.schedule_messages(
                 ServiceBusMessage("later", application_properties={"color": "red"}),
@@ -292,7 +306,7 @@ def test_topic_rules_sessions_and_cancelling_a_scheduled_message(context, base, 
     assert "reds" in rules and "color = 'red'" in rules and "SET x = 1" in rules
     page.goto(f"{base}/entity?path={sq}")
     sessions = page.locator("#sessions").inner_text()
-    assert "s-1" in sessions and "s-2" in sessions
+    assert "s-1" in sessions and "s-2" in sessions and "step-2" in sessions
     # the scheduled message shows in its subscription; cancelling it there cancels it on the topic
     page.goto(f"{base}/messages?path={t}/Subscriptions/reds&queue=scheduled")
     row = page.locator(f"#messages tr[data-seq='{seq}']")

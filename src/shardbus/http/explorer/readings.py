@@ -233,6 +233,7 @@ class SessionRow:
     partition: int
     locked_until: float | None  # Unix seconds, when a receiver holds it
     state_bytes: int | None
+    state_preview: str = ""
 
 
 def sessions(ns: Namespace, located: Located, limit: int = 200) -> tuple[list[SessionRow], bool]:
@@ -253,7 +254,8 @@ def sessions(ns: Namespace, located: Located, limit: int = 200) -> tuple[list[Se
             out.append(SessionRow(sid, pid, None, None))
             continue
         locked = None if holder is None else holder[1] / 1000
-        out.append(SessionRow(sid, pid, locked, None if state is None else len(state)))
+        preview = "" if not state else state[:80].decode("utf-8", "replace") + ("…" if len(state) > 80 else "")
+        out.append(SessionRow(sid, pid, locked, None if state is None else len(state), preview))
     return out, len(ids) > limit
 
 
