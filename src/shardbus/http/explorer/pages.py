@@ -226,6 +226,10 @@ class Explorer:
     def _unauthorized(self, call: Call, reason: str, page: bool) -> HttpResponse:
         if not page:
             return self._plain(401, f"Unauthorized: {reason}")
+        if signin.cookie_of(call.request):  # say why a session ended; a first visit needs no reason
+            reason = f"Your session ended ({reason}): sign in again."
+        else:
+            reason = None
         return self.render("signin.html", call, 401, error=None, reason=reason, back=call.request.target)
 
     def _error(self, call: Call, status: int, detail: str) -> HttpResponse:
