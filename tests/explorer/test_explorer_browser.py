@@ -105,6 +105,11 @@ def test_a_partition_down_is_marked_and_comes_back(context, base, ns, name):
         assert "down" in down.get_attribute("class") and "DOWN" in down.inner_text()
         assert page.locator("svg.heat g[data-partition='3'][data-down]").count() == 1
         assert page.locator("#partitions tr.down").count() == 1
+        overview = context.new_page()
+        overview.goto(base)
+        row = overview.locator(f"#queues tr[data-entity='{q}']").inner_text()
+        assert "Limited" in row and "partition 3 down" in row
+        overview.close()
     finally:
         ns.faults.restore_partition(q, 3)
     # the panel refreshes itself: partition 3 turns healthy without a reload
@@ -142,12 +147,16 @@ def test_peek_a_message_sent_by_the_sdk(context, base, ns, conn_str, name):
     assert "region" in props and "west" in props and "priority" in props
     assert json.loads(page.locator("#body-json").inner_text()) == {"order": 42, "items": ["a", "b"]}
     assert "7b 22 6f 72" in page.locator("#body-hex").text_content()  # '{"or' (in a closed <details>)
-    # a peek never locks: the SDK still receives it at once, first delivery
+    # a peek never locks: the SDK still receives it at once, first delivery; deferred, it shows as such
     with ServiceBusClient.from_connection_string(conn_str) as client:
         with client.get_queue_receiver(q, max_wait_time=5) as receiver:
             (got,) = receiver.receive_messages(max_wait_time=5)
             assert got.message_id == "order-42" and got.delivery_count == 0
-            receiver.complete_message(got)
+            receiver.defer_message(got)
+    page.goto(f"{base}/messages?path={q}&queue=deferred")
+    assert "Deferred" in page.locator(f"#messages tr[data-seq='{peeked.sequence_number}']").inner_text()
+    page.goto(f"{base}/messages?path={q}&queue=scheduled")
+    assert page.locator("#messages tr[data-seq]").count() == 0
 
 
 def test_resubmit_a_dead_letter(context, base, ns, conn_str, name):
