@@ -14,6 +14,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIN_SPACING = 2.0  # seconds between two samples of one entity
@@ -39,7 +40,7 @@ class Rates:
 
 
 class RateHistory:
-    def __init__(self, clock: callable = time.monotonic) -> None:  # type: ignore[valid-type]
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         # (namespace, entity path) -> samples of (time, per-partition (incoming, delivered) counters)

@@ -5,6 +5,9 @@ fragment for the auto-refresh, or a redirect after a form.
 Every route but the sign-in page and the static files needs a session (``signin``): a page without one answers
 401 with the sign-in form, a data call or form post 401. Every POST but the sign-in itself needs the session's
 CSRF token (403 without). Handlers run on the HTTP worker pool (they may wait for partitions' stores).
+
+In memory: the compiled templates and the two static files (a few tens of KB, fixed), and the rate history
+(``history``: bounded by samples per entity and entities); nothing per session or per request survives it.
 """
 
 from __future__ import annotations
