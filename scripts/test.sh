@@ -7,6 +7,17 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/ruff check src tests bench
 
+# Chromium for the explorer's browser tests (tests/explorer): Debian's package, which Playwright drives through its
+# executable path (no browser is ever downloaded; never `playwright install`). Installed when missing, as root or
+# with sudo; the tests skip without it, or fail under CI.
+if ! [ -x /usr/bin/chromium ]; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo -n"
+    { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
+        echo "test.sh: could not install chromium" >&2
+fi
+
 # PostgreSQL for the postgres store tests: Debian's server when it is missing (as root or with sudo), then a
 # throwaway cluster on 127.0.0.1 for this run only (tests/pg_server.py; the tests skip without one, or fail
 # under CI). A DSN given from outside is used as it is.

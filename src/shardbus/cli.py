@@ -39,6 +39,7 @@ def _print_ready(args: argparse.Namespace, port: int, started: float, conn_str: 
         print(f"HTTPS (admin client) CA certificate: {tls.ca}  (connection_verify=<this file>)")
     else:
         print(f"HTTPS certificate: {tls.cert}")
+    print(f"explorer: http://{args.host}:{port}/explorer  (sign in with the connection string)")
     print(f"health: http://{args.host}:{port}/health", flush=True)
 
 

@@ -1,4 +1,5 @@
-"""What the HTTP side of the listener serves: ``GET /health``, and the ATOM management API for everything else.
+"""What the HTTP side of the listener serves: ``GET /health``, ``GET /metrics``, the explorer under ``/explorer``
+(``http.explorer``), and the ATOM management API for everything else.
 
 ``/health`` answers on the event loop (it only reads in-memory state); management operations run on a small
 worker pool, since they may wait for every partition's store and must not stall AMQP connections.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,6 +27,8 @@ class HttpFrontend:
     def __init__(self, directory: NamespaceDirectory, workers: int = 2) -> None:
         self.directory = directory
         self.admin = AdminApi(directory)
+        self._explorer: Any = None  # built on its first request: a broker nobody browses never loads Jinja2
+        self._explorer_lock = threading.Lock()
         self.ready = False  # set by the listener once it accepts connections
         self._registry = registry_for(lambda: self.directory.namespaces)
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="shardbus-http")
@@ -39,8 +43,22 @@ class HttpFrontend:
         if local is not None:
             return local(request)
         # the rest may wait for partitions' locks or stores: off the event loop
-        handler = self.metrics if (request.method, path) == ("GET", "/metrics") else self.admin.handle
+        if (request.method, path) == ("GET", "/metrics"):
+            handler = self.metrics
+        elif (path == "/explorer" or path.startswith("/explorer/")) and "api-version=" not in request.target:
+            handler = self.explorer  # the SDK always sends api-version: its queue named "explorer" stays reachable
+        else:
+            handler = self.admin.handle
         return await asyncio.get_running_loop().run_in_executor(self._executor, handler, request)
+
+    def explorer(self, request: HttpRequest) -> HttpResponse:
+        """The Service Bus Explorer pages (``http.explorer``)."""
+        with self._explorer_lock:
+            if self._explorer is None:
+                from .explorer import Explorer
+
+                self._explorer = Explorer(self.directory)
+        return self._explorer.handle(request)
 
     def metrics(self, request: HttpRequest) -> HttpResponse:
         """Prometheus text format: per entity and partition counts and counters, connections, errors, latencies."""
