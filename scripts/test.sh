@@ -7,28 +7,26 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/ruff check src tests bench
 
-# Chromium for the explorer's browser tests (tests/explorer): Debian's package, which Playwright drives through its
-# executable path (no browser is ever downloaded; never `playwright install`). Installed when missing, as root or
-# with sudo; the tests skip without it, or fail under CI.
-if ! [ -x /usr/bin/chromium ]; then
+# Debian's packages the suite drives, installed when missing (as root or with sudo; the tests that need one skip
+# without it, or fail under CI): Chromium for the explorer's browser tests (tests/explorer; Playwright drives it
+# through its executable path, no browser is ever downloaded), and PostgreSQL for the postgres store tests unless
+# a DSN is given from outside.
+packages=()
+[ -x /usr/bin/chromium ] || packages+=(chromium)
+if [ -z "${SHARDBUS_TEST_POSTGRES_DSN:-}" ] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    packages+=(postgresql)
+fi
+if [ "${#packages[@]}" != 0 ]; then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo -n"
     { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ||
-        echo "test.sh: could not install chromium" >&2
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null; } ||
+        echo "test.sh: could not install ${packages[*]}" >&2
 fi
 
-# PostgreSQL for the postgres store tests: Debian's server when it is missing (as root or with sudo), then a
-# throwaway cluster on 127.0.0.1 for this run only (tests/pg_server.py; the tests skip without one, or fail
-# under CI). A DSN given from outside is used as it is.
+# A throwaway PostgreSQL cluster on 127.0.0.1 for this run only (tests/pg_server.py). A DSN given from outside is
+# used as it is.
 if [ -z "${SHARDBUS_TEST_POSTGRES_DSN:-}" ]; then
-    if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
-        sudo=""
-        [ "$(id -u)" = 0 ] || sudo="sudo -n"
-        { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-            $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } ||
-            echo "test.sh: could not install postgresql" >&2
-    fi
     pg_dir=$(mktemp -d)
     trap '.venv/bin/python tests/pg_server.py stop "$pg_dir" || true' EXIT  # keeps pytest's exit status
     if pg_dsn=$(.venv/bin/python tests/pg_server.py start "$pg_dir"); then
