@@ -24,6 +24,7 @@ from .endpoint.connection import NamespaceDirectory
 from .endpoint.listener import AmqpServer, new_event_loop
 from .http.app import HttpFrontend
 from .http.tls import TlsFiles, ensure_certificates, own_certificate
+from .model.authorization import AuthorizationRule
 from .namespace import DEFAULT_NAMESPACE, Namespace
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class Broker:
         self.default_namespace = namespace
         self.namespaces: dict[str, Namespace] = {}
         self.cluster: LocalCluster | MetadataCluster | None = None
-        configs = []
+        configs: list[Any] = []
         if config is not None:
             from .config import load_config
 
@@ -139,8 +140,12 @@ class Broker:
             self._close_namespaces()
             raise
         tune_garbage_collector()
-        keys = {name: {DEFAULT_KEY_NAME: key} for name in self.namespaces}
-        self.directory = NamespaceDirectory(self.namespaces, self.default_namespace, keys)
+        root = AuthorizationRule(DEFAULT_KEY_NAME, key, "", ("Manage", "Send", "Listen"))
+        configured = {cfg.name: cfg.authorization_rules for cfg in configs}
+        rules: dict[str, dict[str, str] | list[AuthorizationRule]] = {
+            name: [root, *configured.get(name, [])] for name in self.namespaces
+        }
+        self.directory = NamespaceDirectory(self.namespaces, self.default_namespace, rules)
         try:
             if tls_cert is not None and tls_key is not None:
                 self.tls: TlsFiles = own_certificate(tls_cert, tls_key)

@@ -62,12 +62,14 @@ from ..entity.receiver import Receiver
 from ..entity.sessions import SessionReceiver, accept_session
 from ..entity.transactions import Transaction
 from ..metrics import RECEIVE_SECONDS, SEND_SECONDS
+from ..model.authorization import AccessRight, AuthorizationRule
 from ..model.errors import ArgumentError, InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
 from ..model.message import Message, ReceiveMode
 from ..model.routing import partition_of_lock_token, uuid_of_bytes_le
 from ..namespace import Namespace
 from ..partition.handle import RemoteVerdict
 from . import sas
+from .authorization import LISTEN, SEND, Authority, management_right, missing_right
 from .conditions import condition_of
 from .management import OPERATIONS, ManagementContext, ManagementReply
 from .mapping import decode_batch_to_messages, decode_to_message, encode_delivery
@@ -101,17 +103,32 @@ MAX_PUMP = 256  # deliveries produced per pump before yielding to other connecti
 
 
 class NamespaceDirectory:
-    """Which namespace a connection talks to (by the host name it opened with), and its keys."""
+    """Which namespace a connection talks to (by the host name it opened with), and who may do what there.
 
-    def __init__(self, namespaces: dict[str, Namespace], default: str, keys: dict[str, dict[str, str]]) -> None:
+    ``rules`` gives each namespace's shared access rules: a list of ``AuthorizationRule``, or a plain
+    ``{key name: key}`` map whose keys have every right."""
+
+    def __init__(
+        self,
+        namespaces: dict[str, Namespace],
+        default: str,
+        rules: dict[str, dict[str, str] | list[AuthorizationRule]],
+    ) -> None:
         self.namespaces = {name.lower(): ns for name, ns in namespaces.items()}
         self.default = default.lower()
-        self.keys = {name.lower(): k for name, k in keys.items()}
+        self.authorities: dict[str, Authority] = {}
+        for name, given in rules.items():
+            ns = self.namespaces.get(name.lower())
+            if isinstance(given, dict):
+                self.authorities[name.lower()] = Authority.of_keys(ns, given)
+            else:
+                self.authorities[name.lower()] = Authority(ns, given)
 
-    def resolve(self, hostname: str | None) -> tuple[Namespace, dict[str, str]]:
+    def resolve(self, hostname: str | None) -> tuple[Namespace, Authority]:
         label = (hostname or "").split(":")[0].split(".")[0].lower()
         name = label if label in self.namespaces else self.default
-        return self.namespaces[name], self.keys.get(name, {})
+        namespace = self.namespaces[name]
+        return namespace, self.authorities.get(name) or Authority(namespace, ())
 
 
 def _session_filter(value: Any) -> str | None:
@@ -201,11 +218,12 @@ class ServiceBusConnection:
         self.amqp = Connection(Role.SERVER, f"shardbus-{uuid.uuid4()}", max_frame_size=1048576)
         self.directory = directory
         self.namespace: Namespace | None = None
-        self.keys: dict[str, str] = {}
+        self.authority: Authority | None = None
+        self.hostname: str | None = None
         self.loop = loop
         self.protocol: Any = None
         self.authorized: list[sas.SasClaims] = []
-        self.full_access = False
+        self.plain: tuple[str, str] | None = None  # SASL PLAIN key name and key: rights are looked up per link
         self._receivers: dict[Any, _ReceiveLink] = {}
         self._senders: dict[Any, QueueEntity | TopicEntity] = {}
         self._cbs_out: dict[Any, Any] = {}  # session -> our sending $cbs link
@@ -298,10 +316,11 @@ class ServiceBusConnection:
     # connection, SASL, sessions
     # ------------------------------------------------------------------------------------------------------
     def _on_sasl(self, e: ev.SaslInit) -> None:
-        self.namespace, self.keys = self.directory.resolve(e.hostname)
+        self.namespace, self.authority = self.directory.resolve(e.hostname)
+        self.hostname = e.hostname or self.hostname
         if e.mechanism == "PLAIN":
-            if e.username in self.keys and e.password == self.keys[e.username]:
-                self.full_access = True
+            if self.authority.plain_known(e.username, e.password):
+                self.plain = (str(e.username), str(e.password))
             else:
                 self.amqp.reject_sasl()
                 return
@@ -309,7 +328,8 @@ class ServiceBusConnection:
 
     def _on_open(self, e: ev.ConnectionOpened) -> None:
         if self.namespace is None or e.open.hostname:
-            self.namespace, self.keys = self.directory.resolve(e.open.hostname)
+            self.namespace, self.authority = self.directory.resolve(e.open.hostname)
+            self.hostname = e.open.hostname or self.hostname
         self.amqp.open()
 
     def _on_closed(self, e: ev.ConnectionClosed) -> None:
@@ -342,15 +362,35 @@ class ServiceBusConnection:
         self.amqp.attach_reply(link, source=None, target=None)
         self.amqp.detach(link, closed=True, error=_error(exc))
 
-    def _check_access(self, path: str) -> None:
-        if self.full_access:
+    def _check_access(self, path: str, right: AccessRight | None) -> None:
+        """Refuse unless a token put on $cbs (or the PLAIN credentials) covers ``path`` with ``right`` (None: any
+        right, enough to attach a ``$management`` link whose operations are checked one by one)."""
+        address = path[: -len(MANAGEMENT_SUFFIX)] if path.lower().endswith(MANAGEMENT_SUFFIX) else path
+        if self.plain is not None:
+            rights = self._authority.plain_rights(self.plain[0], self.plain[1], address)
+            if not rights:
+                raise Unauthorized(f"Unauthorized access to '{address}': the SASL PLAIN key gives no rights there.")
+            if right is not None and right not in rights:
+                raise missing_right(right, self._resource(address))
             return
-        address = path.split("/$management")[0]
-        if not any(sas.covers(c, address) and c.expiry > time.time() for c in self.authorized):
+        now = time.time()
+        covering = [c for c in self.authorized if c.expiry > now and sas.covers(c, address)]
+        if not covering:
             raise Unauthorized(
                 f"Unauthorized access to '{address}': put a SAS token covering it on $cbs first (claims-based "
                 "security)."
             )
+        if right is not None and not any(right in c.rights for c in covering):
+            raise missing_right(right, self._resource(address))
+
+    def _resource(self, address: str) -> str:
+        return f"sb://{(self.hostname or 'localhost').split(':')[0]}/{address}"
+
+    @property
+    def _authority(self) -> Authority:
+        if self.authority is None:
+            self.namespace, self.authority = self.directory.resolve(None)
+        return self.authority
 
     def _on_attach(self, e: ev.LinkAttachRequested) -> None:
         link, attach = e.link, e.attach
@@ -372,7 +412,7 @@ class ServiceBusConnection:
                     self.amqp.flow(link, link_credit=SENDER_CREDIT)
                 return
             if path.lower().endswith(MANAGEMENT_SUFFIX):
-                self._check_access(path)
+                self._check_access(path, None)
                 node = path[: -len(MANAGEMENT_SUFFIX)]
                 self._resolve_management_target(node)
                 self.amqp.attach_reply(link)
@@ -381,7 +421,7 @@ class ServiceBusConnection:
                 else:
                     self._mgmt_out[(link.session, path.lower())] = link
                 return
-            self._check_access(path)
+            self._check_access(path, SEND if client_sends else LISTEN)
             if client_sends:
                 entity = self._ns._sender_entity(path)
                 # No link limit (the engine would detach on it); the service rejects just the oversized
@@ -398,7 +438,7 @@ class ServiceBusConnection:
     @property
     def _ns(self) -> Namespace:
         if self.namespace is None:
-            self.namespace, self.keys = self.directory.resolve(None)
+            self.namespace, self.authority = self.directory.resolve(None)
         return self.namespace
 
     def _resolve_management_target(self, node: str) -> Any:
@@ -587,7 +627,7 @@ class ServiceBusConnection:
         try:
             if str(app.get("operation")) != "put-token":
                 raise InvalidOperation(f"Unsupported $cbs operation '{app.get('operation')}'.")
-            claims = sas.validate_token(token, self.keys)
+            claims = self._authority.validate(token)
             audience = str(app.get("name") or claims.resource)
             if not sas.covers(claims, audience):
                 raise Unauthorized(f"The token for '{claims.resource}' does not cover '{audience}'.")
@@ -645,6 +685,7 @@ class ServiceBusConnection:
             respond(ManagementReply.error(InvalidOperation(f"The operation '{operation}' is not supported.")))
             return
         try:
+            self._check_access(node, management_right(operation))
             result = handler(context, body)
         except ShardbusError as exc:
             respond(ManagementReply.error(exc))
