@@ -63,7 +63,14 @@ from ..entity.sessions import SessionReceiver, accept_session
 from ..entity.transactions import Transaction
 from ..metrics import RECEIVE_SECONDS, SEND_SECONDS
 from ..model.authorization import AccessRight, AuthorizationRule
-from ..model.errors import ArgumentError, InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
+from ..model.errors import (
+    ArgumentError,
+    InvalidOperation,
+    OperationTimeout,
+    QuotaExceeded,
+    ShardbusError,
+    Unauthorized,
+)
 from ..model.message import Message, ReceiveMode
 from ..model.routing import partition_of_lock_token, uuid_of_bytes_le
 from ..namespace import Namespace
@@ -71,6 +78,7 @@ from ..partition.handle import RemoteVerdict
 from . import sas
 from .authorization import LISTEN, SEND, Authority, management_right, missing_right
 from .conditions import condition_of
+from .limits import DEFAULT_LIMITS, ConnectionLimits
 from .management import OPERATIONS, ManagementContext, ManagementReply
 from .mapping import decode_batch_to_messages, decode_to_message, encode_delivery
 
@@ -214,8 +222,21 @@ class _ReceiveLink:
 class ServiceBusConnection:
     """The ``EventHandler`` an ``amqp.transport.AmqpProtocol`` drives for one client connection."""
 
-    def __init__(self, directory: NamespaceDirectory, loop: asyncio.AbstractEventLoop) -> None:
-        self.amqp = Connection(Role.SERVER, f"shardbus-{uuid.uuid4()}", max_frame_size=1048576)
+    def __init__(
+        self, directory: NamespaceDirectory, loop: asyncio.AbstractEventLoop, limits: ConnectionLimits = DEFAULT_LIMITS
+    ) -> None:
+        self.amqp = Connection(
+            Role.SERVER,
+            f"shardbus-{uuid.uuid4()}",
+            max_frame_size=1048576,
+            channel_max=limits.channel_max,
+            idle_timeout=limits.silence_allowed,
+            idle_timeout_advertised=limits.idle_timeout,
+            handle_max=limits.handle_max,
+        )
+        self.limits = limits
+        self.refusal: str | None = None  # set when the listener is full: the open is answered with a close
+        self._links: set[Any] = set()  # every link attached (or being refused) and not yet detached
         self.directory = directory
         self.namespace: Namespace | None = None
         self.authority: Authority | None = None
@@ -331,6 +352,8 @@ class ServiceBusConnection:
             self.namespace, self.authority = self.directory.resolve(e.open.hostname)
             self.hostname = e.open.hostname or self.hostname
         self.amqp.open()
+        if self.refusal is not None:
+            self.amqp.close(Error(condition=Symbol("amqp:resource-limit-exceeded"), description=self.refusal))
 
     def _on_closed(self, e: ev.ConnectionClosed) -> None:
         if e.reply_needed:
@@ -338,11 +361,14 @@ class ServiceBusConnection:
         self._cleanup()
 
     def _on_begin(self, e: ev.SessionBeginRequested) -> None:
-        self.amqp.begin(e.session, incoming_window=WINDOW, outgoing_window=WINDOW)
+        self.amqp.begin(
+            e.session, incoming_window=WINDOW, outgoing_window=WINDOW, handle_max=self.limits.handle_max
+        )
 
     def _on_end(self, e: ev.SessionEnded) -> None:
         for link in [lk for lk in self._receivers if lk.session is e.session]:
             self._drop_receiver(link)
+        self._links = {lk for lk in self._links if lk.session is not e.session}
         if e.reply_needed:
             self.amqp.end(e.session)
 
@@ -394,6 +420,16 @@ class ServiceBusConnection:
 
     def _on_attach(self, e: ev.LinkAttachRequested) -> None:
         link, attach = e.link, e.attach
+        if len(self._links) >= self.limits.max_links:
+            self._refuse(
+                link,
+                QuotaExceeded(
+                    f"This connection already has {len(self._links)} links, the broker's limit per connection; "
+                    "detach one or open another connection."
+                ),
+            )
+            return
+        self._links.add(link)
         client_sends = not attach.role  # the client's role: False = sender
         if client_sends and isinstance(attach.target, Coordinator):
             self.amqp.attach_reply(link)  # AMQP transactions: declare and discharge arrive on this link
@@ -509,6 +545,7 @@ class ServiceBusConnection:
 
     def _on_detach(self, e: ev.LinkDetached) -> None:
         link = e.link
+        self._links.discard(link)
         if link in self._receivers:
             self._drop_receiver(link)
         self._senders.pop(link, None)

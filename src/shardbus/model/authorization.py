@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import enum
 import re
-import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -44,6 +43,8 @@ CLAIM_TYPE = "SharedAccessKey"
 
 def generate_key() -> str:
     """A random 256-bit key, base64-encoded (44 characters), like the service's."""
+    import secrets  # here: start-up does not pay for it (random's import), rules without keys are rare
+
     return base64.b64encode(secrets.token_bytes(32)).decode("ascii")
 
 
