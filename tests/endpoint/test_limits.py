@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 
 import pytest
@@ -215,3 +216,45 @@ def test_a_socket_that_never_opens_is_dropped(broker):
                 pass
             assert time.monotonic() - started < 4
     wait_until(lambda: len(broker.server.connections) == 0)
+
+
+# --- backpressure -------------------------------------------------------------------------------------------------
+@pytest.mark.embedded_only
+def test_a_fast_producer_against_a_slow_store_gets_server_busy(broker):
+    """Unsettled transfers pumped without waiting: past the partition's bound of unwritten bytes the broker rejects
+    them with com.microsoft:server-busy (the SDK's ServiceBusServerBusyError, which it retries after a pause); what
+    it accepted is stored, and it takes sends again once the store caught up."""
+    from shardbus.amqp.message import AmqpMessage
+    from shardbus.amqp.message import BodyType as WireBody
+    from shardbus.amqp.performatives import Accepted, Rejected
+
+    broker.namespace.create_queue("busy")
+    partition = broker.namespace._queue("busy").partitions[0]
+    partition.max_unwritten_bytes = 16 * 1024
+    store = partition._committer.store
+    apply, fast = store.apply, threading.Event()
+
+    def slow_apply(ops, sync=True):  # a slow disk until ``fast`` is set
+        if not fast.is_set():
+            time.sleep(0.1)
+        return apply(ops, sync)
+
+    store.apply = slow_apply
+    payload = AmqpMessage(body=[b"x" * 1024], body_type=WireBody.DATA).encode()
+
+    async def pump(count: int) -> list:
+        client = await AmqpClient.connect("127.0.0.1", broker.server.port, **PLAIN)
+        try:
+            sender = await (await client.session()).sender("busy")
+            return await asyncio.gather(*(sender.send(payload) for _ in range(count)))
+        finally:
+            await client.close()
+
+    outcomes = asyncio.run(pump(300))
+    busy = [o for o in outcomes if isinstance(o, Rejected)]
+    assert busy and all(str(o.error.condition) == "com.microsoft:server-busy" for o in busy)
+    accepted = sum(isinstance(o, Accepted) for o in outcomes)
+    assert accepted + len(busy) == 300
+    fast.set()
+    assert all(isinstance(o, Accepted) for o in asyncio.run(pump(20)))
+    assert broker.namespace.get_runtime_properties("busy").active_message_count == accepted + 20
