@@ -289,3 +289,16 @@ def test_config_rules_are_checked(rule, reason):
     with pytest.raises(ConfigError, match=reason) as info:
         load_config(config)
     assert "UserConfig.Namespaces[0].AuthorizationRules[0]" in str(info.value)
+
+
+def test_keys_left_out_are_generated_like_the_services(broker):
+    import base64
+
+    rule = AuthorizationRule(claim_type="SharedAccessKey", key_name="gen", rights=[AccessRights.listen])
+    with admin(broker, "RootManageSharedAccessKey", "SAS_KEY_VALUE") as a:
+        a.create_queue("genq", authorization_rules=[rule])
+        (got,) = a.get_queue("genq").authorization_rules
+    assert got.primary_key != got.secondary_key
+    assert all(len(base64.b64decode(k)) == 32 for k in (got.primary_key, got.secondary_key))
+    with client(broker, "gen", got.secondary_key) as c, c.get_queue_receiver("genq", max_wait_time=1) as r:
+        assert r.receive_messages(max_wait_time=1) == []

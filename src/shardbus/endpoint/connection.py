@@ -108,6 +108,7 @@ _MALFORMED = (TypeError, ValueError, AttributeError, IndexError, KeyError, Overf
 # as long with chunks (a median call of 3.8-4.0 ms against both).
 FIRST_CHUNK = 8
 MAX_PUMP = 256  # deliveries produced per pump before yielding to other connections
+MAX_TOKENS = 1000  # tokens a connection holds at once (one per audience is the SDK's use; older ones go first)
 
 
 class NamespaceDirectory:
@@ -668,7 +669,9 @@ class ServiceBusConnection:
             audience = str(app.get("name") or claims.resource)
             if not sas.covers(claims, audience):
                 raise Unauthorized(f"The token for '{claims.resource}' does not cover '{audience}'.")
-            self.authorized.append(claims)
+            now = time.time()  # expired tokens go, and a connection keeps at most MAX_TOKENS (refreshes add one each)
+            live = [c for c in self.authorized if c.expiry > now]
+            self.authorized = [*live[len(live) - MAX_TOKENS + 1 :], claims]
             status, description = 202, "Accepted"
         except ShardbusError as exc:
             status, description = condition_of(exc)[1], str(exc)
