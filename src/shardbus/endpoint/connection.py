@@ -16,9 +16,11 @@ Every link the client attaches gets a role here, decided by its address (SERVICE
                                        transfer them (tag = lock token, .NET byte order); dispositions
                                        settle in the core and are echoed settled with the same outcome
 
-A link to an entity is attached only when the connection holds a token (or PLAIN credentials) covering it;
-otherwise, and for unknown entities, the attach is refused the way the service refuses it (null source and
-target, then a detach with the condition), which the SDK turns into the right exception.
+A link to an entity is attached only when the connection holds a token (or PLAIN credentials) covering it with
+the right the link needs (Send for senders, Listen for receivers; each ``$management`` operation its own:
+``authorization.py``); otherwise, and for unknown entities, the attach is refused the way the service refuses it
+(null source and target, then a detach with the condition), which the SDK turns into the right exception. Limits
+(``limits.py``): channel-max and handle-max are announced and enforced by the engine, links per connection here.
 """
 
 from __future__ import annotations
@@ -393,21 +395,19 @@ class ServiceBusConnection:
         """Refuse unless a token put on $cbs (or the PLAIN credentials) covers ``path`` with ``right`` (None: any
         right, enough to attach a ``$management`` link whose operations are checked one by one)."""
         address = path[: -len(MANAGEMENT_SUFFIX)] if path.lower().endswith(MANAGEMENT_SUFFIX) else path
+        granted: set[AccessRight] = set()
         if self.plain is not None:
-            rights = self._authority.plain_rights(self.plain[0], self.plain[1], address)
-            if not rights:
-                raise Unauthorized(f"Unauthorized access to '{address}': the SASL PLAIN key gives no rights there.")
-            if right is not None and right not in rights:
-                raise missing_right(right, self._resource(address))
-            return
+            granted.update(self._authority.plain_rights(self.plain[0], self.plain[1], address))
         now = time.time()
-        covering = [c for c in self.authorized if c.expiry > now and sas.covers(c, address)]
-        if not covering:
+        for claims in self.authorized:
+            if claims.expiry > now and sas.covers(claims, address):
+                granted.update(claims.rights)
+        if not granted:
             raise Unauthorized(
                 f"Unauthorized access to '{address}': put a SAS token covering it on $cbs first (claims-based "
-                "security)."
+                "security), or connect with SASL PLAIN and a key that gives rights there."
             )
-        if right is not None and not any(right in c.rights for c in covering):
+        if right is not None and right not in granted:
             raise missing_right(right, self._resource(address))
 
     def _resource(self, address: str) -> str:
