@@ -258,3 +258,17 @@ def test_a_fast_producer_against_a_slow_store_gets_server_busy(broker):
     fast.set()
     assert all(isinstance(o, Accepted) for o in asyncio.run(pump(20)))
     assert broker.namespace.get_runtime_properties("busy").active_message_count == accepted + 20
+
+
+def test_an_idle_http_keep_alive_connection_is_closed(broker, monkeypatch):
+    from shardbus.http import protocol
+
+    monkeypatch.setattr(protocol, "IDLE_TIMEOUT", 0.5)
+    with socket.create_connection(("127.0.0.1", broker.server.port)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        while sock.recv(65536):  # kept alive, then closed once silent for the idle time-out
+            pass
+        assert 0.3 < time.monotonic() - started < 4
