@@ -9,6 +9,7 @@ new tokens signed with the old one; entity keys survive a restart.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import UTC, datetime, timedelta
 
@@ -166,8 +167,6 @@ def test_listen_key_manages_subscription_rules_over_amqp(broker):
 
 
 def test_plain_credentials_carry_the_rule_rights(broker):
-    import asyncio
-
     async def scenario() -> None:
         c = await AmqpClient.connect(
             "127.0.0.1", broker.server.port, sasl_mechanism="PLAIN", username="sender", password=SEND_KEY
@@ -207,6 +206,21 @@ def test_entity_rules_round_trip_and_authorize_only_their_entity(broker):
         with pytest.raises(ServiceBusAuthorizationError, match="'Listen' claim"):
             with c.get_queue_receiver("entityq", max_wait_time=1) as r:
                 r.receive_messages(max_wait_time=1)
+
+
+    async def plain() -> None:  # SASL PLAIN with the entity rule's key: its rights on its entity, none elsewhere
+        c = await AmqpClient.connect(
+            "127.0.0.1", broker.server.port, sasl_mechanism="PLAIN", username="qsend", password="cXNlbmQ="
+        )
+        try:
+            session = await c.session()
+            await (await session.sender("entityq")).close()
+            with pytest.raises(AmqpClientError, match="unauthorized-access"):
+                await session.sender("other")
+        finally:
+            await c.close()
+
+    asyncio.run(plain())
 
 
 def test_topic_rule_covers_its_subscriptions(broker):
