@@ -10,7 +10,6 @@ Pure values: which rule a token names, and whether its signature matches, is ``e
 
 from __future__ import annotations
 
-import base64
 import enum
 import re
 import time
@@ -43,7 +42,8 @@ CLAIM_TYPE = "SharedAccessKey"
 
 def generate_key() -> str:
     """A random 256-bit key, base64-encoded (44 characters), like the service's."""
-    import secrets  # here: start-up does not pay for it (random's import), rules without keys are rare
+    import base64
+    import secrets  # here: start-up does not pay for them (random's import); rules without keys are rare
 
     return base64.b64encode(secrets.token_bytes(32)).decode("ascii")
 
