@@ -25,8 +25,15 @@ class Reply:
         return f"Reply({self.status}, {self.condition}, {self.description!r})"
 
 
-def management(port: int, node: str, requests: list[tuple[str, dict[str, Any]]]) -> list[Reply]:
-    """Send each (operation, body) to ``<node>/$management`` over one link pair; the replies in order."""
+def management(
+    port: int,
+    node: str,
+    requests: list[tuple[str, dict[str, Any]]],
+    username: str = "RootManageSharedAccessKey",
+    password: str = "SAS_KEY_VALUE",
+) -> list[Reply]:
+    """Send each (operation, body) to ``<node>/$management`` over one link pair (SASL PLAIN with ``username`` and
+    ``password``, a rule's key name and key); the replies in order."""
 
     async def run() -> list[Reply]:
         client = await AmqpClient.connect(
@@ -34,8 +41,8 @@ def management(port: int, node: str, requests: list[tuple[str, dict[str, Any]]])
             port,
             timeout=10,
             sasl_mechanism="PLAIN",
-            username="RootManageSharedAccessKey",
-            password="SAS_KEY_VALUE",
+            username=username,
+            password=password,
         )
         address = f"{node}/$management"
         try:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .endpoint.limits import DEFAULT_LIMITS
 from .extras import MissingExtra
 from .logs import configure as configure_logs
 from .model.errors import ShardbusError
@@ -28,6 +29,13 @@ def mode(args: argparse.Namespace) -> str:
         where = "in this process (embedded)"
     front = f"{args.frontends} front-end processes, " if args.frontends > 1 else ""
     return f"{front}partitions {where}"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _print_ready(args: argparse.Namespace, port: int, started: float, conn_str: str, tls: TlsFiles) -> None:
@@ -59,6 +67,7 @@ def _serve_frontends(args: argparse.Namespace) -> int:
             extra += [flag, str(Path(value).resolve())]
     for name in args.tls_host or ():
         extra += ["--tls-host", name]
+    extra += ["--max-connections", str(args.max_connections), "--idle-timeout", str(args.idle_timeout)]
     try:
         if args.config is not None:
             from .config import load_config
@@ -111,6 +120,8 @@ def _serve(args: argparse.Namespace) -> int:
             workers=0 if args.metadata else args.workers,
             metadata=args.metadata,
             fork_workers=True,  # nothing is open in this process yet: workers start in ~50 ms, not ~400
+            max_connections=args.max_connections,
+            idle_timeout=args.idle_timeout or None,
         )
     except (ShardbusError, OSError, ValueError, MissingExtra) as exc:
         print(f"shardbus: cannot start: {exc}", file=sys.stderr)
@@ -174,6 +185,20 @@ def serve_main(argv: list[str]) -> int:
         default=None,
         metavar="DSN",
         help="serve partitions from the workers (any host) registered in this PostgreSQL metadata store",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=DEFAULT_LIMITS.max_connections,
+        metavar="N",
+        help="AMQP connections served at once (per front end); more are refused with amqp:resource-limit-exceeded",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_LIMITS.idle_timeout,
+        metavar="SECONDS",
+        help="idle time-out announced to clients; a connection silent twice as long is closed (0: never)",
     )
     serve.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument(

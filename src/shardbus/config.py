@@ -18,7 +18,9 @@ so that a project's existing emulator file works here as it is. shardbus adds, o
 ``EnablePartitioning`` and ``MaxSizeInMegabytes``; on every entity ``Status``, ``AutoDeleteOnIdle``,
 ``UserMetadata`` and ``EnableBatchedOperations`` (plus ``SupportOrdering`` on topics and
 ``DeadLetteringOnFilterEvaluationExceptions`` on subscriptions, the service's own property names); and on a
-namespace ``Sku`` ("Basic", "Standard", "Premium") and ``PremiumMessagingPartitions`` (1, 2, 4). The emulator's caps
+namespace ``Sku`` ("Basic", "Standard", "Premium"), ``PremiumMessagingPartitions`` (1, 2, 4) and ``AuthorizationRules``
+(shared access policies: ``[{"KeyName", "PrimaryKey", "SecondaryKey", "Rights": ["Send", "Listen", "Manage"]}]``,
+beside ``RootManageSharedAccessKey``, whose key is ``serve --key``; see docs/security.md). The emulator's caps
 (one namespace, 50 entities, a one-hour TTL) do not apply: ranges are the core's, checked by the descriptions'
 own ``validate``.
 
@@ -55,6 +57,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .model.authorization import AuthorizationRule
 from .model.entities import (
     TIMESPAN_MAX,
     EntityStatus,
@@ -251,6 +254,7 @@ class NamespaceConfig:
     queues: list[QueueConfig] = field(default_factory=list)
     topics: list[TopicConfig] = field(default_factory=list)
     path: str = "UserConfig.Namespaces[0]"
+    authorization_rules: list[AuthorizationRule] = field(default_factory=list)  # beside the root key's rule
 
     @property
     def tier_rules(self) -> TierRules:
@@ -372,7 +376,8 @@ _NAMESPACE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._\-]{0,48}[A-Za-z0-9])?"
 
 
 def _parse_namespace(raw: Any, path: str) -> NamespaceConfig:
-    members = _members(raw, path, ("Name", "Queues", "Topics", "Sku", "PremiumMessagingPartitions"), "a namespace")
+    allowed = ("Name", "Queues", "Topics", "Sku", "PremiumMessagingPartitions", "AuthorizationRules")
+    members = _members(raw, path, allowed, "a namespace")
     name = _required_name(members, path, "namespace")
     if not _NAMESPACE_NAME.fullmatch(name):
         raise ConfigError(
@@ -403,6 +408,9 @@ def _parse_namespace(raw: Any, path: str) -> NamespaceConfig:
             )
             raise ConfigError(f"{path}.{key}", reason) from exc
     ns = NamespaceConfig(name, tier, partitions, path=path)
+    if "AuthorizationRules" in members and members["AuthorizationRules"][1] is not None:
+        key, value = members["AuthorizationRules"]
+        ns.authorization_rules = _parse_authorization_rules(value, f"{path}.{key}")
     rules = ns.tier_rules
     names: dict[str, str] = {}  # queues and topics share one name space in a namespace
 
@@ -428,6 +436,48 @@ def _parse_namespace(raw: Any, path: str) -> NamespaceConfig:
             claim(topic.description.name, topic.path, "topic")
             ns.topics.append(topic)
     return ns
+
+
+ROOT_KEY_NAME = "RootManageSharedAccessKey"
+
+
+def _parse_authorization_rules(raw: Any, path: str) -> list[AuthorizationRule]:
+    """A namespace's shared access policies; the root one is ``serve --key``'s and cannot be redefined here."""
+    rules: list[AuthorizationRule] = []
+    seen: dict[str, str] = {}
+    for i, item in enumerate(_array(raw, path)):
+        item_path = f"{path}[{i}]"
+        fields_allowed = ("KeyName", "PrimaryKey", "SecondaryKey", "Rights")
+        members = _members(item, item_path, fields_allowed, "an authorization rule")
+        for required in ("KeyName", "PrimaryKey", "Rights"):
+            if required not in members or members[required][1] is None:
+                raise ConfigError(item_path, f"'{required}' is required")
+        name_key, name_raw = members["KeyName"]
+        key_name = _string(name_raw, f"{item_path}.{name_key}")
+        if key_name.lower() == ROOT_KEY_NAME.lower():
+            raise ConfigError(
+                f"{item_path}.{name_key}",
+                f"{ROOT_KEY_NAME} is the root rule, whose key is given with `shardbus serve --key`: use another name",
+            )
+        first = seen.setdefault(key_name.lower(), item_path)
+        if first != item_path:
+            raise ConfigError(f"{item_path}.{name_key}", f"'{key_name}' is already defined at {first}")
+        keys = {}
+        for field_name in ("PrimaryKey", "SecondaryKey"):
+            if field_name in members and members[field_name][1] is not None:
+                k, v = members[field_name]
+                keys[field_name] = _string(v, f"{item_path}.{k}")
+                if not keys[field_name]:
+                    raise ConfigError(f"{item_path}.{k}", "a key cannot be empty")
+        rights_key, rights_raw = members["Rights"]
+        rights_path = f"{item_path}.{rights_key}"
+        rights = tuple(_string(r, f"{rights_path}[{j}]") for j, r in enumerate(_array(rights_raw, rights_path)))
+        try:
+            rule = AuthorizationRule(key_name, keys["PrimaryKey"], keys.get("SecondaryKey", ""), rights).validate()
+        except ArgumentError as exc:
+            raise ConfigError(item_path, str(exc)) from None
+        rules.append(rule)
+    return rules
 
 
 # --- properties ------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from .entity.forwarding import Forwarder
 from .entity.receiver import Receiver
 from .entity.sessions import SessionReceiver, list_sessions
 from .entity.transactions import Transaction
+from .model.authorization import AuthorizationRule
 from .model.entities import (
     DEFAULT_RULE_NAME,
     EntityKind,
@@ -543,6 +544,24 @@ class Namespace:
         if isinstance(entity, QueueEntity):
             return entity, sub_queue
         raise EntityNotFound(f"The messaging entity '{self.name}/{path}' could not be found.")
+
+    def authorization_scope(self, path: str) -> tuple[str, list[AuthorizationRule]] | None:
+        """The queue or topic ``path`` names or lies below (a subscription, a sub-queue) and its shared access
+        rules, or None. The longest matching name wins (entity names may contain slashes)."""
+        self._refresh()
+        segments = path.strip("/").split("/")
+        for i in range(len(segments), 0, -1):
+            entity = self._entities.get("/".join(segments[:i]).lower())
+            if entity is not None:
+                return entity.path, list(entity.description.authorization_rules)
+        return None
+
+    def entity_authorization_rules(self) -> Iterator[tuple[str, AuthorizationRule]]:
+        """Every queue's and topic's shared access rules, with the entity's path."""
+        self._refresh()
+        for entity in list(self._entities.values()):
+            for rule in entity.description.authorization_rules:
+                yield entity.path, rule
 
     def exists(self, path: str) -> bool:
         try:

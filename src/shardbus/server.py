@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .endpoint.connection import NamespaceDirectory
+from .endpoint.limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
 from .endpoint.listener import AmqpServer, new_event_loop
 from .http.app import HttpFrontend
 from .http.tls import TlsFiles, ensure_certificates, own_certificate
+from .model.authorization import AuthorizationRule
 from .namespace import DEFAULT_NAMESPACE, Namespace
 
 if TYPE_CHECKING:
@@ -33,6 +35,31 @@ if TYPE_CHECKING:
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
 DEFAULT_KEY = "SAS_KEY_VALUE"
 log = logging.getLogger("shardbus")
+
+
+def raise_file_limit(wanted: int) -> int:
+    """Raise this process's open-file limit (RLIMIT_NOFILE) towards ``wanted``, as far as the hard limit allows:
+    every connection is a file descriptor. Returns the soft limit in force; warns when it stays below ``wanted``."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "open-file limit %d is below the %d that --max-connections needs; raise it (ulimit -n) or lower "
+            "--max-connections",
+            soft,
+            wanted,
+        )
+    return soft
 
 
 def tune_garbage_collector() -> None:
@@ -74,6 +101,9 @@ class Broker:
         cluster: Any = None,
         reuse_port: bool = False,
         fork_workers: bool = False,
+        max_connections: int = DEFAULT_LIMITS.max_connections,
+        idle_timeout: float | None = DEFAULT_LIMITS.idle_timeout,
+        limits: ConnectionLimits | None = None,
         **namespace_options: Any,
     ) -> None:
         """``namespace_options`` open the default namespace (tier, premium_partitions, quotas);
@@ -84,9 +114,14 @@ class Broker:
         brokers in that many worker processes (0: in this process). ``cluster``: instead, workers another process
         runs, already linked (``cluster.frontend.AttachedCluster``; closed with the broker). ``reuse_port``: share
         the port with other front ends (SO_REUSEPORT). ``fork_workers``: start the workers by forking this process
-        (fast; only where nothing else is open yet: ``shardbus serve``)."""
+        (fast; only where nothing else is open yet: ``shardbus serve``). ``max_connections``: AMQP connections
+        served at once; ``idle_timeout``: seconds of silence announced to clients (the broker closes after twice
+        that; None: never); ``limits``: every connection limit at once (endpoint/limits.py), instead of those."""
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("give both tls_cert and tls_key, or neither")
+        if limits is None:
+            limits = ConnectionLimits(max_connections=max_connections, idle_timeout=idle_timeout or None)
+        self.limits = limits
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port
@@ -94,7 +129,7 @@ class Broker:
         self.default_namespace = namespace
         self.namespaces: dict[str, Namespace] = {}
         self.cluster: LocalCluster | MetadataCluster | None = None
-        configs = []
+        configs: list[Any] = []
         if config is not None:
             from .config import load_config
 
@@ -139,8 +174,12 @@ class Broker:
             self._close_namespaces()
             raise
         tune_garbage_collector()
-        keys = {name: {DEFAULT_KEY_NAME: key} for name in self.namespaces}
-        self.directory = NamespaceDirectory(self.namespaces, self.default_namespace, keys)
+        root = AuthorizationRule(DEFAULT_KEY_NAME, key, "", ("Manage", "Send", "Listen"))
+        configured = {cfg.name: cfg.authorization_rules for cfg in configs}
+        rules: dict[str, dict[str, str] | list[AuthorizationRule]] = {
+            name: [root, *configured.get(name, [])] for name in self.namespaces
+        }
+        self.directory = NamespaceDirectory(self.namespaces, self.default_namespace, rules)
         try:
             if tls_cert is not None and tls_key is not None:
                 self.tls: TlsFiles = own_certificate(tls_cert, tls_key)
@@ -151,7 +190,9 @@ class Broker:
             self._close_namespaces()
             raise
         self.http = HttpFrontend(self.directory)
-        self.server = AmqpServer(self.directory, host, port, http=self.http, tls=context, reuse_port=reuse_port)
+        self.server = AmqpServer(
+            self.directory, host, port, http=self.http, tls=context, reuse_port=reuse_port, limits=limits
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -225,6 +266,7 @@ class Broker:
     # --- foreground mode ------------------------------------------------------------------------------------
     def serve_forever(self, on_ready: Any = None) -> None:
         """Serve until SIGINT or SIGTERM, then stop cleanly."""
+        raise_file_limit(self.limits.max_connections + ACCEPT_SLACK + 256)  # + stores, logs, worker links
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
         stop = asyncio.Event()

@@ -50,6 +50,19 @@ def test_queue_create_list_show_update_delete(cli, name):
     assert gone.exit_code == 1 and f"queue '{q}' does not exist" in gone.stderr
 
 
+def test_update_keeps_authorization_rules(cli, name, broker):
+    """Rules set through the admin client survive a CLI update (which re-sends the whole description) and show."""
+    from shardbus.model.authorization import AuthorizationRule
+
+    q = name("q")
+    broker.namespace.create_queue(q, authorization_rules=[AuthorizationRule("app", "a2V5", "", ("Send",))])
+    cli.json("queue", "update", q, "--max-delivery-count", "3")
+    (rule,) = broker.namespace.get_queue(q).authorization_rules
+    assert (rule.key_name, rule.primary_key, rule.rights) == ("app", "a2V5", ("Send",))
+    shown = cli.json("queue", "show", q)
+    assert [(r["key_name"], r["rights"]) for r in shown["authorization_rules"]] == [("app", ["Send"])]
+
+
 def test_queue_option_values_are_checked(cli, name):
     bad = cli("queue", "create", name("q"), "--lock-duration", "soon", ok=False)
     assert bad.exit_code == 2 and "not a duration" in bad.stderr

@@ -205,6 +205,8 @@ class Connection:
         max_frame_size: int = 1048576,
         channel_max: int = 65535,
         idle_timeout: float | None = None,
+        idle_timeout_advertised: float | None = None,
+        handle_max: int = 0xFFFFFFFF,
         properties: dict[Any, Any] | None = None,
         offered_capabilities: list[Symbol] | None = None,
         desired_capabilities: list[Symbol] | None = None,
@@ -225,6 +227,12 @@ class Connection:
         self.channel_max = channel_max
         self.idle_timeout = idle_timeout
         """Our idle time-out in seconds (None: we never time the peer out)."""
+        self.idle_timeout_advertised = idle_timeout_advertised
+        self.handle_max = handle_max
+        """The handle-max of sessions the peer begins, enforced from their first frame (an attach pipelined
+        behind the begin arrives before the application answers it)."""
+        """What our ``open`` announces, when not ``idle_timeout`` itself: 2.4.5 advises announcing half the real
+        threshold, so that a peer sending just in time is not cut off by network delay."""
         self.properties = properties
         self.offered_capabilities = offered_capabilities
         self.desired_capabilities = desired_capabilities
@@ -367,6 +375,7 @@ class Connection:
         if self._phase is _Phase.DONE:
             raise LocalProtocolError("connection is finished")
         self.open_sent = True
+        announced = self.idle_timeout_advertised or self.idle_timeout
         self._send(
             0,
             Open(
@@ -374,7 +383,7 @@ class Connection:
                 hostname=self.hostname,
                 max_frame_size=self.max_frame_size,
                 channel_max=self.channel_max,
-                idle_time_out=int(self.idle_timeout * 1000) if self.idle_timeout else None,
+                idle_time_out=int(announced * 1000) if announced else None,
                 offered_capabilities=self.offered_capabilities,
                 desired_capabilities=self.desired_capabilities,
                 properties=self.properties,
@@ -902,8 +911,9 @@ class Connection:
         self._events.append(ConnectionClosed(perf.error, by_peer=True, reply_needed=reply_needed))
 
     def _on_begin(self, channel: int, begin: Begin) -> None:
-        if channel > self.channel_max:
-            raise ConnectionViolation(Condition.NOT_ALLOWED, f"channel {channel} above channel-max")
+        if channel > self.channel_max:  # 2.7.1: outside the supported range, close with framing-error
+            limit = self.channel_max
+            raise ConnectionViolation(Condition.FRAMING_ERROR, f"channel {channel} above channel-max {limit}")
         if channel in self._remote_sessions:
             raise ConnectionViolation(Condition.ILLEGAL_STATE, f"channel {channel} already has a session")
         self._ended_remote_channels.discard(channel)
@@ -915,7 +925,7 @@ class Connection:
             self._remote_sessions[channel] = session
             self._events.append(SessionBegun(session, begin))
             return
-        session = Session(self)
+        session = Session(self, handle_max=self.handle_max)
         session._remote_begin(begin, channel)
         self._remote_sessions[channel] = session
         self._events.append(SessionBeginRequested(session, begin))

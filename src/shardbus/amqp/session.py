@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
-from .errors import Condition, LinkViolation, LocalProtocolError, SessionViolation
+from .errors import Condition, ConnectionViolation, LinkViolation, LocalProtocolError, SessionViolation
 from .events import (
     DeliveryAborted,
     DeliveryReceived,
@@ -357,7 +357,9 @@ class Session:
 
     def _on_attach(self, a: Attach, events: list[Event]) -> None:
         if a.handle > self.handle_max:
-            raise SessionViolation(Condition.NOT_ALLOWED, f"handle {a.handle} above handle-max")
+            # 2.7.2: "A peer that receives a handle outside the supported range MUST close the connection with the
+            # framing-error error-code."
+            raise ConnectionViolation(Condition.FRAMING_ERROR, f"handle {a.handle} above handle-max {self.handle_max}")
         if a.handle in self._by_remote_handle:
             raise SessionViolation(Condition.HANDLE_IN_USE, f"handle {a.handle} is in use")
         our_role = not a.role

@@ -102,11 +102,15 @@ def description_request(kind: EntityKind, properties: dict[str, Any], default_ru
     the elements in the SDK's order, each value written by the broker's own codec for it."""
     table = atom.WRITABLE[kind]
     by_attr = {attr: (element, codec) for element, (attr, codec) in table.items()}
-    unknown = set(properties) - set(by_attr)
+    rules = properties.get("authorization_rules") if kind in atom.RULE_HOLDERS else None
+    unknown = set(properties) - set(by_attr) - ({"authorization_rules"} if kind in atom.RULE_HOLDERS else set())
     if unknown:
         raise ValueError(f"not a {kind.value} property: {', '.join(sorted(unknown))}")
     parts = []
     for element in atom.ORDER[kind]:
+        if element == "AuthorizationRules" and rules:  # kept through an update (it replaces the description)
+            parts.append(atom.authorization_rules_xml(rules))
+            continue
         entry = table.get(element)
         if entry is None or entry[0] not in properties or properties[entry[0]] is None:
             continue

@@ -199,4 +199,6 @@ def json_default(value: Any) -> Any:
         return str(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
+    if hasattr(value, "to_dict"):  # an authorization rule
+        return value.to_dict()
     return str(value)

@@ -256,6 +256,16 @@ def _address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def _limit_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--max-connections`` and ``--idle-timeout``, when the supervisor passed them on (per front end)."""
+    options: dict[str, Any] = {}
+    if args.max_connections is not None:
+        options["max_connections"] = args.max_connections
+    if args.idle_timeout is not None:
+        options["idle_timeout"] = args.idle_timeout or None
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     """One front end: a ``Broker`` on a shared port over workers at the given addresses."""
     parser = argparse.ArgumentParser(prog="python -m shardbus.cluster.frontend", description=__doc__.split("\n")[0])
@@ -268,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-cert", default=None)
     parser.add_argument("--tls-key", default=None)
     parser.add_argument("--tls-host", action="append", default=None)
+    parser.add_argument("--max-connections", type=int, default=None)
+    parser.add_argument("--idle-timeout", type=float, default=None)
     parser.add_argument("--exit-with-parent", action="store_true")
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
@@ -305,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_hosts=args.tls_host or (),
+            **_limit_options(args),
             reuse_port=True,
             remove_orphans=False,  # the supervisor did, before any front end could be creating entities
             **options,

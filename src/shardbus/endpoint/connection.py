@@ -16,9 +16,11 @@ Every link the client attaches gets a role here, decided by its address (SERVICE
                                        transfer them (tag = lock token, .NET byte order); dispositions
                                        settle in the core and are echoed settled with the same outcome
 
-A link to an entity is attached only when the connection holds a token (or PLAIN credentials) covering it;
-otherwise, and for unknown entities, the attach is refused the way the service refuses it (null source and
-target, then a detach with the condition), which the SDK turns into the right exception.
+A link to an entity is attached only when the connection holds a token (or PLAIN credentials) covering it with
+the right the link needs (Send for senders, Listen for receivers; each ``$management`` operation its own:
+``authorization.py``); otherwise, and for unknown entities, the attach is refused the way the service refuses it
+(null source and target, then a detach with the condition), which the SDK turns into the right exception. Limits
+(``limits.py``): channel-max and handle-max are announced and enforced by the engine, links per connection here.
 """
 
 from __future__ import annotations
@@ -62,13 +64,23 @@ from ..entity.receiver import Receiver
 from ..entity.sessions import SessionReceiver, accept_session
 from ..entity.transactions import Transaction
 from ..metrics import RECEIVE_SECONDS, SEND_SECONDS
-from ..model.errors import ArgumentError, InvalidOperation, OperationTimeout, ShardbusError, Unauthorized
+from ..model.authorization import AccessRight, AuthorizationRule
+from ..model.errors import (
+    ArgumentError,
+    InvalidOperation,
+    OperationTimeout,
+    QuotaExceeded,
+    ShardbusError,
+    Unauthorized,
+)
 from ..model.message import Message, ReceiveMode
 from ..model.routing import partition_of_lock_token, uuid_of_bytes_le
 from ..namespace import Namespace
 from ..partition.handle import RemoteVerdict
 from . import sas
+from .authorization import LISTEN, SEND, Authority, management_right, missing_right
 from .conditions import condition_of
+from .limits import DEFAULT_LIMITS, ConnectionLimits
 from .management import OPERATIONS, ManagementContext, ManagementReply
 from .mapping import decode_batch_to_messages, decode_to_message, encode_delivery
 
@@ -98,20 +110,36 @@ _MALFORMED = (TypeError, ValueError, AttributeError, IndexError, KeyError, Overf
 # as long with chunks (a median call of 3.8-4.0 ms against both).
 FIRST_CHUNK = 8
 MAX_PUMP = 256  # deliveries produced per pump before yielding to other connections
+MAX_TOKENS = 1000  # tokens a connection holds at once (one per audience is the SDK's use; older ones go first)
 
 
 class NamespaceDirectory:
-    """Which namespace a connection talks to (by the host name it opened with), and its keys."""
+    """Which namespace a connection talks to (by the host name it opened with), and who may do what there.
 
-    def __init__(self, namespaces: dict[str, Namespace], default: str, keys: dict[str, dict[str, str]]) -> None:
+    ``rules`` gives each namespace's shared access rules: a list of ``AuthorizationRule``, or a plain
+    ``{key name: key}`` map whose keys have every right."""
+
+    def __init__(
+        self,
+        namespaces: dict[str, Namespace],
+        default: str,
+        rules: dict[str, dict[str, str] | list[AuthorizationRule]],
+    ) -> None:
         self.namespaces = {name.lower(): ns for name, ns in namespaces.items()}
         self.default = default.lower()
-        self.keys = {name.lower(): k for name, k in keys.items()}
+        self.authorities: dict[str, Authority] = {}
+        for name, given in rules.items():
+            ns = self.namespaces.get(name.lower())
+            if isinstance(given, dict):
+                self.authorities[name.lower()] = Authority.of_keys(ns, given)
+            else:
+                self.authorities[name.lower()] = Authority(ns, given)
 
-    def resolve(self, hostname: str | None) -> tuple[Namespace, dict[str, str]]:
+    def resolve(self, hostname: str | None) -> tuple[Namespace, Authority]:
         label = (hostname or "").split(":")[0].split(".")[0].lower()
         name = label if label in self.namespaces else self.default
-        return self.namespaces[name], self.keys.get(name, {})
+        namespace = self.namespaces[name]
+        return namespace, self.authorities.get(name) or Authority(namespace, ())
 
 
 def _session_filter(value: Any) -> str | None:
@@ -197,15 +225,29 @@ class _ReceiveLink:
 class ServiceBusConnection:
     """The ``EventHandler`` an ``amqp.transport.AmqpProtocol`` drives for one client connection."""
 
-    def __init__(self, directory: NamespaceDirectory, loop: asyncio.AbstractEventLoop) -> None:
-        self.amqp = Connection(Role.SERVER, f"shardbus-{uuid.uuid4()}", max_frame_size=1048576)
+    def __init__(
+        self, directory: NamespaceDirectory, loop: asyncio.AbstractEventLoop, limits: ConnectionLimits = DEFAULT_LIMITS
+    ) -> None:
+        self.amqp = Connection(
+            Role.SERVER,
+            f"shardbus-{uuid.uuid4()}",
+            max_frame_size=1048576,
+            channel_max=limits.channel_max,
+            idle_timeout=limits.silence_allowed,
+            idle_timeout_advertised=limits.idle_timeout,
+            handle_max=limits.handle_max,
+        )
+        self.limits = limits
+        self.refusal: str | None = None  # set when the listener is full: the open is answered with a close
+        self._links: set[Any] = set()  # every link attached (or being refused) and not yet detached
         self.directory = directory
         self.namespace: Namespace | None = None
-        self.keys: dict[str, str] = {}
+        self.authority: Authority | None = None
+        self.hostname: str | None = None
         self.loop = loop
         self.protocol: Any = None
         self.authorized: list[sas.SasClaims] = []
-        self.full_access = False
+        self.plain: tuple[str, str] | None = None  # SASL PLAIN key name and key: rights are looked up per link
         self._receivers: dict[Any, _ReceiveLink] = {}
         self._senders: dict[Any, QueueEntity | TopicEntity] = {}
         self._cbs_out: dict[Any, Any] = {}  # session -> our sending $cbs link
@@ -298,10 +340,11 @@ class ServiceBusConnection:
     # connection, SASL, sessions
     # ------------------------------------------------------------------------------------------------------
     def _on_sasl(self, e: ev.SaslInit) -> None:
-        self.namespace, self.keys = self.directory.resolve(e.hostname)
+        self.namespace, self.authority = self.directory.resolve(e.hostname)
+        self.hostname = e.hostname or self.hostname
         if e.mechanism == "PLAIN":
-            if e.username in self.keys and e.password == self.keys[e.username]:
-                self.full_access = True
+            if self.authority.plain_known(e.username, e.password):
+                self.plain = (str(e.username), str(e.password))
             else:
                 self.amqp.reject_sasl()
                 return
@@ -309,8 +352,11 @@ class ServiceBusConnection:
 
     def _on_open(self, e: ev.ConnectionOpened) -> None:
         if self.namespace is None or e.open.hostname:
-            self.namespace, self.keys = self.directory.resolve(e.open.hostname)
+            self.namespace, self.authority = self.directory.resolve(e.open.hostname)
+            self.hostname = e.open.hostname or self.hostname
         self.amqp.open()
+        if self.refusal is not None:
+            self.amqp.close(Error(condition=Symbol("amqp:resource-limit-exceeded"), description=self.refusal))
 
     def _on_closed(self, e: ev.ConnectionClosed) -> None:
         if e.reply_needed:
@@ -318,11 +364,14 @@ class ServiceBusConnection:
         self._cleanup()
 
     def _on_begin(self, e: ev.SessionBeginRequested) -> None:
-        self.amqp.begin(e.session, incoming_window=WINDOW, outgoing_window=WINDOW)
+        self.amqp.begin(
+            e.session, incoming_window=WINDOW, outgoing_window=WINDOW, handle_max=self.limits.handle_max
+        )
 
     def _on_end(self, e: ev.SessionEnded) -> None:
         for link in [lk for lk in self._receivers if lk.session is e.session]:
             self._drop_receiver(link)
+        self._links = {lk for lk in self._links if lk.session is not e.session}
         if e.reply_needed:
             self.amqp.end(e.session)
 
@@ -342,18 +391,46 @@ class ServiceBusConnection:
         self.amqp.attach_reply(link, source=None, target=None)
         self.amqp.detach(link, closed=True, error=_error(exc))
 
-    def _check_access(self, path: str) -> None:
-        if self.full_access:
-            return
-        address = path.split("/$management")[0]
-        if not any(sas.covers(c, address) and c.expiry > time.time() for c in self.authorized):
+    def _check_access(self, path: str, right: AccessRight | None) -> None:
+        """Refuse unless a token put on $cbs (or the PLAIN credentials) covers ``path`` with ``right`` (None: any
+        right, enough to attach a ``$management`` link whose operations are checked one by one)."""
+        address = path[: -len(MANAGEMENT_SUFFIX)] if path.lower().endswith(MANAGEMENT_SUFFIX) else path
+        granted: set[AccessRight] = set()
+        if self.plain is not None:
+            granted.update(self._authority.plain_rights(self.plain[0], self.plain[1], address))
+        now = time.time()
+        for claims in self.authorized:
+            if claims.expiry > now and sas.covers(claims, address):
+                granted.update(claims.rights)
+        if not granted:
             raise Unauthorized(
                 f"Unauthorized access to '{address}': put a SAS token covering it on $cbs first (claims-based "
-                "security)."
+                "security), or connect with SASL PLAIN and a key that gives rights there."
             )
+        if right is not None and right not in granted:
+            raise missing_right(right, self._resource(address))
+
+    def _resource(self, address: str) -> str:
+        return f"sb://{(self.hostname or 'localhost').split(':')[0]}/{address}"
+
+    @property
+    def _authority(self) -> Authority:
+        if self.authority is None:
+            self.namespace, self.authority = self.directory.resolve(None)
+        return self.authority
 
     def _on_attach(self, e: ev.LinkAttachRequested) -> None:
         link, attach = e.link, e.attach
+        if len(self._links) >= self.limits.max_links:
+            self._refuse(
+                link,
+                QuotaExceeded(
+                    f"This connection already has {len(self._links)} links, the broker's limit per connection; "
+                    "detach one or open another connection."
+                ),
+            )
+            return
+        self._links.add(link)
         client_sends = not attach.role  # the client's role: False = sender
         if client_sends and isinstance(attach.target, Coordinator):
             self.amqp.attach_reply(link)  # AMQP transactions: declare and discharge arrive on this link
@@ -372,7 +449,7 @@ class ServiceBusConnection:
                     self.amqp.flow(link, link_credit=SENDER_CREDIT)
                 return
             if path.lower().endswith(MANAGEMENT_SUFFIX):
-                self._check_access(path)
+                self._check_access(path, None)
                 node = path[: -len(MANAGEMENT_SUFFIX)]
                 self._resolve_management_target(node)
                 self.amqp.attach_reply(link)
@@ -381,7 +458,7 @@ class ServiceBusConnection:
                 else:
                     self._mgmt_out[(link.session, path.lower())] = link
                 return
-            self._check_access(path)
+            self._check_access(path, SEND if client_sends else LISTEN)
             if client_sends:
                 entity = self._ns._sender_entity(path)
                 # No link limit (the engine would detach on it); the service rejects just the oversized
@@ -398,7 +475,7 @@ class ServiceBusConnection:
     @property
     def _ns(self) -> Namespace:
         if self.namespace is None:
-            self.namespace, self.keys = self.directory.resolve(None)
+            self.namespace, self.authority = self.directory.resolve(None)
         return self.namespace
 
     def _resolve_management_target(self, node: str) -> Any:
@@ -469,6 +546,7 @@ class ServiceBusConnection:
 
     def _on_detach(self, e: ev.LinkDetached) -> None:
         link = e.link
+        self._links.discard(link)
         if link in self._receivers:
             self._drop_receiver(link)
         self._senders.pop(link, None)
@@ -587,11 +665,13 @@ class ServiceBusConnection:
         try:
             if str(app.get("operation")) != "put-token":
                 raise InvalidOperation(f"Unsupported $cbs operation '{app.get('operation')}'.")
-            claims = sas.validate_token(token, self.keys)
+            claims = self._authority.validate(token)
             audience = str(app.get("name") or claims.resource)
             if not sas.covers(claims, audience):
                 raise Unauthorized(f"The token for '{claims.resource}' does not cover '{audience}'.")
-            self.authorized.append(claims)
+            now = time.time()  # expired tokens go, and a connection keeps at most MAX_TOKENS (refreshes add one each)
+            live = [c for c in self.authorized if c.expiry > now]
+            self.authorized = [*live[len(live) - MAX_TOKENS + 1 :], claims]
             status, description = 202, "Accepted"
         except ShardbusError as exc:
             status, description = condition_of(exc)[1], str(exc)
@@ -645,6 +725,7 @@ class ServiceBusConnection:
             respond(ManagementReply.error(InvalidOperation(f"The operation '{operation}' is not supported.")))
             return
         try:
+            self._check_access(node, management_right(operation))
             result = handler(context, body)
         except ShardbusError as exc:
             respond(ManagementReply.error(exc))

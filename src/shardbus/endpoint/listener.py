@@ -11,6 +11,11 @@ Every connection starts with a ``_Sniffer``; its first ``data_received`` decides
 One connection's failure never reaches another: the engine turns a peer's protocol violation into a ``close``
 with an AMQP error for that connection only, and a bug while handling one connection's event closes that
 connection with ``amqp:internal-error``.
+
+Limits (``limits.ConnectionLimits``, where they are explained): AMQP connections beyond ``max_connections`` are
+refused with ``amqp:resource-limit-exceeded`` once they open; sockets beyond that plus ``ACCEPT_SLACK`` are
+dropped unread; a socket that has not opened its AMQP connection (or sent its first bytes) within
+``handshake_timeout`` is dropped. What is kept per connection is its protocol object, in ``connections``.
 """
 
 from __future__ import annotations
@@ -25,15 +30,26 @@ from ..amqp.transport import AmqpProtocol
 from ..http.protocol import HttpProtocol
 from ..metrics import CONNECTIONS
 from .connection import NamespaceDirectory, ServiceBusConnection
+from .limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
 
 log = logging.getLogger("shardbus.listener")
 
 
 class _ServerProtocol(AmqpProtocol):
     def __init__(self, server: AmqpServer) -> None:
-        handler = ServiceBusConnection(server.directory, server.loop)
+        handler = ServiceBusConnection(server.directory, server.loop, server.limits)
         super().__init__(handler.amqp, handler)
         self.server = server
+        self.counted = server.amqp_connections < server.limits.max_connections
+        if self.counted:
+            server.amqp_connections += 1
+        else:
+            handler.refusal = (
+                f"The broker serves at most {server.limits.max_connections} connections (shardbus serve "
+                "--max-connections); retry later."
+            )
+            log.warning("connection refused: %s connections already open", server.amqp_connections)
+        self._handshake = server.loop.call_later(server.limits.handshake_timeout, self._handshake_expired)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
@@ -46,6 +62,12 @@ class _ServerProtocol(AmqpProtocol):
         CONNECTIONS.inc()
         super().connection_made(transport)
 
+    def _handshake_expired(self) -> None:
+        """No ``open`` in time (or a refused connection that lingers): drop the socket."""
+        if self.transport is not None and (not self.conn.open_received or not self.counted):
+            log.info("connection dropped: no AMQP open within %s s", self.server.limits.handshake_timeout)
+            self.transport.abort()
+
     def data_received(self, data: bytes) -> None:
         try:
             super().data_received(data)
@@ -56,6 +78,10 @@ class _ServerProtocol(AmqpProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         CONNECTIONS.dec()
+        self._handshake.cancel()
+        if self.counted:
+            self.counted = False
+            self.server.amqp_connections -= 1
         super().connection_lost(exc)
 
 
@@ -66,21 +92,33 @@ HTTP_FIRST_BYTES = frozenset(b"GPDHOCT")  # GET PUT POST PATCH DELETE HEAD OPTIO
 class _Sniffer(asyncio.Protocol):
     """A new connection until its first bytes arrive; then the protocol they call for takes over."""
 
-    __slots__ = ("server", "transport")
+    __slots__ = ("server", "timer", "transport")
 
     def __init__(self, server: AmqpServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self.server
+        if len(server.connections) >= server.limits.max_connections + ACCEPT_SLACK:
+            transport.abort()  # far over the limit: not even read (see limits.py)
+            return
         self.transport = transport  # type: ignore[assignment]
-        self.server.connections.add(self)
+        server.connections.add(self)
+        self.timer = server.loop.call_later(server.limits.handshake_timeout, self._silent)
+
+    def _silent(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         server, transport = self.server, self.transport
         assert transport is not None
         server.connections.discard(self)
         self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
         protocol = server.protocol_for(data[0])
         if protocol is None:
             transport.close()
@@ -91,6 +129,9 @@ class _Sniffer(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 class AmqpServer:
@@ -105,9 +146,13 @@ class AmqpServer:
         http: Any = None,
         tls: ssl.SSLContext | None = None,
         reuse_port: bool = False,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         """``reuse_port``: share the port with other processes doing the same (SO_REUSEPORT; the kernel spreads
-        new connections over them), as the front ends of ``shardbus serve --frontends M`` do."""
+        new connections over them), as the front ends of ``shardbus serve --frontends M`` do. ``limits``: what
+        clients may hold (limits.py)."""
+        self.limits = limits
+        self.amqp_connections = 0  # AMQP connections counted against limits.max_connections
         self.directory = directory
         self.host = host
         self.port = port
@@ -137,7 +182,7 @@ class AmqpServer:
             self.port,
             reuse_address=True,
             reuse_port=self.reuse_port or None,
-            backlog=1024,
+            backlog=4096,  # the kernel caps it at net.core.somaxconn
         )
         sockets = self._server.sockets or []
         if sockets and self.port == 0:

@@ -11,9 +11,10 @@ import base64
 import hashlib
 import hmac
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote_plus, urlsplit
 
+from ..model.authorization import ALL_RIGHTS, AccessRight
 from ..model.errors import Unauthorized
 
 PREFIX = "SharedAccessSignature "
@@ -24,6 +25,7 @@ class SasClaims:
     resource: str
     key_name: str
     expiry: int
+    rights: frozenset[AccessRight] = field(default=ALL_RIGHTS)  # those of the rule whose key signed the token
 
 
 def _signature(key: str, encoded_resource: str, expiry: int) -> str:
@@ -47,28 +49,50 @@ def resource_path(resource: str) -> str:
     return resource.strip("/").lower()
 
 
-def validate_token(token: str, keys: dict[str, str], now: float | None = None) -> SasClaims:
-    """Check a token's signature against the namespace's keys and its expiry. Raises ``Unauthorized``."""
+@dataclass(frozen=True, slots=True)
+class ParsedToken:
+    """A token's fields, not yet checked against any key."""
+
+    resource: str
+    key_name: str
+    expiry: int
+    signature: str
+
+    def signed_with(self, key: str) -> bool:
+        expected = _signature(key, quote_plus(self.resource), self.expiry)
+        return hmac.compare_digest(expected.encode(), self.signature.encode())
+
+    def check_expiry(self, now: float | None = None) -> None:
+        if self.expiry <= (time.time() if now is None else now):
+            raise Unauthorized(f"ExpiredToken: the token expired at {self.expiry} (Unix seconds).")
+
+
+def parse_token(token: object) -> ParsedToken:
+    """The fields of a ``SharedAccessSignature`` token. Raises ``Unauthorized`` for anything else."""
     if not isinstance(token, str) or not token.startswith(PREFIX):
         raise Unauthorized("InvalidSignature: the token is not a SharedAccessSignature token.")
     fields = dict(parse_qsl(token[len(PREFIX) :], keep_blank_values=True))
     missing = {"sr", "sig", "se", "skn"} - set(fields)
     if missing:
         raise Unauthorized(f"InvalidSignature: the token lacks {', '.join(sorted(missing))}.")
-    key_name = fields["skn"]
-    key = keys.get(key_name)
-    if key is None:
-        raise Unauthorized(f"InvalidSignature: the key name '{key_name}' is not known to this namespace.")
     try:
         expiry = int(fields["se"])
     except ValueError:
         raise Unauthorized("InvalidSignature: the token's expiry is not a number.") from None
-    expected = _signature(key, quote_plus(fields["sr"]), expiry)
-    if not hmac.compare_digest(expected.encode(), fields["sig"].encode()):
+    return ParsedToken(fields["sr"], fields["skn"], expiry, fields["sig"])
+
+
+def validate_token(token: str, keys: dict[str, str], now: float | None = None) -> SasClaims:
+    """Check a token's signature against ``keys`` (key name → key, each with every right) and its expiry.
+    Raises ``Unauthorized``. Rules with rights are checked by ``authorization.Authority``."""
+    parsed = parse_token(token)
+    key = keys.get(parsed.key_name)
+    if key is None:
+        raise Unauthorized(f"InvalidSignature: the key name '{parsed.key_name}' is not known to this namespace.")
+    if not parsed.signed_with(key):
         raise Unauthorized("InvalidSignature: the token has an invalid signature.")
-    if expiry <= (time.time() if now is None else now):
-        raise Unauthorized(f"ExpiredToken: the token expired at {expiry} (Unix seconds).")
-    return SasClaims(fields["sr"], key_name, expiry)
+    parsed.check_expiry(now)
+    return SasClaims(parsed.resource, parsed.key_name, parsed.expiry)
 
 
 def covers(claims: SasClaims, entity_address: str) -> bool:

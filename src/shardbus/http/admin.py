@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..endpoint import sas
+from ..endpoint.authorization import MANAGE, Authority
 from ..endpoint.connection import NamespaceDirectory
 from ..model.entities import DESCRIPTION_TYPES, EntityKind
 from ..model.errors import (
@@ -54,7 +55,7 @@ class Call:
 
     request: HttpRequest
     namespace: Namespace
-    keys: dict[str, str]  # the namespace's SAS keys, by key name
+    authority: Authority  # the namespace's shared access rules
     params: dict[str, str]
     query: dict[str, str]
 
@@ -195,6 +196,8 @@ def _full_replacement(kind: EntityKind, properties: dict[str, Any]) -> dict[str,
     defaults = DESCRIPTION_TYPES[kind](name="defaults")
     attrs = {attr for attr, _codec in atom.WRITABLE[kind].values()}
     changes = {attr: getattr(defaults, attr) for attr in attrs}
+    if kind in atom.RULE_HOLDERS:
+        changes["authorization_rules"] = []
     changes.update(properties)
     return changes
 
@@ -367,7 +370,7 @@ def _check_supplementary(call: Call) -> None:
     for header in SUPPLEMENTARY_HEADERS:
         token = call.request.headers.get(header)
         if token:
-            sas.validate_token(token, call.keys)
+            call.authority.validate(token)
 
 
 class AdminApi:
@@ -397,21 +400,26 @@ class AdminApi:
         operation = ROUTES.get((kind, request.method))
         if operation is None:
             return error_response(405, f"{request.method} is not supported on {split.path}.")
-        namespace, keys = self.directory.resolve(request.host)
-        self._authorize(request, keys, _resource_path(params))
-        return operation(Call(request, namespace, keys, params, query))
+        namespace, authority = self.directory.resolve(request.host)
+        self._authorize(request, authority, _resource_path(params))
+        return operation(Call(request, namespace, authority, params, query))
 
     @staticmethod
-    def _authorize(request: HttpRequest, keys: dict[str, str], path: str) -> None:
+    def _authorize(request: HttpRequest, authority: Authority, path: str) -> None:
         header = request.headers.get("authorization")
         if not header:
             raise Unauthorized(
                 "MissingToken: the request has no Authorization header. Send a SharedAccessSignature token for "
                 "the namespace (audience https://<host>:<port>) with Manage rights."
             )
-        claims = sas.validate_token(header, keys)
+        claims = authority.validate(header)
         if not sas.covers(claims, path):
             raise Unauthorized(
                 f"InvalidAudience: the token for '{claims.resource}' does not grant access to '/{path}'. Use a token "
                 "for the namespace URL."
+            )
+        if MANAGE not in claims.rights:  # the service's answer, reads included (SAS docs; 401 as it answers)
+            raise Unauthorized(
+                f"Manage,EntityRead claims required for this operation. The rule '{claims.key_name}' grants "
+                f"{', '.join(sorted(r.value for r in claims.rights)) or 'nothing'}."
             )

@@ -21,6 +21,9 @@ import h11
 log = logging.getLogger("shardbus.http")
 
 MAX_REQUEST_BODY = 4 * 1024 * 1024
+# A connection that sends nothing for this long while no request of it is being answered is closed: kept-alive
+# connections nobody uses would otherwise hold their place among the listener's connections (endpoint/limits.py).
+IDLE_TIMEOUT = 120.0
 SERVER_HEADER = b"shardbus"
 _REASONS = {status.value: status.phrase.encode("ascii") for status in http.HTTPStatus}
 
@@ -70,6 +73,8 @@ class HttpProtocol(asyncio.Protocol):
         self._body_size = 0
         self._busy = False
         self._task: asyncio.Task | None = None
+        self._last_input = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     @property
     def scheme(self) -> str:
@@ -79,6 +84,9 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._connections.add(self)
+        loop = asyncio.get_running_loop()
+        self._last_input = loop.time()
+        self._idle_timer = loop.call_later(IDLE_TIMEOUT, self._check_idle)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # a response must not wait for the ACK of the handshake's last flight
             try:
@@ -91,8 +99,22 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = None
         if self._task is not None:
             self._task.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+
+    def _check_idle(self) -> None:
+        """Close the connection when it has been silent for IDLE_TIMEOUT with no request being answered."""
+        if self.transport is None:
+            return
+        loop = asyncio.get_running_loop()
+        silent = loop.time() - self._last_input
+        if silent >= IDLE_TIMEOUT and not self._busy:
+            self._close()
+            return
+        self._idle_timer = loop.call_later(max(IDLE_TIMEOUT - silent, 1.0), self._check_idle)
 
     def data_received(self, data: bytes) -> None:
+        self._last_input = asyncio.get_running_loop().time()
         if self._ssl is None:
             self._h11.receive_data(data)
         else:
@@ -239,6 +261,7 @@ class HttpProtocol(asyncio.Protocol):
             self._close()
             return
         self._busy = False
+        self._last_input = asyncio.get_running_loop().time()  # the idle time starts with the answer
         self._process()
 
     def _send(self, response: HttpResponse) -> None:

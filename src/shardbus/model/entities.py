@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from .authorization import AuthorizationRule, prepare_rules
 from .errors import ArgumentError, ArgumentOutOfRange, InvalidOperation
 from .tiers import TierRules
 
@@ -103,6 +104,8 @@ class _Description:
                 data[key] = {"us": value // timedelta(microseconds=1)}
             elif isinstance(value, enum.Enum):
                 data[key] = value.value
+        if "authorization_rules" in data:
+            data["authorization_rules"] = [r.to_dict() for r in self.authorization_rules]  # type: ignore[attr-defined]
         return data
 
     @classmethod
@@ -114,6 +117,8 @@ class _Description:
                 continue
             if isinstance(value, dict) and set(value) == {"us"}:
                 value = timedelta(microseconds=value["us"])
+            elif key == "authorization_rules":
+                value = [AuthorizationRule.from_dict(r) for r in value or ()]
             values[key] = value
         obj = cls(**values)
         obj.status = EntityStatus.parse(obj.status)
@@ -131,7 +136,10 @@ class _Description:
     def build(cls, name: str, properties: dict[str, Any]) -> Any:
         """A new description from keyword properties (unknown ones are an ArgumentError)."""
         cls._reject_unknown(properties)
-        return cls(name=name, **properties)
+        desc = cls(name=name, **properties)
+        if "authorization_rules" in properties:
+            desc.authorization_rules = prepare_rules(properties["authorization_rules"] or ())  # type: ignore[attr-defined]
+        return desc
 
     def updated(self, changes: dict[str, Any]) -> Any:
         """A copy with ``changes`` applied; changing an immutable property is an InvalidOperation."""
@@ -144,6 +152,9 @@ class _Description:
                 )
         if "name" in changes and changes["name"].lower() != self.name.lower():
             raise InvalidOperation("An entity cannot be renamed.")
+        if "authorization_rules" in changes:  # times kept, keys generated, as the service does
+            previous = getattr(self, "authorization_rules", [])
+            changes = {**changes, "authorization_rules": prepare_rules(changes["authorization_rules"] or (), previous)}
         return replace(self, **changes)
 
     def validate(self, tier: TierRules) -> None:
@@ -196,6 +207,7 @@ class QueueDescription(_MessagingOptions, _Description):
     requires_duplicate_detection: bool = False
     duplicate_detection_history_time_window: timedelta = timedelta(minutes=10)
     enable_partitioning: bool = False
+    authorization_rules: list[AuthorizationRule] = field(default_factory=list)
 
     kind: ClassVar[EntityKind] = EntityKind.QUEUE
     immutable: ClassVar[tuple[str, ...]] = (
@@ -219,6 +231,7 @@ class TopicDescription(_Description):
     duplicate_detection_history_time_window: timedelta = timedelta(minutes=10)
     enable_partitioning: bool = False
     support_ordering: bool = True
+    authorization_rules: list[AuthorizationRule] = field(default_factory=list)
 
     kind: ClassVar[EntityKind] = EntityKind.TOPIC
     immutable: ClassVar[tuple[str, ...]] = ("enable_partitioning", "requires_duplicate_detection")

@@ -30,6 +30,10 @@ stored. Other transitions change memory at once and queue their write behind ear
 only: after a restart every locked message is available again. Delivery counts are written when a lock ends in
 abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
 
+Backpressure: sends staged but not yet written are counted in bytes; past ``MAX_UNWRITTEN_BYTES`` the next send
+is refused with ``ServerBusy`` until the store catches up, so memory stays bounded under a producer faster than
+the disk (settlements are not counted: each frees what it settles).
+
 Health: a store error or a stop makes the partition unavailable; every call then raises
 ``PartitionUnavailable``. ``start`` (again) reloads everything from the store.
 
@@ -94,6 +98,11 @@ TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
 SETTLE_LINGER = 0.002
+# Bytes of sends staged but not yet committed, above which the next send is refused with ServerBusy: a producer
+# faster than the store meets backpressure (the SDK retries ServerBusy after a pause) instead of a queue of
+# writes that grows without end in memory. One batch beyond it is always taken, so a message larger than the
+# bound (premium's 100 MB) still goes in when nothing else waits.
+MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -250,6 +259,8 @@ class PartitionBroker:
         self._in_doubt: list[tuple[int, int]] = []  # [first, end) of failed enqueues; kept across restarts
         self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
         self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
+        self._unwritten = 0  # bytes of staged sends whose write has not finished (bounded: MAX_UNWRITTEN_BYTES)
+        self.max_unwritten_bytes = MAX_UNWRITTEN_BYTES
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
         self._stats: dict[int, SlotStats] = {}
 
@@ -469,10 +480,13 @@ class PartitionBroker:
             self._check()
             now = _ms(self._clock)
             first = self._next_seq
+            size_before = self._size
             ops, on_commit = self._stage_enqueue(items, now, batch_id)
             end = self._next_seq
             if end == first:  # only duplicates: nothing of it is stored, nothing to revoke
                 return self._write(ops, on_commit)
+            staged = self._size - size_before
+            self._unwritten += staged
             if batch_id is not None:
                 self._batches[batch_id] = (first, end, now)
                 slots = [op[1] for op in ops if op[0] == "put"]
@@ -480,8 +494,14 @@ class PartitionBroker:
                 self._staged[batch_id] = (slots, dedup_ids)
                 ops.append(("dedup", [(_batch_key(batch_id, first, end), now)]))
             future = self._write(ops, on_commit)
+        future.add_done_callback(partial(self._written, staged))  # outside the lock: it may run at once
         future.add_done_callback(partial(self._enqueue_done, first, end, batch_id))
         return future
+
+    def _written(self, staged: int, future: Future) -> None:
+        """A send's write finished (either way): its bytes no longer wait."""
+        with self._lock:
+            self._unwritten -= staged
 
     def _enqueue_done(self, first: int, end: int, batch_id: str | None, future: Future) -> None:
         """A failed write may have landed all the same: remember its range for the next ``start``."""
@@ -562,6 +582,11 @@ class PartitionBroker:
         if self._busy_sends > 0:
             self._busy_sends -= 1
             raise ServerBusy(f"Partition {self.id} of '{self.config.path}' is busy (injected); retry later.")
+        if self._unwritten >= self.max_unwritten_bytes:
+            raise ServerBusy(
+                f"Partition {self.id} of '{self.config.path}' is busy: {self._unwritten} bytes of earlier sends "
+                "wait for its store; retry later."
+            )
         cfg = self.config
         window_start = now - cfg.dedup_window_ms
         dedup_new: list[tuple[str, int]] = []
@@ -980,11 +1005,15 @@ class PartitionBroker:
             self._check()
             now = _ms(self._clock)
             entries = [self._check_settle(slot, st, now) for slot, st in settles]
+            size_before = self._size
             ops, on_commit = self._stage_enqueue(items, now) if items else ([], list)
+            staged = self._size - size_before
+            self._unwritten += staged
             writes: list[Op] = []
             for entry, (slot, st) in zip(entries, settles, strict=True):
                 self._settle_locked(slot, entry, st, writes)
             future = self._write(writes + ops, on_commit)
+        future.add_done_callback(partial(self._written, staged))  # outside the lock: it may run at once
         self._notify({slot for slot, st in settles if st.outcome in ("abandon", "release")})
         return future
 
