@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from shardbus.endpoint.connection import NamespaceDirectory
 from shardbus.http.explorer import actions, charts, history, signin
 from shardbus.http.protocol import HttpRequest
+from shardbus.model.authorization import AuthorizationRule
 from shardbus.model.errors import ArgumentError, Unauthorized
 from shardbus.model.message import Message
 
@@ -50,9 +52,22 @@ def test_sessions_expire_and_die_with_the_key(directory):
         signin.session_of(directory, request(None))
     with pytest.raises(Unauthorized):
         signin.session_of(directory, request("garbage"))
-    directory.keys[next(iter(directory.keys))]["RootManageSharedAccessKey"] = "rotated"
+    authority = next(iter(directory.authorities.values()))
+    rule = authority.rules["RootManageSharedAccessKey"]
+    authority.rules[rule.key_name] = dataclasses.replace(rule, primary_key="rotated")
     with pytest.raises(Unauthorized, match="invalid signature"):
         signin.session_of(directory, request(cookie))
+
+
+def test_a_rule_without_manage_cannot_sign_in(ns):
+    rules = [
+        AuthorizationRule("RootManageSharedAccessKey", "k1", "", ("Manage", "Send", "Listen")),
+        AuthorizationRule("reader", "r1", "", ("Listen",)),
+    ]
+    directory = NamespaceDirectory({ns.name: ns}, ns.name, {ns.name: rules})
+    with pytest.raises(Unauthorized, match="needs a namespace rule with Manage rights; 'reader' has Listen"):
+        signin.sign_in(directory, "localhost", key_name="reader", key="r1")
+    signin.sign_in(directory, "localhost", key_name="RootManageSharedAccessKey", key="k1")
 
 
 def test_csrf_tokens_belong_to_their_session(directory):

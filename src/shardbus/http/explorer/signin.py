@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ...client import ConnectionSettings
 from ...endpoint import sas
+from ...endpoint.authorization import MANAGE, Authority
 from ...endpoint.connection import NamespaceDirectory
 from ...model.errors import Unauthorized
 from ...namespace import Namespace
@@ -69,13 +70,23 @@ def sign_in(
         host, key_name, key = settings.host, settings.key_name, settings.key
     if not key_name or not key:
         raise Unauthorized("Give a connection string, or a key name and its key.")
-    namespace, keys = directory.resolve(host)
+    namespace, authority = directory.resolve(host)
     resource = f"sb://{namespace.name.lower()}/"
     token = sas.generate_token(resource, key_name, key, SESSION_SECONDS, now)
-    claims = sas.validate_token(token, keys, now)
-    return quote(token, safe=""), ExplorerSession(
-        namespace, claims.key_name, claims.expiry, _csrf(keys[key_name], token)
-    )
+    return quote(token, safe=""), _session(namespace, authority, token, now)
+
+
+def _session(namespace: Namespace, authority: Authority, token: str, now: float | None) -> ExplorerSession:
+    """The session a token for the namespace opens: the explorer manages entities, so its rule needs Manage, as
+    the admin API does. The CSRF secret is the rule's keys, so rotating one ends the forms of open sessions too."""
+    claims = authority.validate(token, now)
+    rule = authority.rules.get(claims.key_name)
+    if MANAGE not in claims.rights or rule is None:
+        raise Unauthorized(
+            f"The explorer needs a namespace rule with Manage rights; '{claims.key_name}' has "
+            f"{', '.join(sorted(r.value for r in claims.rights)) or 'none'}."
+        )
+    return ExplorerSession(namespace, claims.key_name, claims.expiry, _csrf("\n".join(rule.keys), token))
 
 
 def cookie_of(request: HttpRequest) -> str | None:
@@ -97,9 +108,8 @@ def session_of(directory: NamespaceDirectory, request: HttpRequest, now: float |
     name = urlsplit(fields.get("sr", "")).hostname or ""
     if name not in directory.namespaces:
         raise Unauthorized("The session names no namespace of this broker: sign in again.")
-    namespace, keys = directory.namespaces[name], directory.keys.get(name, {})
-    claims = sas.validate_token(token, keys, now)
-    return ExplorerSession(namespace, claims.key_name, claims.expiry, _csrf(keys[claims.key_name], token))
+    namespace, authority = directory.resolve(name)
+    return _session(namespace, authority, token, now)
 
 
 def check_csrf(session: ExplorerSession, submitted: str | None) -> None:
