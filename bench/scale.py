@@ -297,6 +297,18 @@ def process_cpu(root: int) -> dict[int, float]:
     return out
 
 
+def write_calls(pids: list[int]) -> dict[int, int]:
+    """Write system calls so far (``syscw`` of /proc/PID/io: socket writes and event-loop wake-ups) by pid."""
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                out[pid] = next(int(line.split()[1]) for line in f if line.startswith("syscw:"))
+        except (OSError, StopIteration, ValueError):
+            pass
+    return out
+
+
 def tree_cpu(root: int) -> float:
     """CPU seconds (user + system) of a process and all its live descendants."""
     return sum(process_cpu(root).values())
@@ -413,6 +425,7 @@ class Target:
     client_us: dict[str, list[float]] = field(default_factory=dict)
     batch: dict[str, list[float]] = field(default_factory=dict)  # messages per receive call
     process_us: dict[str, list[float]] = field(default_factory=dict)  # "both": CPU us/msg by process role
+    process_writes: dict[str, list[float]] = field(default_factory=dict)  # "both": write syscalls per message
     roles: dict[int, str] = field(default_factory=dict)  # pid -> role (shardbus only)
     senders: list[Role] = field(default_factory=list)
     receivers: list[Role] = field(default_factory=list)
@@ -477,11 +490,13 @@ def measure(target: Target, n: int, run: int) -> None:
     target.record("receive", n, r["end"] - r["start"], tree_cpu(target.pid) - cpu0, r["cpu"], r["batches"])
 
     procs0 = process_cpu(target.pid)
+    writes0 = write_calls(list(target.roles))
     _recv(rcv, n)  # the receivers wait (max_wait) for the first message
     _send(snd, n, f"r{run}b")
     s, r = _merge([role.result() for role in snd]), _merge([role.result() for role in rcv])
     _check(target, r, n)
     procs1 = process_cpu(target.pid)
+    writes1 = write_calls(list(target.roles))
     # From the first send to the last complete: the receivers started earlier and only waited until then.
     broker = sum(procs1.values()) - sum(procs0.get(pid, 0.0) for pid in procs1)
     target.record("both", n, r["end"] - s["start"], broker, s["cpu"] + r["cpu"], r["batches"])
@@ -489,6 +504,8 @@ def measure(target: Target, n: int, run: int) -> None:
         if pid in procs1:  # a process that died (a worker restart) would be counted wrong: left out
             used = procs1[pid] - procs0.get(pid, 0.0)
             target.process_us.setdefault(role, []).append(used / n * 1e6)
+        if pid in writes0 and pid in writes1:
+            target.process_writes.setdefault(role, []).append((writes1[pid] - writes0[pid]) / n)
 
 
 def _check(target: Target, r: dict[str, Any], n: int) -> None:
@@ -524,6 +541,14 @@ def print_table(targets: list[Target], n: int) -> None:
         cells = "".join(f"{fmt_range(t.rates[p]):>26}" for p in PHASES)
         cpu = f"{statistics.median(t.broker_us['both']):.0f} / {statistics.median(t.client_us['both']):.0f}"
         print(f"{t.label:<42}{cells}{cpu:>22}{statistics.median(t.batch['both']):>14.1f}")
+    print()
+    # Where the CPU goes phase by phase: the clients' share differs by broker (frames, echoes, wake-ups).
+    for t in targets:
+        if t.rates:
+            cells = ", ".join(
+                f"{p} {statistics.median(t.broker_us[p]):.0f} / {statistics.median(t.client_us[p]):.0f}" for p in PHASES
+            )
+            print(f"CPU us/msg (broker / clients), {t.label}: {cells}")
     print()
     # Broker and clients share the machine's cores: their CPU per message bounds "both" whatever the workers do.
     cores = os.cpu_count() or 1
@@ -608,6 +633,8 @@ def print_processes(targets: list[Target]) -> None:
         workers = {r: v for r, v in med.items() if r.startswith("worker")}
         total = sum(med.values())
         cells = ", ".join(f"{r} {v:.0f}" for r, v in sorted(med.items()))
+        writes = {role: statistics.median(v) for role, v in t.process_writes.items()}
+        calls = ", ".join(f"{r} {v:.2f}" for r, v in sorted(writes.items()) if r != "supervisor")
         busy = {r: v for r, v in med.items() if r != "supervisor"}
         capacity = 1e6 / max(busy.values()) if busy else 0.0
         share = sum(fronts.values()) / total if total else 0.0
@@ -615,7 +642,8 @@ def print_processes(targets: list[Target]) -> None:
         line = (
             f"  {t.label:<40} {cells}\n"
             f"  {'':<40} front-end share {share:.0%}; workers together {wsum:.0f} us/msg; with a core per process "
-            f"at most {capacity:,.0f} msgs/s ({len(busy)} processes)"
+            f"at most {capacity:,.0f} msgs/s ({len(busy)} processes)\n"
+            f"  {'':<40} write system calls per message: {calls or 'n/a'}"
         )
         if t.kind == "workers1" and workers:
             base = (capacity, len(busy), wsum)
