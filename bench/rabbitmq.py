@@ -244,6 +244,14 @@ class RabbitNode:
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def problems(self, most: int = 10) -> list[str]:
+        """The node's last warning and error lines (why it closed a connection or detached a link, say)."""
+        found: list[str] = []
+        for path in sorted((self.dir / "log").glob("*.log")):
+            with open(path, errors="replace") as f:
+                found += [line.strip()[:500] for line in f if "[error]" in line or "[warning]" in line]
+        return found[-most:]
+
     def _log_tail(self, lines: int = 15) -> str:
         try:
             text = (self.dir / "log" / "console.log").read_text(errors="replace")

@@ -713,6 +713,7 @@ def main() -> None:
             target.roles = process_roles(serve.proc.pid)
             targets.append(target)
 
+        node: rabbitmq.RabbitNode | None = None
         if rabbit_note is None:
             try:
                 if args.no_install and rabbitmq.installed_version() is None:
@@ -752,6 +753,8 @@ def main() -> None:
                     # The comparison broker failing must not cost the shardbus numbers: report and go on.
                     rabbit_note = f"RabbitMQ failed: {type(exc).__name__}: {exc}"
                     print(f"RabbitMQ NOT measured: {rabbit_note}", flush=True)
+                    for line in node.problems() if node is not None else ():
+                        print(f"  RabbitMQ log: {line}", flush=True)
                     t.rates.clear()
                     live.remove(t)
                     continue
