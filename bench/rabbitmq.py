@@ -207,6 +207,12 @@ class RabbitNode:
         if done.returncode != 0:
             raise RabbitUnavailable(f"declaring queue {name!r} failed: {done.stderr.strip() or done.stdout.strip()}")
 
+    def purge_queue(self, name: str) -> None:
+        """Remove every ready message of a queue; raises RabbitUnavailable."""
+        done = self._tool("rabbitmqctl", "purge_queue", name)
+        if done.returncode != 0:
+            raise RabbitUnavailable(f"purging queue {name!r} failed: {done.stderr.strip() or done.stdout.strip()}")
+
     def queue_depth(self, name: str) -> int | None:
         """Messages in the queue (ready + unacknowledged), or None when rabbitmqctl cannot say."""
         done = self._tool("rabbitmqctl", "-q", "list_queues", "name", "messages")
