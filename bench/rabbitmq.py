@@ -207,6 +207,12 @@ class RabbitNode:
         if done.returncode != 0:
             raise RabbitUnavailable(f"declaring queue {name!r} failed: {done.stderr.strip() or done.stdout.strip()}")
 
+    def purge_queue(self, name: str) -> None:
+        """Remove every ready message of a queue; raises RabbitUnavailable."""
+        done = self._tool("rabbitmqctl", "purge_queue", name)
+        if done.returncode != 0:
+            raise RabbitUnavailable(f"purging queue {name!r} failed: {done.stderr.strip() or done.stdout.strip()}")
+
     def queue_depth(self, name: str) -> int | None:
         """Messages in the queue (ready + unacknowledged), or None when rabbitmqctl cannot say."""
         done = self._tool("rabbitmqctl", "-q", "list_queues", "name", "messages")
@@ -243,6 +249,14 @@ class RabbitNode:
         except (OSError, subprocess.TimeoutExpired):
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def problems(self, most: int = 10) -> list[str]:
+        """The node's last warning and error lines (why it closed a connection or detached a link, say)."""
+        found: list[str] = []
+        for path in sorted((self.dir / "log").glob("*.log")):
+            with open(path, errors="replace") as f:
+                found += [line.strip()[:500] for line in f if "[error]" in line or "[warning]" in line]
+        return found[-most:]
 
     def _log_tail(self, lines: int = 15) -> str:
         try:

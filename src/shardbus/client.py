@@ -275,11 +275,23 @@ class MessageReceiver:
         link = self._link.link
         loop = asyncio.get_running_loop()
         futures = []
-        for d in deliveries:
+        session = id(link.session)
+        ids = sorted({d.delivery_id for d in deliveries})  # a message named twice is settled once
+        for did in ids:
             fut = loop.create_future()
-            amqp._outcomes[(id(link.session), d.delivery_id)] = fut
-            amqp._conn.disposition(link, d.delivery_id, None, settled=False, state=outcome)
+            amqp._outcomes[(session, did)] = fut
             futures.append(fut)
+        # One disposition per run of consecutive delivery ids (AMQP's first..last), as a batch of a receive
+        # usually is: a frame for the broker to read and echo per run instead of per message. Only ids of ours
+        # are covered; the broker echoes each run, which resolves every delivery of it.
+        first = prev = ids[0]
+        for did in [*ids[1:], None]:
+            if did is not None and did == prev + 1:
+                prev = did
+                continue
+            amqp._conn.disposition(link, first, None if prev == first else prev, settled=False, state=outcome)
+            if did is not None:
+                first = prev = did
         amqp._flush()
         echoes = await asyncio.wait_for(asyncio.gather(*futures), self._client.timeout)
         for echo in echoes:

@@ -75,3 +75,46 @@ def test_packing_from_many_threads_at_once() -> None:
     for th in threads:
         th.join()
     assert failures == []
+
+
+def _full_message(i: int) -> Message:
+    """Every field set, with the value types that need care (enums, a lock token, times, AMQP types)."""
+    from datetime import UTC, datetime, timedelta
+
+    from shardbus.amqp import types as t
+    from shardbus.endpoint import mapping  # noqa: F401 - registers the AMQP value types
+
+    m = _message(i)
+    m.session_id, m.partition_key, m.correlation_id, m.subject = "s", "pk", uuid.uuid4(), "subj"
+    m.content_type, m.to, m.reply_to, m.reply_to_session_id = "text/plain", "to", "rt", "rts"
+    m.time_to_live = timedelta(seconds=30)
+    m.scheduled_enqueue_time = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    m.application_properties = {"sym": t.Symbol("x"), "u": t.UInt(7), "when": datetime(2031, 1, 1, tzinfo=UTC)}
+    m.annotations = {"x-custom": t.Long(3)}
+    m.enqueued_time_ms, m.expires_at_ms, m.delivery_count, m.locked_until_ms = 10, 20, 3, 30
+    m.dead_letter_reason, m.dead_letter_error_description, m.dead_letter_source = "r", "d", "src"
+    m.partition_id, m.enqueued_sequence_number, m.forward_hops = 5, 99, 2
+    m.wire_sections, m.transfer_id = b"\x00\x53\x73", "transfer"
+    return m
+
+
+def test_compact_records_keep_every_field_and_type() -> None:
+    """The hot calls' batches (a lock reply's messages, an enqueue's items, a complete's tokens) travel as one
+    extension value of compact records each, and come back equal, field by field and type by type."""
+    messages = [_full_message(i) for i in range(5)] + [_message(7), Message(body=b"plain")]
+    items = [(f"dedup{i}", [(0, m), (3, m)]) for i, m in enumerate(messages)] + [(None, [(1, messages[0])])]
+    tokens = [uuid.uuid4() for _ in range(20)]
+    frame = [1, "k", 2.0, "enqueue", [wire.Items(items), wire.Tokens(tokens), messages[0]]]
+    reply = [1, True, wire.wrap_reply(messages), None]
+    assert isinstance(reply[2], wire.Messages)
+    back_frame, back_reply = wire.decode_frames(wire.transfers([wire.pack_frame(frame), wire.pack_frame(reply)])[0])
+    got_items, got_tokens, got_one = back_frame[4]
+    assert [key for key, _ in got_items] == [key for key, _ in items]
+    for (_, sent), (_, got) in zip(items, got_items, strict=True):
+        assert [slot for slot, _ in got] == [slot for slot, _ in sent]
+        assert all(_same(a, b) for (_, a), (_, b) in zip(sent, got, strict=True))
+    assert got_tokens == tokens and all(type(x) is uuid.UUID for x in got_tokens)
+    assert _same(got_one, messages[0])
+    assert len(back_reply[2]) == len(messages)
+    assert all(_same(a, b) for a, b in zip(messages, back_reply[2], strict=True))
+    assert wire.wrap_reply([]) == [] and wire.wrap_reply([1, 2]) == [1, 2]

@@ -57,8 +57,19 @@ MESSAGES = [
         body_type=BodyType.DATA,
     ),
     AmqpMessage(properties=Properties(message_id="m"), application_properties={}, body=[b""], body_type=BodyType.DATA),
-    # general path only: header, annotations, several data sections, value and sequence bodies, no body
+    # a header first (a time to live; durable=true, as an AMQP client marks a persistent message): the fast path too
     AmqpMessage(header=Header(ttl=5000), body=[b"h"], body_type=BodyType.DATA),
+    AmqpMessage(
+        header=Header(durable=True), properties=Properties(message_id="d"), body=[b"d" * 1024], body_type=BodyType.DATA
+    ),
+    AmqpMessage(
+        header=Header(ttl=0, priority=9, first_acquirer=True, delivery_count=3),
+        properties=Properties(message_id="t", creation_time=t.Timestamp(5), absolute_expiry_time=t.Timestamp(9)),
+        application_properties={"a": 1},
+        body=[b"\xfe\xff" * 3],
+        body_type=BodyType.DATA,
+    ),
+    # general path only: annotations, several data sections, value and sequence bodies, no body
     AmqpMessage(message_annotations={t.Symbol("x-opt-partition-key"): "k"}, body=[b"a"], body_type=BodyType.DATA),
     AmqpMessage(body=[b"one", b"two"], body_type=BodyType.DATA),
     AmqpMessage(properties=Properties(message_id="v"), body={"k": 1}, body_type=BodyType.VALUE),
@@ -81,6 +92,14 @@ def test_decode_application_properties_before_properties_is_still_decoded() -> N
     assert decode_to_message(payload).application_properties == {"a": 1}
 
 
+def test_odd_headers_get_the_general_paths_answer() -> None:
+    for payload in (
+        b"\x00\x53\x70\x45\x00\x53\x70\x45\x00\x53\x75\xa0\x00",  # two (empty) headers
+        b"\x00\x53\x73\x45\x00\x53\x70\x45\x00\x53\x75\xa0\x01x",  # a header after the properties
+    ):
+        assert _fields(decode_to_message(payload)) == _fields(_general(payload))
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -88,6 +107,8 @@ def test_decode_application_properties_before_properties_is_still_decoded() -> N
         b"\x00\x53\x73\xc0\x03\x01\x71",  # truncated properties
         b"\x00\x53\x73\xc0\x02\x01\x56\x01\x00\x53\x75\xa0\x00",  # message-id of a wrong type
         b"\x00\x53\x99\x45",  # unknown section
+        b"\x00\x53\x70\xc0\x02\x01\xa1",  # truncated header
+        b"\x00\x53\x70\xc0\x03\x01\x56\x07\x00\x53\x75\xa0\x00",  # durable of a wrong type
     ],
 )
 def test_decode_malformed_raises_as_before(payload: bytes) -> None:

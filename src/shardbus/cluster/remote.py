@@ -526,7 +526,7 @@ class RemotePartition:
             refused.set_exception(PartitionUnavailable(self._unavailable_text()))
             return refused
         batch_id = uuid.uuid4().hex
-        future = self._call("enqueue", items, batch_id)
+        future = self._call("enqueue", wire.Items(items), batch_id)
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
         future.add_done_callback(partial(self._note_in_doubt, batch_id))
         return future
@@ -549,7 +549,7 @@ class RemotePartition:
         return self._call("settle", slot, settles)
 
     def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future:
-        return self._call("complete", slot, tokens)
+        return self._call("complete", slot, wire.Tokens(tokens))
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
         return self._call("abandon", slot, token)
@@ -573,7 +573,7 @@ class RemotePartition:
     def transact(
         self, items: list[tuple[str | None, list[tuple[int, Message]]]], settles: list[tuple[int, Settle]]
     ) -> Future:
-        return self._call("transact", items, settles)
+        return self._call("transact", wire.Items(items), settles)
 
     def renew_lock(self, slot: int, token: uuid.UUID) -> int:
         return self._sync("renew_lock", slot, token)

@@ -8,7 +8,9 @@ arguments (or answers one). A sender puts every frame that waits when it writes 
 (performative, framing, events, link credit) is paid once for all of them. MessagePack because the values
 are our own Python objects (messages with every broker field, settlements, settings) that the store already packs
 this way (``store/records.py``): one encoder for disk and wire, and no AMQP type mapping of broker fields to keep
-in step with the model.
+in step with the model. Messages, by the hundred in the hot calls, travel as *compact records* (below): plain
+arrays the C packer writes without calling back into Python, a batch of them in one extension value, the body in
+each once.
 
 Frames (the elements of the MessagePack array in the data section; one transfer may mix kinds):
 
@@ -23,7 +25,6 @@ Frames (the elements of the MessagePack array in the data section; one transfer 
 from __future__ import annotations
 
 import dataclasses
-import operator
 import struct
 import uuid
 from typing import Any
@@ -34,28 +35,99 @@ from ..model import errors as domain_errors
 from ..model.entities import RuntimeProperties
 from ..model.errors import InternalError, ShardbusError
 from ..model.message import BodyType, Message, MessageState, SubQueue
+from ..model.routing import uuid_of_int
 from ..partition.broker import PartitionConfig, Settle, SlotSettings, SlotStats
 from ..store import records
 
-_EXT_MESSAGE = 20
+_EXT_MESSAGE = 20  # a message as every field's value (peers before the compact record; still read)
 _EXT_RECORD = 21  # a registered dataclass: (tag, field values...)
 _EXT_ENUM = 22  # (tag, value) of the model's IntEnums, which would otherwise arrive as plain ints
+_EXT_MESSAGES = 23  # a list of messages: one array of compact records (see ``Messages``)
+_EXT_ITEMS = 24  # an enqueue's items, their messages as compact records (see ``Items``)
+_EXT_TOKENS = 25  # lock tokens: their 16 bytes each, back to back (see ``Tokens``)
+_EXT_ONE = 26  # one message elsewhere in a value: its compact record
 
 _MESSAGE_FIELDS = Message.__slots__
 _ENUMS: dict[int, type] = {1: SubQueue, 2: MessageState, 3: BodyType}
 _ENUM_TAGS = {cls: tag for tag, cls in _ENUMS.items()}
-# Every message crosses the wire twice per send and receive: its packing and unpacking avoid per-field Python
-# calls. The enum members' ext values are made once; a message's fields are read by one attrgetter and set by one
-# generated tuple assignment (as ``dataclasses`` generates code), several times faster than getattr/setattr loops.
+# The enum members' ext values are made once (an enum elsewhere than in a message: a sub-queue argument).
 _ENUM_EXTS = {
     cls: {member: msgpack.ExtType(_EXT_ENUM, bytes([tag, int(member)])) for member in cls}
     for tag, cls in _ENUMS.items()
 }
 _ENUM_MEMBERS = {bytes([tag, int(member)]): member for tag, cls in _ENUMS.items() for member in cls}
-_message_values = operator.attrgetter(*_MESSAGE_FIELDS)
 _namespace: dict[str, Any] = {}
+# the older record (tag 20): every field, set by one generated tuple assignment
 exec("def _fill_message(m, values):\n    " + ", ".join(f"m.{f}" for f in _MESSAGE_FIELDS) + ", = values\n", _namespace)
 _fill_message = _namespace["_fill_message"]
+
+
+# --- compact message records ------------------------------------------------------------------------------------
+# The hot calls carry messages by the hundred: a send's ``enqueue`` (front end -> worker), a receive's
+# ``lock_messages`` reply (worker -> front end). Each message travels as a *compact record*: a MessagePack array of
+# its fields in slot order, every value a plain MessagePack one (enums as their ints, a lock token as its 16
+# bytes), so the C packer writes it without calling back into Python; the body is in it once (``wire_sections``,
+# the front end's encoding kept for deliveries, holds what precedes a data body, never the body). A list of them
+# (``Messages``, ``Items``) is one extension value: one Python call packs or unpacks the whole batch, through
+# straight-line code generated below (as ``dataclasses`` generates code). Values of other types inside a record
+# (application properties, a scheduled time) still go through ``_default``.
+_F = _MESSAGE_FIELDS
+_record_items = [f"m.{f}" for f in _F]
+_record_items[_F.index("body_type")] = "int(m.body_type)"
+_record_items[_F.index("state")] = "int(m.state)"
+_record_items[_F.index("lock_token")] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
+_BODY_TYPES = {int(b): b for b in BodyType}
+_STATES = {int(s): s for s in MessageState}
+_namespace.update(_new=Message.__new__, Message=Message, _BT=_BODY_TYPES, _ST=_STATES, _uuid=uuid_of_int)
+exec(
+    "def _record(m):\n    return [" + ", ".join(_record_items) + "]\n"
+    "def _from_record(v):\n    m = _new(Message)\n    " + ", ".join(f"m.{f}" for f in _F) + ", = v\n"
+    "    m.body_type = _BT[m.body_type]\n    m.state = _ST[m.state]\n"
+    "    if m.lock_token is not None:\n        m.lock_token = _uuid(int.from_bytes(m.lock_token, 'big'))\n"
+    "    return m\n",
+    _namespace,
+)
+_record = _namespace["_record"]
+_from_record = _namespace["_from_record"]
+
+
+class Messages(list):  # type: ignore[type-arg]
+    """A list of messages that travels as one array of compact records (a ``lock_messages`` reply, a peek)."""
+
+
+class Items(list):  # type: ignore[type-arg]
+    """An ``enqueue``'s (or ``transact``'s) items, ``[(dedup id, [(slot, message), ...]), ...]``, their messages
+    as compact records: ``[[dedup id, [slot, record, slot, record, ...]], ...]`` in one extension value."""
+
+
+class Tokens(list):  # type: ignore[type-arg]
+    """Lock tokens (UUIDs) as one bytes value: 16 bytes each, in order (a ``complete``)."""
+
+
+def _pack_items(items: Items) -> bytes:
+    record = _record
+    return _pack([[key, [x for slot, m in copies for x in (slot, record(m))]] for key, copies in items])
+
+
+def _unpack_items(data: bytes) -> list[tuple[Any, list[tuple[int, Message]]]]:
+    out = []
+    message = _from_record
+    for key, flat in _unpack(data):
+        out.append((key, [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]))
+    return out
+
+
+def _unpack_tokens(data: bytes) -> list[uuid.UUID]:
+    from_bytes = int.from_bytes
+    return [uuid_of_int(from_bytes(data[i : i + 16], "big")) for i in range(0, len(data), 16)]
+
+
+def wrap_reply(value: Any) -> Any:
+    """A call's result as it best travels: a list of messages as ``Messages``."""
+    if type(value) is list and value and type(value[0]) is Message:
+        return Messages(value)
+    return value
+
 
 # Dataclasses that travel as their field values; the tag is part of the protocol, never reuse one.
 _RECORDS: dict[int, type] = {1: Settle, 2: SlotSettings, 3: PartitionConfig, 4: SlotStats, 5: RuntimeProperties}
@@ -68,8 +140,15 @@ BATCH_BYTES = 256 * 1024  # frames per transfer up to this size: big enough to a
 
 def _default(value: Any) -> Any:
     cls = type(value)
+    if cls is Messages:
+        record = _record
+        return msgpack.ExtType(_EXT_MESSAGES, _pack([record(m) for m in value]))
+    if cls is Items:
+        return msgpack.ExtType(_EXT_ITEMS, _pack_items(value))
+    if cls is Tokens:
+        return msgpack.ExtType(_EXT_TOKENS, b"".join([t.int.to_bytes(16, "big") for t in value]))
     if cls is Message or isinstance(value, Message):
-        return msgpack.ExtType(_EXT_MESSAGE, _pack(list(_message_values(value))))
+        return msgpack.ExtType(_EXT_ONE, _pack(_record(value)))
     exts = _ENUM_EXTS.get(cls)
     if exts is not None:
         return exts[value]
@@ -82,6 +161,15 @@ def _default(value: Any) -> Any:
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_MESSAGES:
+        message = _from_record
+        return [message(v) for v in _unpack(data)]
+    if code == _EXT_ITEMS:
+        return _unpack_items(data)
+    if code == _EXT_TOKENS:
+        return _unpack_tokens(data)
+    if code == _EXT_ONE:
+        return _from_record(_unpack(data))
     if code == _EXT_MESSAGE:
         m = Message.__new__(Message)
         _fill_message(m, _unpack(data))

@@ -349,7 +349,7 @@ class WorkerConnection:
             health = f"partition {key} is not served by this worker" if key else None
         else:
             health = None if broker.healthy else (broker.failure or "stopped")
-        self.send(wire.pack_frame([request_id, ok, value, health]))
+        self.send(wire.pack_frame([request_id, ok, wire.wrap_reply(value), health]))
 
     def send(self, frame: bytes) -> None:
         """Queue a packed frame (on the loop): what a loop turn queues goes out together (``wire.transfers``)."""

@@ -209,17 +209,35 @@ def _plain_properties(buf: bytes, p: int) -> tuple[list[Any], int] | None:
     return (out, p) if p == end else None
 
 
+# The time to live of header sections as they came: a sender repeats the same few (durable=true, one ttl), and a
+# header's list costs the general decoder more than the rest of a plain message; bounded, as ``_HEADERS``.
+_HEADER_TTLS: dict[bytes, int] = {}
+
+
 def _decode_plain(buf: bytes) -> Message | None:
-    """One pass from bytes to ``Message`` for what nearly every sender sends: properties, optionally
+    """One pass from bytes to ``Message`` for what nearly every sender sends: optionally a header (a time to live,
+    or durable=true as AMQP clients set it for a persistent message), properties, optionally
     application-properties, then one data section, in that order, nothing else. None for anything else (or
     anything malformed), which the general path then decodes, refuses or reports exactly as before. Every section
-    of such a message is unchanging: deliveries carry what precedes the body as it came (see ``_unchanging_parts``)."""
+    after the header is unchanging: deliveries carry what precedes the body as it came, behind a header of their own
+    (see ``_unchanging_parts``)."""
     n = len(buf)
     p = 0
     props: list[Any] | None = None  # the properties' 13 fields
     app: dict[Any, Any] | None = None
     body: bytes | None = None
+    ttl = None
     try:
+        if buf[2] == HEADER and buf[0] == 0 and buf[1] == 0x53 and buf[3] in _LISTS:
+            p = 5 + buf[4] if buf[3] == 0xC0 else 4 if buf[3] == 0x45 else 0
+            ttl = _HEADER_TTLS.get(buf[:p]) if p else None
+            if ttl is None:  # a header not seen before (or a list32): decoded and checked as the general path does
+                fields, p = _DEC[buf[3]](buf, 4, 1)
+                ttl = Header.from_fields(fields).ttl or 0
+                if len(_HEADER_TTLS) >= 1024:
+                    _HEADER_TTLS.clear()
+                _HEADER_TTLS[buf[:p]] = ttl
+        kept = p  # deliveries keep what follows the header
         while p < n:
             if buf[p] != 0 or buf[p + 1] != 0x53 or body is not None:
                 return None
@@ -264,7 +282,9 @@ def _decode_plain(buf: bytes) -> Message | None:
         m = new_message(body, message_id, session_id, None, correlation_id, subject, content_type, to, reply_to, rgid)
     if app:
         m.application_properties = {str(k): v for k, v in app.items()}
-    m.wire_sections = buf[:start]  # up to the body's first byte (see ``_unchanging_parts``)
+    if ttl:
+        m.time_to_live = timedelta(milliseconds=ttl)
+    m.wire_sections = buf[kept:start]  # up to the body's first byte (see ``_unchanging_parts``)
     return m
 
 
