@@ -49,9 +49,10 @@ except the ``*_sync`` conveniences, which wait for their write.
 from __future__ import annotations
 
 import heapq
+import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -90,6 +91,9 @@ BATCH_ID_RETENTION_MS = 120_000
 TTL_EXPIRED_REASON = "TTLExpiredException"
 MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-queue>"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
+# Read-ahead: how many ACTIVE messages of one sub-queue are kept in memory ahead of its receivers (read from the
+# store in batches of this many); the rest of a backlog stays on disk. SHARDBUS_READ_AHEAD sets it (docs/backlog.md).
+READ_AHEAD = max(1, int(os.environ.get("SHARDBUS_READ_AHEAD", "1000")))
 # How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
@@ -174,12 +178,36 @@ class SessionQueue:
 
 
 class MessageQueue:
-    """Indexes of one sub-queue of one slot."""
+    """One sub-queue of one slot: its kept counts, its resident messages and their indexes, and where its
+    disk-only messages begin (see "Memory and the store" in the header)."""
 
-    __slots__ = ("entries", "key", "lock_heap", "ready", "scheduled", "session_locks", "sessions")
+    __slots__ = (
+        "bytes",
+        "count",
+        "disk_from",
+        "entries",
+        "gone",
+        "key",
+        "lock_heap",
+        "ready",
+        "scheduled",
+        "scheduled_count",
+        "session_locks",
+        "sessions",
+        "staged",
+        "staged_bytes",
+    )
 
     def __init__(self, key: tuple[int, int], session_mode: bool = False) -> None:
         self.key = key
+        self.count = 0  # messages in the sub-queue, resident or not (kept, stored with "counts")
+        self.bytes = 0  # and their stored size
+        self.scheduled_count = 0  # of them SCHEDULED (all resident)
+        self.staged = 0  # of them sent but not yet visible (their commit is under way)
+        self.staged_bytes = 0
+        # ACTIVE messages numbered at or above it may be on disk only; None: every message is resident
+        self.disk_from: int | None = None
+        self.gone: set[int] = set()  # resident messages at or above disk_from that left (their rows may linger)
         self.entries: dict[int, Entry] = {}
         self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
         self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
@@ -195,6 +223,13 @@ _new_tuple = tuple.__new__
 _ACTIVE = MessageState.ACTIVE
 _SCHEDULED = MessageState.SCHEDULED
 _MAIN = SubQueue.MAIN
+
+
+def _tokens(partition: int, count: int) -> Iterator[uuid.UUID]:
+    """Lock tokens: ``count`` drawn together, then one at a time for as many more as are taken."""
+    yield from new_lock_tokens(partition, count)
+    while True:
+        yield new_lock_token(partition)
 
 
 def _ms(clock: Callable[[], float]) -> int:
@@ -251,6 +286,7 @@ class PartitionBroker:
         self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
         self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
+        self.read_ahead = READ_AHEAD
         self._stats: dict[int, SlotStats] = {}
 
     # ------------------------------------------------------------------------------------------------------
@@ -265,14 +301,15 @@ class PartitionBroker:
         return self._failure
 
     def start(self) -> None:
-        """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers)."""
+        """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers):
+        counts, scheduled, deferred and session messages; ACTIVE messages stay on disk until read ahead."""
         with self._lock:
             if self._healthy:
                 return
             self._reset_memory()
             try:
                 store = self._store_factory()
-                snapshot = store.load()
+                snapshot = store.load({slot for slot, settings in self._slots.items() if settings.requires_session})
             except StoreError as exc:
                 self._failure = str(exc)
                 raise PartitionUnavailable(self._unavailable_text()) from exc
@@ -286,18 +323,26 @@ class PartitionBroker:
                 del self._dedup[key]
                 batch_id, first, end = key[len(BATCH_ID_PREFIX) :].rsplit(":", 2)
                 self._batches[batch_id] = (int(first), int(end), now)  # age counts from this start
+            for (slot, queue), (count, size) in snapshot.counts.items():
+                q = self._queue(slot, queue)
+                q.count, q.bytes = count, size
+                self._size += size
             for slot, rows in snapshot.rows.items():
                 for row in rows:
                     self._load_row(slot, row, now)
+            for q in self._queues.values():
+                if q.count > len(q.entries):  # the rest is on disk
+                    q.disk_from = 1
             self._session_states = dict(snapshot.session_states)
             if self._in_doubt:  # before anyone can see them: gone, and durably so, or the start fails
                 ops: list[Op] = []
-                for first, end in self._in_doubt:
-                    self._revoke_range(first, end, ops)
                 try:
+                    for first, end in self._in_doubt:
+                        self._revoke_range(first, end, ops)
+                    ops += self._count_ops()
                     if ops:
                         store.apply(ops)
-                except StoreError as exc:
+                except (StoreError, PartitionUnavailable) as exc:
                     store.close()
                     self._store = self._committer = None
                     self._reset_memory()
@@ -345,6 +390,7 @@ class PartitionBroker:
 
     def _reset_memory(self) -> None:
         self._queues = {}
+        self._dirty: set[MessageQueue] = set()  # sub-queues whose counts the next write stores
         self._locks = {}
         self._dedup = {}
         self._session_states: dict[tuple[int, str], bytes] = {}
@@ -370,8 +416,90 @@ class PartitionBroker:
             raise PartitionUnavailable(self._unavailable_text())
 
     def _write(self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0) -> Future:
+        """Queue a write, with the counts of the sub-queues it changed (so they commit together)."""
         assert self._committer is not None
+        if self._dirty:
+            ops = ops + self._count_ops()
         return self._committer.submit(ops, on_commit, linger)
+
+    def _count_ops(self) -> list[Op]:
+        ops: list[Op] = [("counts", *q.key, q.count, q.bytes) for q in self._dirty]
+        self._dirty.clear()
+        return ops
+
+    def _remove(self, q: MessageQueue, entry: Entry) -> None:
+        """A resident message leaves its sub-queue for good (the caller writes its delete)."""
+        seq = entry.seq
+        del q.entries[seq]
+        q.count -= 1
+        q.bytes -= entry.size
+        self._size -= entry.size
+        self._dirty.add(q)
+        if q.disk_from is not None and seq >= q.disk_from:
+            q.gone.add(seq)  # its row may still be read until the delete commits
+        if entry.msg.state is _SCHEDULED:
+            q.scheduled_count -= 1
+
+    def _scan(self, q: MessageQueue, first: int, end: int, limit: int) -> list[Row]:
+        """The next stored ACTIVE rows of a sub-queue (only committed, visible ones: ``end`` <= _visible_next)."""
+        assert self._store is not None
+        try:
+            return self._store.scan(q.key[0], q.key[1], first, min(end, self._visible_next), limit)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+
+    def _entry_of(self, slot: int, row: Row) -> Entry:
+        """A resident entry for a stored ACTIVE row."""
+        msg = unpack_message(row[5])
+        msg.sequence_number = (self.id << PARTITION_SHIFT) | row[0]
+        msg.delivery_count = row[3]
+        msg.partition_id = self.id
+        if row[4] is not None:
+            unpack_dead_letter(msg, row[4])
+        msg.state = _ACTIVE
+        return Entry(msg, slot, row[0], row[1], len(row[5]))
+
+    def _refill(self, q: MessageQueue) -> None:
+        """Read ahead: the next ``read_ahead`` stored ACTIVE messages from ``disk_from`` become resident."""
+        first = q.disk_from
+        assert first is not None
+        limit = self.read_ahead
+        rows = self._scan(q, first, self._visible_next, limit)
+        entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
+        push = heapq.heappush
+        for row in rows:
+            seq = row[0]
+            if seq in entries or seq in gone:
+                continue
+            entries[seq] = self._entry_of(slot, row)
+            push(ready, seq)
+        if len(rows) < limit:
+            q.disk_from = None  # everything is resident now
+            gone.clear()
+        else:
+            q.disk_from = first = rows[-1][0] + 1
+            if gone:
+                q.gone = {s for s in gone if s >= first}
+
+    def _disk_entries(
+        self, q: MessageQueue, first: int, end: int, limit: int, session_id: str | None = None
+    ) -> list[Entry]:
+        """Up to ``limit`` disk-only ACTIVE messages of a sub-queue with ``first <= seq < end``, in order."""
+        if q.disk_from is None or limit <= 0:
+            return []
+        first = max(first, q.disk_from)
+        out: list[Entry] = []
+        while first < min(end, self._visible_next) and len(out) < limit:
+            rows = self._scan(q, first, end, max(limit, 64))
+            for row in rows:
+                if row[0] not in q.entries and row[0] not in q.gone:
+                    entry = self._entry_of(q.key[0], row)
+                    if session_id is None or entry.msg.session_id == session_id:
+                        out.append(entry)
+            if len(rows) < max(limit, 64):
+                break
+            first = rows[-1][0] + 1
+        return out[:limit]
 
     # ------------------------------------------------------------------------------------------------------
     # slots
@@ -394,8 +522,9 @@ class PartitionBroker:
             for queue in SubQueue:
                 q = self._queues.pop((slot, queue), None)
                 if q is not None:
+                    self._size -= q.bytes
+                    self._dirty.discard(q)  # the drop removes its stored counts
                     for entry in q.entries.values():
-                        self._size -= entry.size
                         if entry.msg.lock_token is not None:
                             self._locks.pop(entry.msg.lock_token.int, None)
             for key in [k for k in self._session_states if k[0] == slot]:
@@ -449,11 +578,11 @@ class PartitionBroker:
         entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
         q = self._queue(slot, row.queue)
         q.entries[row.seq] = entry
-        self._size += entry.size
         if state is MessageState.ACTIVE:
             self._push_ready(q, entry)
         elif state is MessageState.SCHEDULED:
             heapq.heappush(q.scheduled, (scheduled, row.seq))
+            q.scheduled_count += 1
 
     # ------------------------------------------------------------------------------------------------------
     # sending
@@ -475,7 +604,7 @@ class PartitionBroker:
                 return self._write(ops, on_commit)
             if batch_id is not None:
                 self._batches[batch_id] = (first, end, now)
-                slots = [op[1] for op in ops if op[0] == "put"]
+                slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in ops if op[0] == "put"]
                 dedup_ids = [k for op in ops if op[0] == "dedup" for k, _ in op[1]]
                 self._staged[batch_id] = (slots, dedup_ids)
                 ops.append(("dedup", [(_batch_key(batch_id, first, end), now)]))
@@ -515,7 +644,13 @@ class PartitionBroker:
                 else:  # still on its way to the disk: delete behind it, and never make it visible
                     slots, dedup_ids = staged
                     self._revoked_staged.add(batch_id)
-                    ops += [("delete", slot, list(range(first, end))) for slot in slots]
+                    ops += [("delete", slot, list(range(first, end))) for slot, _, _ in slots]
+                    for slot, count, size in slots:
+                        q = self._queue(slot, _MAIN)
+                        q.count -= count
+                        q.bytes -= size
+                        self._size -= size
+                        self._dirty.add(q)
                     for key in dedup_ids:
                         self._dedup.pop(key, None)
                     dedup_gone += dedup_ids
@@ -531,12 +666,17 @@ class PartitionBroker:
         gone = 0
         dedup_gone: list[str] = []
         deletes: dict[int, list[int]] = {}
-        for q in self._queues.values():
+        for q in list(self._queues.values()):
             entries = q.entries
-            for seq in [s for s in range(first, end) if s in entries]:
-                entry = entries.pop(seq)
-                self._drop_lock(q, entry)
-                self._size -= entry.size
+            found = [entries[s] for s in range(first, end) if s in entries]
+            found += self._disk_entries(q, first, end, end - first)  # as if resident: the same steps
+            for entry in found:
+                seq = entry.seq
+                if seq in entries:
+                    self._drop_lock(q, entry)
+                else:
+                    entries[seq] = entry
+                self._remove(q, entry)
                 deletes.setdefault(entry.slot, []).append(seq)
                 gone += 1
                 msg = entry.msg
@@ -569,6 +709,7 @@ class PartitionBroker:
         visible: dict[int, list[Entry]] = {}  # each slot's new entries, in sequence order
         results: list[int | None] = []
         added_size = 0
+        slot_sizes: dict[int, int] = {}
         seq = self._next_seq
         ttl_floors: dict[int, int | None] = {}
         check_all_ids = cfg.requires_duplicate_detection
@@ -592,6 +733,7 @@ class PartitionBroker:
                         visible[slot] = []
                     entry, row = new_entry(slot, seq, msg, now, floor)
                     added_size += entry.size
+                    slot_sizes[slot] = slot_sizes.get(slot, 0) + entry.size
                     rows_by_slot[slot].append(row)
                     visible[slot].append(entry)
                 seq += 1
@@ -607,6 +749,13 @@ class PartitionBroker:
             raise
         self._next_seq = seq
         self._size += added_size
+        for slot, size in slot_sizes.items():  # counted now: the counts commit with the rows
+            q = self._queue(slot, _MAIN)
+            q.count += len(rows_by_slot[slot])
+            q.staged += len(rows_by_slot[slot])
+            q.staged_bytes += size
+            q.bytes += size
+            self._dirty.add(q)
         ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
         ops.append(("meta", "next_seq", seq))
         if dedup_new:
@@ -614,6 +763,11 @@ class PartitionBroker:
 
         def make_visible() -> list[int | None]:
             with self._lock:
+                for slot, rows in rows_by_slot.items():
+                    q = self._queues.get((slot, _MAIN))
+                    if q is not None:
+                        q.staged -= len(rows)
+                        q.staged_bytes -= slot_sizes[slot]
                 revoked = batch_id is not None and batch_id in self._revoked_staged
                 if self._healthy and not revoked:
                     touched = self._add_visible(visible)
@@ -671,22 +825,30 @@ class PartitionBroker:
 
     def _add_visible(self, visible: dict[int, list[Entry]]) -> set[int]:
         """Put committed new entries (by slot, in sequence order) in their main queues; the slots that got
-        receivable messages."""
+        receivable messages. A queue's ready messages beyond its read-ahead window stay on disk only."""
         touched = set()
         push = heapq.heappush
+        read_ahead = self.read_ahead
         for slot, entries in visible.items():
             q = self._queue(slot, _MAIN)
             stored, ready, sessions = q.entries, q.ready, q.sessions
             readied = False
             for entry in entries:
                 seq = entry.seq
-                stored[seq] = entry
                 if entry.msg.state is _SCHEDULED:
+                    stored[seq] = entry
                     push(q.scheduled, (_scheduled_ms(entry.msg), seq))
+                    q.scheduled_count += 1
                 elif sessions is None:
-                    push(ready, seq)  # ``_push_ready`` without sessions
+                    if q.disk_from is None:
+                        if len(ready) < read_ahead:
+                            stored[seq] = entry
+                            push(ready, seq)  # ``_push_ready`` without sessions
+                        else:
+                            q.disk_from = seq  # the window is full: from here on, read from the store
                     readied = True
                 else:
+                    stored[seq] = entry
                     self._push_ready(q, entry)
                     readied = True
             if readied:
@@ -709,8 +871,7 @@ class PartitionBroker:
                 for (slot, queue), q in self._queues.items():
                     entry = q.entries.get(seq)
                     if queue == SubQueue.MAIN and entry is not None and entry.msg.state is MessageState.SCHEDULED:
-                        del q.entries[seq]
-                        self._size -= entry.size
+                        self._remove(q, entry)
                         deletes.setdefault(slot, []).append(seq)
                         found = True
                 if not found:
@@ -734,9 +895,11 @@ class PartitionBroker:
             self._process_due(q, settings, now, writes)
             out: list[Message] = []
             ready = q.ready
-            # Every lock pops at least one entry of the ready heap, so this many tokens are enough; drawing them
-            # together costs one read of the random source instead of one per message.
-            tokens = iter(new_lock_tokens(self.id, min(max_count, len(ready))))
+            if q.disk_from is not None and len(ready) < max_count:
+                self._refill(q)
+            # Every lock pops at least one entry of the ready heap, so this many tokens are usually enough (more
+            # come one at a time); drawing them together costs one read of the random source instead of one each.
+            tokens = _tokens(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
             locks, lock_heap, push = self._locks, q.lock_heap, heapq.heappush
             while len(out) < max_count and (entry := self._next_lockable(q, ready, settings, now, writes)):
@@ -758,7 +921,13 @@ class PartitionBroker:
     ) -> Entry | None:
         """Pop the oldest message of a ready heap that can be locked; expired ones met on the way expire."""
         entries = q.entries
-        while ready:
+        while True:
+            disk_from = q.disk_from
+            if disk_from is not None and (not ready or ready[0] >= disk_from):
+                self._refill(q)  # older messages are on disk: read them first
+                continue
+            if not ready:
+                return None
             entry = entries.get(heapq.heappop(ready))
             if entry is None:
                 continue  # removed since it became ready
@@ -769,7 +938,6 @@ class PartitionBroker:
                 self._expire(q, entry, settings, writes)
                 continue
             return entry
-        return None
 
     def _process_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> None:
         """Apply what time has made due: expired locks and session locks end, scheduled messages become active."""
@@ -799,6 +967,7 @@ class PartitionBroker:
             entry = q.entries.get(seq)
             if entry is not None and entry.msg.state is MessageState.SCHEDULED:
                 entry.msg.state = MessageState.ACTIVE
+                q.scheduled_count -= 1
                 self._push_ready(q, entry)
 
     def next_due_ms(self, slot: int, queue: int) -> int | None:
@@ -847,8 +1016,8 @@ class PartitionBroker:
         sub_queue: SubQueue = SubQueue.DEAD_LETTER,
     ) -> None:
         msg = entry.msg
-        del q.entries[entry.seq]
         self._drop_lock(q, entry)
+        self._remove(q, entry)
         msg.state = MessageState.ACTIVE
         msg.dead_letter_reason = reason
         msg.dead_letter_error_description = description
@@ -856,6 +1025,10 @@ class PartitionBroker:
         entry.queue = sub_queue
         dlq = self._queue(entry.slot, sub_queue)
         dlq.entries[entry.seq] = entry
+        dlq.count += 1
+        dlq.bytes += entry.size
+        self._size += entry.size
+        self._dirty.add(dlq)
         heapq.heappush(dlq.ready, entry.seq)
         writes.append(("update", entry.slot, [self._update_of(entry)]))
 
@@ -863,8 +1036,7 @@ class PartitionBroker:
         if settings.dead_letter_on_expiration:
             self._move_to_dead_letter(q, entry, TTL_EXPIRED_REASON, TTL_EXPIRED_DESCRIPTION, writes)
         else:
-            del q.entries[entry.seq]
-            self._size -= entry.size
+            self._remove(q, entry)
             writes.append(("delete", entry.slot, [entry.seq]))
 
     # ------------------------------------------------------------------------------------------------------
@@ -903,8 +1075,7 @@ class PartitionBroker:
         outcome = settle.outcome
         if outcome == "complete":
             self._drop_lock(q, entry)
-            del q.entries[entry.seq]
-            self._size -= entry.size
+            self._remove(q, entry)
             writes.append(("delete", slot, [entry.seq]))
         elif outcome in ("abandon", "release"):
             self._unlock(q, entry, self._slots[slot], outcome == "abandon", writes)
@@ -940,12 +1111,19 @@ class PartitionBroker:
             seqs = []
             size = 0
             queues = self._queues
+            dirty = self._dirty
             for entry in entries:
                 q = queues[(slot, entry.queue)]
                 self._drop_lock(q, entry)
-                del q.entries[entry.seq]
+                seq = entry.seq
+                del q.entries[seq]
+                q.count -= 1
+                q.bytes -= entry.size
+                dirty.add(q)
+                if q.disk_from is not None and seq >= q.disk_from:
+                    q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
                 size += entry.size
-                seqs.append(entry.seq)
+                seqs.append(seq)
             self._size -= size
             return self._write([("delete", slot, seqs)], linger=SETTLE_LINGER)
 
@@ -1052,8 +1230,7 @@ class PartitionBroker:
                     out.append(entry.msg.copy())
             else:
                 for entry in entries:
-                    del q.entries[entry.seq]
-                    self._size -= entry.size
+                    self._remove(q, entry)
                     out.append(entry.msg.copy())
                 future = self._write([("delete", slot, [e.seq for e in entries])])
             self._slot_stats(slot).delivered += len(out)
@@ -1230,13 +1407,21 @@ class PartitionBroker:
                 candidates = (s for s in entries if s >= from_local_seq)
             else:
                 candidates = (s for s, e in entries.items() if s >= from_local_seq and e.msg.session_id == session_id)
-            seqs = heapq.nsmallest(max_count, candidates)
-            out = []
-            for s in seqs:
-                copy = q.entries[s].msg.copy()
-                copy.lock_token = copy.locked_until_ms = None  # a peek never hands out someone's lock
-                out.append(copy)
-            return out
+            found = [entries[s] for s in heapq.nsmallest(max_count, candidates)]
+            found += self._disk_entries(q, from_local_seq, self._visible_next, max_count, session_id)
+            return self._browsed(found, max_count)
+
+    @staticmethod
+    def _browsed(found: list[Entry], max_count: int) -> list[Message]:
+        """Copies of the oldest ``max_count`` of resident and disk entries, without anyone's lock."""
+        if len(found) > 1:
+            found.sort(key=lambda e: e.seq)
+        out = []
+        for entry in found[:max_count]:
+            copy = entry.msg.copy()
+            copy.lock_token = copy.locked_until_ms = None  # a peek never hands out someone's lock
+            out.append(copy)
+        return out
 
     def last_sequence(self) -> int:
         """The highest partition-relative sequence number assigned so far (0 if none)."""
@@ -1264,7 +1449,27 @@ class PartitionBroker:
                             first = s
                         if s >= count_from:
                             count += 1
+                if q.disk_from is not None:
+                    head = self._disk_entries(q, q.disk_from, end, 1)
+                    if head:
+                        first = min(first, head[0].seq)
+                    # the disk-only messages at or above count_from: all of them but those below it
+                    on_disk = q.count - len(q.entries) - q.staged
+                    below = self._disk_sizes(q, q.disk_from, count_from)
+                    count += max(0, on_disk - len(below))
             return first, end, self._marks.get((slot, queue), 1), count
+
+    def _disk_sizes(self, q: MessageQueue, first: int, end: int) -> list[tuple[int, int]]:
+        """(seq, size) of the disk-only ACTIVE rows of a sub-queue with ``first <= seq < end``."""
+        assert self._store is not None
+        end = min(end, self._visible_next)
+        if first >= end:
+            return []
+        try:
+            rows = self._store.scan_sizes(q.key[0], q.key[1], first, end)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        return [r for r in rows if r[0] not in q.entries and r[0] not in q.gone]
 
     def completed_mark(self, slot: int, queue: int) -> int:
         """Everything readable below it was completed by ``complete_below`` (1 when never called)."""
@@ -1288,12 +1493,9 @@ class PartitionBroker:
             seqs = heapq.nsmallest(
                 max_count, (s for s, e in entries.items() if start <= s < end and e.msg.state is not scheduled)
             )
-            out = []
-            for s in seqs:
-                copy = entries[s].msg.copy()
-                copy.lock_token = copy.locked_until_ms = None
-                out.append(copy)
-            return out
+            found = [entries[s] for s in seqs]
+            found += self._disk_entries(q, start, end, max_count)
+            return self._browsed(found, max_count)
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:
         """Cumulative, idempotent completion: remove every readable message from the previous mark up to
@@ -1310,16 +1512,32 @@ class PartitionBroker:
             self._marks[key] = mark
             q = self._queues.get(key)
             gone = []
+            ops: list[Op] = []
             if q is not None:
                 # Only [previous, mark): a message below the previous mark that is still here was scheduled and
                 # came due after the reader passed it; the reader never saw it, so receivers keep it.
                 for s, entry in list(q.entries.items()):
                     if previous <= s < mark and entry.msg.state is not MessageState.SCHEDULED:
                         self._drop_lock(q, entry)
-                        del q.entries[s]
-                        self._size -= entry.size
+                        self._remove(q, entry)
                         gone.append(s)
-            ops: list[Op] = [("delete", slot, gone)] if gone else []
+                if q.disk_from is not None:  # disk-only ones: counted by index, deleted as one range
+                    first, last = max(previous, q.disk_from), min(mark, self._visible_next)
+                    on_disk = self._disk_sizes(q, first, last)
+                    if on_disk:
+                        size = sum(r[1] for r in on_disk)
+                        q.count -= len(on_disk)
+                        q.bytes -= size
+                        self._size -= size
+                        self._dirty.add(q)
+                    if first < last:
+                        ops.append(("delete_range", slot, queue, first, last))
+                        if first == q.disk_from:  # nothing ACTIVE is left on disk below ``last``
+                            q.disk_from = last
+                        else:
+                            q.gone.update(r[0] for r in on_disk)
+            if gone:
+                ops.insert(0, ("delete", slot, gone))
             ops.append(("meta", f"{MARK_PREFIX}{slot}:{queue}", mark))
             return self._write(ops)
 
@@ -1341,22 +1559,22 @@ class PartitionBroker:
             props = RuntimeProperties()
             settings = self._slots.get(slot)
             forwards = settings is not None and settings.forwards
-            for queue in SubQueue:
+            for queue in SubQueue:  # the kept counts: nothing is counted by reading messages
                 q = self._queues.get((slot, queue))
                 if q is None:
                     continue
-                for entry in q.entries.values():
-                    props.size_in_bytes += entry.size
-                    if queue == SubQueue.DEAD_LETTER:
-                        props.dead_letter_message_count += 1
-                    elif queue == SubQueue.TRANSFER_DEAD_LETTER:
-                        props.transfer_dead_letter_message_count += 1
-                    elif entry.msg.state is MessageState.SCHEDULED:
-                        props.scheduled_message_count += 1
-                    elif forwards:
-                        props.transfer_message_count += 1  # waiting to be forwarded
+                props.size_in_bytes += q.bytes - q.staged_bytes  # what receivers can see
+                if queue == SubQueue.DEAD_LETTER:
+                    props.dead_letter_message_count += q.count
+                elif queue == SubQueue.TRANSFER_DEAD_LETTER:
+                    props.transfer_dead_letter_message_count += q.count
+                else:
+                    props.scheduled_message_count += q.scheduled_count
+                    ready = q.count - q.scheduled_count - q.staged
+                    if forwards:
+                        props.transfer_message_count += ready  # waiting to be forwarded
                     else:
-                        props.active_message_count += 1
+                        props.active_message_count += ready
             return props
 
     def scheduled_count(self) -> int:
