@@ -24,14 +24,32 @@ session's messages, whose locks last exactly as long as the session lock. Renewi
 when the session lock expires every message it held ends its lock as an expiry does (counting a delivery), and
 the holder's next call fails with SessionLockLost. Session state (bytes) is stored with the partition.
 
-Durability: the in-memory state is the working copy; the store is the log. A send becomes visible to receivers
-only after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first
-stored. Other transitions change memory at once and queue their write behind earlier ones. Locks are memory
-only: after a restart every locked message is available again. Delivery counts are written when a lock ends in
-abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
+Durability: the store holds every message; memory holds a bounded working set of them (below), and every change
+is made in memory first and queued as a store write behind earlier ones. A send becomes visible to receivers only
+after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first stored.
+Locks are memory only: after a restart every locked message is available again. Delivery counts are written when
+a lock ends in abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
 
-Health: a store error or a stop makes the partition unavailable; every call then raises
-``PartitionUnavailable``. ``start`` (again) reloads everything from the store.
+Memory and the store (what is resident, and why it is bounded): each sub-queue (``MessageQueue``) keeps
+  - its counts (messages, bytes; scheduled ones), stored by a ``counts`` op in the same transaction as each change
+    that moves them, so a start reads them instead of counting and runtime properties never read messages;
+  - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (at most ``READ_AHEAD`` taken
+    from the store at a time, ``SHARDBUS_READ_AHEAD``), the locked ones (bounded by receivers' credit and lock
+    durations), and, for now, every SCHEDULED and DEFERRED message and every message of a session-enabled slot;
+  - ``disk_from``: ACTIVE messages numbered at or above it may be on disk only (None: all are resident). A send
+    that finds the window full stays on disk (``disk_from`` is set to it); when the ready heap runs out below
+    ``disk_from`` the next ``READ_AHEAD`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
+    moves past them. So a queue's oldest ACTIVE message is always resident or at ``disk_from``: FIFO holds, and
+    a message above ``disk_from`` that became resident another way (a scheduled one come due, a dead-lettered one
+    in the DLQ) is only delivered after the disk before it is read;
+  - ``gone``: resident messages at or above ``disk_from`` that left the sub-queue while their row may still be in
+    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them.
+Peek, browse_range, range_offsets, complete_below and revocations merge the resident messages with an indexed
+scan of the disk-only ones from ``disk_from`` on (a page costs what it returns). Scans only read rows numbered
+below ``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
+
+Health: a store error (a failed read included) or a stop makes the partition unavailable; every call then raises
+``PartitionUnavailable``. ``start`` (again) reloads the resident set and the counts from the store.
 
 Sends whose outcome is unknown (in-doubt batches): a write that fails may still have reached the disk (a commit
 whose fsync failed; a worker killed after committing, before its reply left). The sender was told it failed,
@@ -42,8 +60,9 @@ deletes whatever of it the store holds before the partition is healthy again; an
 record* with its messages (a duplicate-detection entry named ``BATCH_ID_PREFIX``, so no store format changes),
 which the front end names in ``revoke_batches`` once it can reach the partition again.
 
-Threading: one lock guards the state; store writes run on the committer's thread. Methods never block on I/O
-except the ``*_sync`` conveniences, which wait for their write.
+Threading: one lock guards the state; store writes run on the committer's thread. Methods never wait for a write
+except the ``*_sync`` conveniences; reads of disk-only messages (a read-ahead scan, a peek past the window) run
+under the lock, on the caller's thread, one indexed query per ``READ_AHEAD`` messages.
 """
 
 from __future__ import annotations

@@ -121,9 +121,12 @@ class SqliteStore:
             self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            existed = self._db.execute("SELECT 1 FROM sqlite_master WHERE name='slots'").fetchone() is not None
-            self._db.executescript(_SCHEMA)
-            self._migrate(existed)
+            if self._db.execute("SELECT 1 FROM sqlite_master WHERE name='slots'").fetchone() is None:
+                # a new file: its tables and the mark that its counts are kept, in one commit (one fsync)
+                self._db.executescript(f"BEGIN; {_SCHEMA} INSERT INTO meta VALUES ('{COUNTS_KEPT}', 1); COMMIT;")
+            else:
+                self._db.executescript(_SCHEMA)  # only what an older file lacks is created
+                self._migrate()
             self._synced = True  # the connection's synchronous setting is FULL (else NORMAL)
             self._written = 0  # bytes written to the WAL since the last checkpoint started, roughly
             self._checkpoint: Future | None = None  # the last background checkpoint (in flight until done)
@@ -134,9 +137,9 @@ class SqliteStore:
         self._meta_values: dict[str, int] = {}  # a batch's meta and counts, written once each at its end
         self._count_values: dict[tuple[int, int], tuple[int, int]] = {}
 
-    def _migrate(self, existed: bool) -> None:
+    def _migrate(self) -> None:
         """Bring a file written by an earlier version up to date: the slot tables' indexes, and the kept counts
-        (computed once, from the rows). A new file only records that its counts are kept."""
+        (computed once, from the rows). Nothing is written when the file is up to date."""
         db = self._db
         db.execute("BEGIN")
         try:
@@ -144,19 +147,17 @@ class SqliteStore:
             for slot in slots:
                 for statement in _indexes(slot):
                     db.execute(statement)
-            kept = db.execute("SELECT 1 FROM meta WHERE key=?", (COUNTS_KEPT,)).fetchone() is not None
-            if not kept:
-                if existed:
-                    for slot in slots:
-                        db.executemany(
-                            "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
-                            [
-                                (slot, queue, n, size or 0)
-                                for queue, n, size in db.execute(
-                                    f"SELECT queue, count(*), sum(length(data)) FROM {_table(slot)} GROUP BY queue"
-                                ).fetchall()
-                            ],
-                        )
+            if db.execute("SELECT 1 FROM meta WHERE key=?", (COUNTS_KEPT,)).fetchone() is None:
+                for slot in slots:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
+                        [
+                            (slot, queue, n, size or 0)
+                            for queue, n, size in db.execute(
+                                f"SELECT queue, count(*), sum(length(data)) FROM {_table(slot)} GROUP BY queue"
+                            ).fetchall()
+                        ],
+                    )
                 db.execute("INSERT OR REPLACE INTO meta VALUES (?, 1)", (COUNTS_KEPT,))
             db.execute("COMMIT")
         except BaseException:

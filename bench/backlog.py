@@ -1,0 +1,261 @@
+"""A large backlog: the broker's memory, throughput and restart time as a 16-partition queue fills to N messages.
+
+What it prints (issue 25), for one standard-tier partitioned queue (16 partitions) of 1 KB messages:
+
+  - ``rss``: the broker process's resident memory with 0 messages queued, with 1,000,000 (when N is larger) and
+    with N, each measured after the throughput rounds at that size (so the read-ahead windows are full);
+  - ``rate``: send + peek-lock receive + complete through the official SDK (batches of 100: ``send_messages`` of
+    100, ``receive_messages(max_message_count=100)``, ``complete_message`` each), in msg/s, on an empty queue and
+    on the full one, in the same broker process, in alternating rounds (the machine's speed drifts by a third, so
+    each side is the median of its rounds, with their range), and the ratio full / empty;
+  - ``restart``: a broker started on the data directory holding the backlog: seconds from spawning the process
+    to its port accepting a connection (Python's start-up included), and from there to the first received
+    message (the SDK's connection set-up included);
+  - ``disk``: the data directory's size.
+
+The backlog is written between broker runs by this process through the Python API (``Namespace.submit_send`` of
+keyless 500-message batches, many in flight): the SDK's pace on this machine would take hours for 10 million,
+and what is measured is the broker holding the backlog, not the fill. The broker is a child process running
+``shardbus.server.Broker`` (durable SQLite stores, partitions in its own process, as ``shardbus serve`` runs).
+
+    python bench/backlog.py [--messages N] [--quick] [--rounds R] [--round-messages M] [--dir PATH] [--keep]
+
+``--quick`` (CI): N = 20,000, two rounds of 500 messages. The default (N = 10,000,000) writes about 12 GB and
+takes about 20 minutes here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from children import ChildProcess, watch_parent  # noqa: E402
+
+QUEUE = "backlog"
+EMPTY = "empty"
+BODY = bytes(range(256)) * 4  # 1 KB
+FILL_BATCH = 500
+FILL_IN_FLIGHT = 16
+MILESTONE = 1_000_000
+KEY_NAME = "RootManageSharedAccessKey"
+KEY = "SAS_KEY_VALUE"
+
+
+# =================================================================================================================
+# the broker (a child process)
+# =================================================================================================================
+def run_broker(data_dir: str) -> None:
+    """Child: a broker on a free port; prints ``READY <port>`` once it serves."""
+    from shardbus.server import Broker
+
+    watch_parent()
+    broker = Broker(data_dir, port=0)
+
+    def ready(b: Broker) -> None:
+        print(f"READY {b.server.port}", flush=True)
+
+    broker.serve_forever(on_ready=ready)
+
+
+class BrokerProcess(ChildProcess):
+    def __init__(self, data_dir: Path) -> None:
+        self.spawned = time.monotonic()
+        super().__init__("broker", str(Path(__file__).resolve()), ["--broker", str(data_dir)])
+        self.port = int(self.ready[0])
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"Endpoint=sb://localhost:{self.port};SharedAccessKeyName={KEY_NAME};SharedAccessKey={KEY};"
+            "UseDevelopmentEmulator=true"
+        )
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+# =================================================================================================================
+# filling (this process, between broker runs)
+# =================================================================================================================
+def create(data_dir: Path) -> None:
+    from shardbus.server import Broker
+
+    broker = Broker(data_dir, port=0)
+    try:
+        for name in (QUEUE, EMPTY):
+            broker.namespace.create_queue(name, enable_partitioning=True, max_size_in_megabytes=5120)
+    finally:
+        broker.stop()
+
+
+def fill(data_dir: Path, count: int) -> float:
+    """Add ``count`` messages to the backlog queue; returns msg/s."""
+    from shardbus.model.message import Message
+    from shardbus.server import Broker
+
+    broker = Broker(data_dir, port=0)
+    started = time.monotonic()
+    try:
+        ns = broker.namespace
+        pending = []
+        sent = 0
+        while sent < count:
+            n = min(FILL_BATCH, count - sent)
+            batch = [Message(BODY, message_id=uuid.uuid4().hex) for _ in range(n)]
+            pending.append(ns.submit_send(QUEUE, batch))
+            sent += n
+            if len(pending) >= FILL_IN_FLIGHT:
+                pending.pop(0).result()
+        for future in pending:
+            future.result()
+    finally:
+        broker.stop()
+    return count / (time.monotonic() - started)
+
+
+# =================================================================================================================
+# measuring (the SDK against the broker process)
+# =================================================================================================================
+def rate(conn: str, queue: str, messages: int) -> float:
+    """msg/s of send 100 + receive 100 (peek-lock) + complete each, ``messages`` in all."""
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+    with ServiceBusClient.from_connection_string(conn) as client:
+        with client.get_queue_sender(queue) as sender, client.get_queue_receiver(queue, prefetch_count=0) as receiver:
+            sender.send_messages([ServiceBusMessage(BODY) for _ in range(10)])  # links attached and warm
+            for m in receiver.receive_messages(max_message_count=10, max_wait_time=5):
+                receiver.complete_message(m)
+            done = 0
+            started = time.monotonic()
+            while done < messages:
+                sender.send_messages([ServiceBusMessage(BODY) for _ in range(100)])
+                got = 0
+                while got < 100:
+                    batch = receiver.receive_messages(max_message_count=100 - got, max_wait_time=5)
+                    if not batch:
+                        break
+                    for m in batch:
+                        receiver.complete_message(m)
+                    got += len(batch)
+                done += 100
+            return done / (time.monotonic() - started)
+
+
+def rates(conn: str, rounds: int, per_round: int) -> tuple[list[float], list[float]]:
+    empty: list[float] = []
+    full: list[float] = []
+    for r in range(rounds):  # alternating which goes first
+        order = [(EMPTY, empty), (QUEUE, full)] if r % 2 == 0 else [(QUEUE, full), (EMPTY, empty)]
+        for queue, out in order:
+            out.append(rate(conn, queue, per_round))
+    return empty, full
+
+
+def first_delivery(conn: str) -> None:
+    from azure.servicebus import ServiceBusClient
+
+    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_receiver(QUEUE) as receiver:
+        for _ in range(6):
+            got = receiver.receive_messages(max_message_count=1, max_wait_time=10)
+            if got:
+                receiver.abandon_message(got[0])
+                return
+    raise RuntimeError("no message came from the backlog")
+
+
+def wait_for_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.005)
+    raise RuntimeError("the broker's port never accepted a connection")
+
+
+def restart(data_dir: Path, queued: int) -> tuple[BrokerProcess, float, float]:
+    """A broker started on the data directory: (it, seconds to its port, seconds from there to a delivery;
+    NaN for an empty queue)."""
+    broker = BrokerProcess(data_dir)  # returns when the broker printed READY (its port listens)
+    wait_for_port(broker.port, time.monotonic() + 60)
+    at_port = time.monotonic()
+    if not queued:
+        return broker, at_port - broker.spawned, float("nan")
+    first_delivery(broker.connection_string)
+    return broker, at_port - broker.spawned, time.monotonic() - at_port
+
+
+def disk_mb(data_dir: Path) -> float:
+    return sum(f.stat().st_size for f in data_dir.rglob("*") if f.is_file()) / 1e6
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f} msg/s ({min(values):,.0f}-{max(values):,.0f})"
+
+
+def measure(data_dir: Path, queued: int, args: argparse.Namespace, baseline: list[float] | None) -> list[float]:
+    """Restart on the backlog, time it, run the rate rounds, print a line; returns the empty queue's rates."""
+    broker, to_port, to_delivery = restart(data_dir, queued)
+    try:
+        empty, full = rates(broker.connection_string, args.rounds, args.round_messages)
+        rss = broker.rss_mb()
+        ratio = statistics.median(full) / statistics.median(empty)
+        print(
+            f"queued={queued:,} rss={rss:,.0f} MB restart: port={to_port:.2f} s first_delivery={to_delivery:.2f} s "
+            f"disk={disk_mb(data_dir):,.0f} MB",
+            flush=True,
+        )
+        print(f"  rate empty={_spread(empty)} full={_spread(full)} ratio={ratio:.2f}", flush=True)
+        return empty
+    finally:
+        broker.stop()
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--broker":
+        run_broker(sys.argv[2])
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10_000_000, help="backlog size N (default 10,000,000)")
+    parser.add_argument("--quick", action="store_true", help="CI-sized: N = 20,000, 2 rounds of 500")
+    parser.add_argument("--rounds", type=int, default=4, help="rate rounds per side (default 4)")
+    parser.add_argument("--round-messages", type=int, default=3000, help="messages per rate round (default 3000)")
+    parser.add_argument("--dir", help="data directory (default: a temporary one, removed at the end)")
+    parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    args = parser.parse_args()
+    if args.quick:
+        args.messages, args.rounds, args.round_messages = 20_000, 2, 500
+    data_dir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="shardbus-backlog-"))
+    try:
+        print(f"backlog of {args.messages:,} x 1 KB messages, one 16-partition queue; data in {data_dir}", flush=True)
+        create(data_dir)
+        measure(data_dir, 0, args, None)
+        queued = 0
+        for target in sorted({min(MILESTONE, args.messages), args.messages}):
+            speed = fill(data_dir, target - queued)
+            queued = target
+            print(f"filled to {queued:,} ({speed:,.0f} msg/s)", flush=True)
+            measure(data_dir, queued, args, None)
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
