@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from children import ChildProcess, watch_parent  # noqa: E402
+from children import ChildProcess, watch_parent
 
 QUEUE = "backlog"
 EMPTY = "empty"

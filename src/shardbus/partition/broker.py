@@ -33,12 +33,13 @@ a lock ends in abandon, defer or dead-letter; a crash may forget increments of l
 Memory and the store (what is resident, and why it is bounded): each sub-queue (``MessageQueue``) keeps
   - its counts (messages, bytes; scheduled ones), stored by a ``counts`` op in the same transaction as each change
     that moves them, so a start reads them instead of counting and runtime properties never read messages;
-  - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (at most ``READ_AHEAD`` taken
-    from the store at a time, ``SHARDBUS_READ_AHEAD``), the locked ones (bounded by receivers' credit and lock
-    durations), and, for now, every SCHEDULED and DEFERRED message and every message of a session-enabled slot;
+  - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (sends keep at most
+    ``READ_AHEAD`` ready, ``SHARDBUS_READ_AHEAD``; a read brings ``READ_BATCH``), the locked ones (bounded by
+    receivers' credit and lock durations), and, for now, every SCHEDULED and DEFERRED message, every message of a
+    session-enabled slot, and messages dead-lettered since the start (a move is not read back from the store);
   - ``disk_from``: ACTIVE messages numbered at or above it may be on disk only (None: all are resident). A send
     that finds the window full stays on disk (``disk_from`` is set to it); when the ready heap runs out below
-    ``disk_from`` the next ``READ_AHEAD`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
+    ``disk_from`` the next ``READ_BATCH`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
     moves past them. So a queue's oldest ACTIVE message is always resident or at ``disk_from``: FIFO holds, and
     a message above ``disk_from`` that became resident another way (a scheduled one come due, a dead-lettered one
     in the DLQ) is only delivered after the disk before it is read;
@@ -62,7 +63,7 @@ which the front end names in ``revoke_batches`` once it can reach the partition 
 
 Threading: one lock guards the state; store writes run on the committer's thread. Methods never wait for a write
 except the ``*_sync`` conveniences; reads of disk-only messages (a read-ahead scan, a peek past the window) run
-under the lock, on the caller's thread, one indexed query per ``READ_AHEAD`` messages.
+under the lock, on the caller's thread, one indexed query per ``READ_BATCH`` messages.
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
 # Read-ahead: how many ACTIVE messages of one sub-queue are kept in memory ahead of its receivers (read from the
 # store in batches of this many); the rest of a backlog stays on disk. SHARDBUS_READ_AHEAD sets it (docs/backlog.md).
 READ_AHEAD = max(1, int(os.environ.get("SHARDBUS_READ_AHEAD", "1000")))
+# One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
+# query per 256 messages is already a small share of their delivery).
+READ_BATCH = 256
 # How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
@@ -479,10 +483,11 @@ class PartitionBroker:
         return Entry(msg, slot, row[0], row[1], len(row[5]))
 
     def _refill(self, q: MessageQueue) -> None:
-        """Read ahead: the next ``read_ahead`` stored ACTIVE messages from ``disk_from`` become resident."""
+        """Read ahead: the next stored ACTIVE messages from ``disk_from`` (``READ_BATCH`` at most, within the
+        window) become resident."""
         first = q.disk_from
         assert first is not None
-        limit = self.read_ahead
+        limit = min(self.read_ahead, READ_BATCH)
         rows = self._scan(q, first, self._visible_next, limit)
         entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
         push = heapq.heappush
