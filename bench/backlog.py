@@ -8,9 +8,10 @@ What it prints (issue 25), for one standard-tier partitioned queue (16 partition
     100, ``receive_messages(max_message_count=100)``, ``complete_message`` each), in msg/s, on an empty queue and
     on the full one, in the same broker process, in alternating rounds (the machine's speed drifts by a third, so
     each side is the median of its rounds, with their range), and the ratio full / empty;
-  - ``restart``: a broker started on the data directory holding the backlog: seconds from spawning the process
-    to its port accepting a connection (Python's start-up included), and from there to the first received
-    message (the SDK's connection set-up included);
+  - ``restart``: a broker started on the data directory holding the backlog (``--restarts`` times, medians):
+    seconds from spawning the process to its port accepting a connection (Python's start-up included; in
+    brackets the broker's own part, from its script's first line to its port listening), and from there to the
+    first message received from the backlog (the SDK's connection set-up included); "0" holds one message;
   - ``disk``: the data directory's size.
 
 The backlog is written between broker runs by this process through the Python API (``Namespace.submit_send`` of
@@ -18,7 +19,8 @@ keyless 500-message batches, many in flight): the SDK's pace on this machine wou
 and what is measured is the broker holding the backlog, not the fill. The broker is a child process running
 ``shardbus.server.Broker`` (durable SQLite stores, partitions in its own process, as ``shardbus serve`` runs).
 
-    python bench/backlog.py [--messages N] [--quick] [--rounds R] [--round-messages M] [--dir PATH] [--keep]
+    python bench/backlog.py [--messages N] [--quick] [--rounds R] [--round-messages M] [--restarts K]
+                            [--dir PATH] [--keep]
 
 ``--quick`` (CI): N = 20,000, two rounds of 500 messages. The default (N = 10,000,000) writes about 12 GB and
 takes about 20 minutes here.
@@ -56,14 +58,16 @@ KEY = "SAS_KEY_VALUE"
 # the broker (a child process)
 # =================================================================================================================
 def run_broker(data_dir: str) -> None:
-    """Child: a broker on a free port; prints ``READY <port>`` once it serves."""
+    """Child: a broker on a free port; prints ``READY <port> <seconds>`` once it serves, the seconds from here
+    (Python's start-up and this script's imports done) to its port listening."""
+    started = time.monotonic()
     from shardbus.server import Broker
 
     watch_parent()
     broker = Broker(data_dir, port=0)
 
     def ready(b: Broker) -> None:
-        print(f"READY {b.server.port}", flush=True)
+        print(f"READY {b.server.port} {time.monotonic() - started:.3f}", flush=True)
 
     broker.serve_forever(on_ready=ready)
 
@@ -73,6 +77,7 @@ class BrokerProcess(ChildProcess):
         self.spawned = time.monotonic()
         super().__init__("broker", str(Path(__file__).resolve()), ["--broker", str(data_dir)])
         self.port = int(self.ready[0])
+        self.open_seconds = float(self.ready[1])  # the broker's own part of its start
 
     @property
     def connection_string(self) -> str:
@@ -188,14 +193,12 @@ def wait_for_port(port: int, deadline: float) -> None:
     raise RuntimeError("the broker's port never accepted a connection")
 
 
-def restart(data_dir: Path, queued: int) -> tuple[BrokerProcess, float, float]:
-    """A broker started on the data directory: (it, seconds to its port, seconds from there to a delivery;
-    NaN for an empty queue)."""
+def restart(data_dir: Path) -> tuple[BrokerProcess, float, float]:
+    """A broker started on the data directory: (it, seconds from spawning it to its port, seconds from there to
+    a message received from the backlog queue)."""
     broker = BrokerProcess(data_dir)  # returns when the broker printed READY (its port listens)
     wait_for_port(broker.port, time.monotonic() + 60)
     at_port = time.monotonic()
-    if not queued:
-        return broker, at_port - broker.spawned, float("nan")
     first_delivery(broker.connection_string)
     return broker, at_port - broker.spawned, time.monotonic() - at_port
 
@@ -204,19 +207,33 @@ def disk_mb(data_dir: Path) -> float:
     return sum(f.stat().st_size for f in data_dir.rglob("*") if f.is_file()) / 1e6
 
 
+def _range(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f} s"
+
+
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} msg/s ({min(values):,.0f}-{max(values):,.0f})"
 
 
 def measure(data_dir: Path, queued: int, args: argparse.Namespace, baseline: list[float] | None) -> list[float]:
-    """Restart on the backlog, time it, run the rate rounds, print a line; returns the empty queue's rates."""
-    broker, to_port, to_delivery = restart(data_dir, queued)
+    """Restart on the backlog (``--restarts`` times), time it, run the rate rounds, print a line; returns the
+    empty queue's rates."""
+    to_port, to_open, to_delivery = [], [], []
+    for attempt in range(args.restarts):
+        broker, port_seconds, delivery_seconds = restart(data_dir)
+        to_port.append(port_seconds)
+        to_open.append(broker.open_seconds)
+        to_delivery.append(delivery_seconds)
+        if attempt < args.restarts - 1:
+            broker.stop()
     try:
         empty, full = rates(broker.connection_string, args.rounds, args.round_messages)
         rss = broker.rss_mb()
         ratio = statistics.median(full) / statistics.median(empty)
         print(
-            f"queued={queued:,} rss={rss:,.0f} MB restart: port={to_port:.2f} s first_delivery={to_delivery:.2f} s "
+            f"queued={queued:,} rss={rss:,.0f} MB restart: port={statistics.median(to_port):.2f} s "
+            f"(broker's own {statistics.median(to_open):.2f} s) first_delivery={statistics.median(to_delivery):.2f} s "
+            f"(medians of {args.restarts}: port {_range(to_port)}, first delivery {_range(to_delivery)}) "
             f"disk={disk_mb(data_dir):,.0f} MB",
             flush=True,
         )
@@ -233,17 +250,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10_000_000, help="backlog size N (default 10,000,000)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: N = 20,000, 2 rounds of 500")
-    parser.add_argument("--rounds", type=int, default=4, help="rate rounds per side (default 4)")
-    parser.add_argument("--round-messages", type=int, default=3000, help="messages per rate round (default 3000)")
+    parser.add_argument("--rounds", type=int, default=6, help="rate rounds per side (default 6)")
+    parser.add_argument("--round-messages", type=int, default=2000, help="messages per rate round (default 2000)")
+    parser.add_argument("--restarts", type=int, default=3, help="restarts timed per size (default 3)")
     parser.add_argument("--dir", help="data directory (default: a temporary one, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
     args = parser.parse_args()
     if args.quick:
-        args.messages, args.rounds, args.round_messages = 20_000, 2, 500
+        args.messages, args.rounds, args.round_messages, args.restarts = 20_000, 2, 500, 1
     data_dir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="shardbus-backlog-"))
     try:
         print(f"backlog of {args.messages:,} x 1 KB messages, one 16-partition queue; data in {data_dir}", flush=True)
         create(data_dir)
+        fill(data_dir, 1)  # "0": the first delivery after a restart needs a message
         measure(data_dir, 0, args, None)
         queued = 0
         for target in sorted({min(MILESTONE, args.messages), args.messages}):

@@ -572,6 +572,7 @@ def test_partition_broker_backlog_beyond_its_read_ahead(kit: Kit) -> None:
     config = PartitionConfig(path="orders", partition_id=1, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
     broker = PartitionBroker(config, kit.factory, time.time)
     broker.read_ahead = 3
+    broker.memory_budget = 0  # nothing beyond the window
     broker.configure_slot(0, settings)
 
     def restart() -> None:
@@ -633,6 +634,7 @@ def test_complete_below_removes_a_backlog_on_disk(kit: Kit) -> None:
     config = PartitionConfig(path="stream", partition_id=0, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
     broker = PartitionBroker(config, kit.factory, time.time)
     broker.read_ahead = 2
+    broker.memory_budget = 0
     broker.configure_slot(0, settings)
     broker.start()
     try:
@@ -679,8 +681,8 @@ def test_sqlite_file_of_the_earlier_schema_opens_with_its_counts(tmp_path) -> No
         assert snap.counts == {(0, 0): (3, 10), (0, 1): (1, 1)}
         assert snap.meta == {"next_seq": 5}
         assert [r.seq for r in snap.rows[0]] == [2]  # only the deferred row is loaded
-        assert [r.seq for r in store.scan(0, 0, 0, 10, 10)] == [1, 4]
-        assert [r.seq for r in store.scan(0, 1, 0, 10, 10)] == [3]
+        assert [r[0] for r in store.scan(0, 0, 0, 10, 10)] == [1, 4]
+        assert [r[0] for r in store.scan(0, 1, 0, 10, 10)] == [3]
         assert [r.seq for r in store.load().rows[0]] == [1, 2, 3, 4]
     finally:
         store.close()

@@ -34,9 +34,10 @@ Memory and the store (what is resident, and why it is bounded): each sub-queue (
   - its counts (messages, bytes; scheduled ones), stored by a ``counts`` op in the same transaction as each change
     that moves them, so a start reads them instead of counting and runtime properties never read messages;
   - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (sends keep at most
-    ``READ_AHEAD`` ready, ``SHARDBUS_READ_AHEAD``; a read brings ``READ_BATCH``), the locked ones (bounded by
-    receivers' credit and lock durations), and, for now, every SCHEDULED and DEFERRED message, every message of a
-    session-enabled slot, and messages dead-lettered since the start (a move is not read back from the store);
+    ``READ_AHEAD`` ready, ``SHARDBUS_READ_AHEAD``, and more while the process's brokers together hold less than
+    ``MEMORY_BUDGET`` bytes of messages, ``SHARDBUS_MEMORY_MB``; a read brings ``READ_BATCH``), the locked ones
+    (bounded by receivers' credit and lock durations), and, for now, every SCHEDULED and DEFERRED message, every
+    message of a session-enabled slot, and messages dead-lettered since the start (a move is not read back);
   - ``disk_from``: ACTIVE messages numbered at or above it may be on disk only (None: all are resident). A send
     that finds the window full stays on disk (``disk_from`` is set to it); when the ready heap runs out below
     ``disk_from`` the next ``READ_BATCH`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
@@ -117,6 +118,25 @@ READ_AHEAD = max(1, int(os.environ.get("SHARDBUS_READ_AHEAD", "1000")))
 # One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
 # query per 256 messages is already a small share of their delivery).
 READ_BATCH = 256
+# Beyond its window a queue keeps sent messages in memory while every partition broker of this process together
+# holds less than this many bytes of (stored) messages: a backlog that fits is served from memory as before, a
+# larger one from the store. SHARDBUS_MEMORY_MB sets it (docs/backlog.md).
+MEMORY_BUDGET = max(0, int(os.environ.get("SHARDBUS_MEMORY_MB", "32"))) << 20
+
+
+class _Resident:
+    """The stored bytes of the messages this process's partition brokers keep in memory (their ``entries``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # brokers change it under their own locks, on different threads
+        self.bytes = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+
+
+RESIDENT = _Resident()
 # How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
@@ -310,6 +330,8 @@ class PartitionBroker:
         self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
         self.read_ahead = READ_AHEAD
+        self.memory_budget = MEMORY_BUDGET
+        self._resident = 0  # this broker's share of RESIDENT
         self._stats: dict[int, SlotStats] = {}
 
     # ------------------------------------------------------------------------------------------------------
@@ -412,6 +434,7 @@ class PartitionBroker:
         self._failing_reads = count
 
     def _reset_memory(self) -> None:
+        self._hold(-self._resident)
         self._queues = {}
         self._dirty: set[MessageQueue] = set()  # sub-queues whose counts the next write stores
         self._locks = {}
@@ -445,6 +468,12 @@ class PartitionBroker:
             ops = ops + self._count_ops()
         return self._committer.submit(ops, on_commit, linger)
 
+    def _hold(self, size: int) -> None:
+        """Resident messages of ``size`` stored bytes came (positive) or went (negative)."""
+        if size:
+            self._resident += size
+            RESIDENT.add(size)
+
     def _count_ops(self) -> list[Op]:
         ops: list[Op] = [("counts", *q.key, q.count, q.bytes) for q in self._dirty]
         self._dirty.clear()
@@ -454,6 +483,7 @@ class PartitionBroker:
         """A resident message leaves its sub-queue for good (the caller writes its delete)."""
         seq = entry.seq
         del q.entries[seq]
+        self._hold(-entry.size)
         q.count -= 1
         q.bytes -= entry.size
         self._size -= entry.size
@@ -491,12 +521,15 @@ class PartitionBroker:
         rows = self._scan(q, first, self._visible_next, limit)
         entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
         push = heapq.heappush
+        held = 0
         for row in rows:
             seq = row[0]
             if seq in entries or seq in gone:
                 continue
             entries[seq] = self._entry_of(slot, row)
+            held += len(row[5])
             push(ready, seq)
+        self._hold(held)
         if len(rows) < limit:
             q.disk_from = None  # everything is resident now
             gone.clear()
@@ -548,6 +581,7 @@ class PartitionBroker:
                 if q is not None:
                     self._size -= q.bytes
                     self._dirty.discard(q)  # the drop removes its stored counts
+                    self._hold(-sum(entry.size for entry in q.entries.values()))
                     for entry in q.entries.values():
                         if entry.msg.lock_token is not None:
                             self._locks.pop(entry.msg.lock_token.int, None)
@@ -602,6 +636,7 @@ class PartitionBroker:
         entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
         q = self._queue(slot, row.queue)
         q.entries[row.seq] = entry
+        self._hold(entry.size)
         if state is MessageState.ACTIVE:
             self._push_ready(q, entry)
         elif state is MessageState.SCHEDULED:
@@ -700,6 +735,7 @@ class PartitionBroker:
                     self._drop_lock(q, entry)
                 else:
                     entries[seq] = entry
+                    self._hold(entry.size)
                 self._remove(q, entry)
                 deletes.setdefault(entry.slot, []).append(seq)
                 gone += 1
@@ -853,6 +889,8 @@ class PartitionBroker:
         touched = set()
         push = heapq.heappush
         read_ahead = self.read_ahead
+        room = self.memory_budget - RESIDENT.bytes  # beyond the windows, while the process's budget lasts
+        held = 0
         for slot, entries in visible.items():
             q = self._queue(slot, _MAIN)
             stored, ready, sessions = q.entries, q.ready, q.sessions
@@ -861,23 +899,27 @@ class PartitionBroker:
                 seq = entry.seq
                 if entry.msg.state is _SCHEDULED:
                     stored[seq] = entry
+                    held += entry.size
                     push(q.scheduled, (_scheduled_ms(entry.msg), seq))
                     q.scheduled_count += 1
                 elif sessions is None:
                     if q.disk_from is None:
-                        if len(ready) < read_ahead:
+                        if len(ready) < read_ahead or held < room:
                             stored[seq] = entry
+                            held += entry.size
                             push(ready, seq)  # ``_push_ready`` without sessions
                         else:
                             q.disk_from = seq  # the window is full: from here on, read from the store
                     readied = True
                 else:
                     stored[seq] = entry
+                    held += entry.size
                     self._push_ready(q, entry)
                     readied = True
             if readied:
                 touched.add(slot)
             self._slot_stats(slot).incoming += len(entries)
+        self._hold(held)
         return touched
 
     def _notify(self, slots: Iterable[int]) -> None:
@@ -1049,6 +1091,7 @@ class PartitionBroker:
         entry.queue = sub_queue
         dlq = self._queue(entry.slot, sub_queue)
         dlq.entries[entry.seq] = entry
+        self._hold(entry.size)
         dlq.count += 1
         dlq.bytes += entry.size
         self._size += entry.size
@@ -1149,6 +1192,7 @@ class PartitionBroker:
                 size += entry.size
                 seqs.append(seq)
             self._size -= size
+            self._hold(-size)
             return self._write([("delete", slot, seqs)], linger=SETTLE_LINGER)
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:

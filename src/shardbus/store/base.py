@@ -95,7 +95,8 @@ class MessageStore(Protocol):
 
     def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
         """Up to ``limit`` ACTIVE rows of one sub-queue with ``first <= seq < end``, in sequence order (by index:
-        the cost follows what is returned and skipped, not the table's size)."""
+        the cost follows what is returned and skipped, not the table's size). Rows may be plain tuples in
+        ``Row``'s order."""
         ...
 
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:
