@@ -20,7 +20,7 @@ and what is measured is the broker holding the backlog, not the fill. The broker
 ``shardbus.server.Broker`` (durable SQLite stores, partitions in its own process, as ``shardbus serve`` runs).
 
     python bench/backlog.py [--messages N] [--quick] [--rounds R] [--round-messages M] [--restarts K]
-                            [--dir PATH] [--keep]
+                            [--dir PATH] [--keep] [--measure-only]
 
 ``--quick`` (CI): N = 20,000, two rounds of 500 messages. The default (N = 10,000,000) writes about 12 GB and
 takes about 20 minutes here.
@@ -171,15 +171,17 @@ def rates(conn: str, rounds: int, per_round: int) -> tuple[list[float], list[flo
     return empty, full
 
 
-def first_delivery(conn: str) -> None:
+def first_delivery(conn: str) -> float:
+    """When (monotonic) a new SDK client's receiver got its first message from the backlog queue."""
     from azure.servicebus import ServiceBusClient
 
     with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_receiver(QUEUE) as receiver:
         for _ in range(6):
             got = receiver.receive_messages(max_message_count=1, max_wait_time=10)
             if got:
+                at = time.monotonic()
                 receiver.abandon_message(got[0])
-                return
+                return at
     raise RuntimeError("no message came from the backlog")
 
 
@@ -199,8 +201,8 @@ def restart(data_dir: Path) -> tuple[BrokerProcess, float, float]:
     broker = BrokerProcess(data_dir)  # returns when the broker printed READY (its port listens)
     wait_for_port(broker.port, time.monotonic() + 60)
     at_port = time.monotonic()
-    first_delivery(broker.connection_string)
-    return broker, at_port - broker.spawned, time.monotonic() - at_port
+    delivered = first_delivery(broker.connection_string)
+    return broker, at_port - broker.spawned, delivered - at_port
 
 
 def disk_mb(data_dir: Path) -> float:
@@ -255,12 +257,18 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, default=3, help="restarts timed per size (default 3)")
     parser.add_argument("--dir", help="data directory (default: a temporary one, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument(
+        "--measure-only", action="store_true", help="only measure the backlog a kept --dir holds (--messages of it)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.messages, args.rounds, args.round_messages, args.restarts = 20_000, 2, 500, 1
     data_dir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="shardbus-backlog-"))
     try:
         print(f"backlog of {args.messages:,} x 1 KB messages, one 16-partition queue; data in {data_dir}", flush=True)
+        if args.measure_only:
+            measure(data_dir, args.messages, args, None)
+            return
         create(data_dir)
         fill(data_dir, 1)  # "0": the first delivery after a restart needs a message
         measure(data_dir, 0, args, None)
