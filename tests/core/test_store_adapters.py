@@ -691,3 +691,18 @@ def test_sqlite_file_of_the_earlier_schema_opens_with_its_counts(tmp_path) -> No
         assert reopened.load(resident=()).counts == {(0, 0): (3, 10), (0, 1): (1, 1)}
     finally:
         reopened.close()
+
+
+def test_counts_keep_the_last_value_and_go_with_their_slot(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 1), ("create_slot", 2), ("counts", 1, 0, 5, 50), ("counts", 2, 1, 1, 9)])
+    store.apply(
+        [
+            ("delete", 1, [1]),
+            ("counts", 1, 0, 4, 40),
+            ("delete", 1, [2]),
+            ("counts", 1, 0, 3, 30),
+            ("counts", 2, 1, 7, 70),
+            ("drop_slot", 2),
+        ]
+    )
+    assert _reload(kit, store).counts == {(1, 0): (3, 30)}
