@@ -112,16 +112,28 @@ BATCH_ID_RETENTION_MS = 120_000
 TTL_EXPIRED_REASON = "TTLExpiredException"
 MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-queue>"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
-# Read-ahead: how many ACTIVE messages of one sub-queue are kept in memory ahead of its receivers (read from the
-# store in batches of this many); the rest of a backlog stays on disk. SHARDBUS_READ_AHEAD sets it (docs/backlog.md).
-READ_AHEAD = max(1, int(os.environ.get("SHARDBUS_READ_AHEAD", "1000")))
+
+
+def _env_int(name: str, default: int, least: int) -> int:
+    """A whole-number setting from the environment; a value that is not one is refused at start, by name."""
+    text = os.environ.get(name, "").strip()
+    try:
+        value = int(text) if text else default
+    except ValueError:
+        raise SystemExit(f"{name}={text!r} is not a whole number") from None
+    return max(least, value)
+
+
+# Read-ahead: how many ACTIVE messages of one sub-queue sends always keep in memory ahead of its receivers; the
+# rest of a backlog stays on disk (but see MEMORY_BUDGET). SHARDBUS_READ_AHEAD sets it (docs/backlog.md).
+READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
 # One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
 # query per 256 messages is already a small share of their delivery).
 READ_BATCH = 256
 # Beyond its window a queue keeps sent messages in memory while every partition broker of this process together
 # holds less than this many bytes of (stored) messages: a backlog that fits is served from memory as before, a
 # larger one from the store. SHARDBUS_MEMORY_MB sets it (docs/backlog.md).
-MEMORY_BUDGET = max(0, int(os.environ.get("SHARDBUS_MEMORY_MB", "32"))) << 20
+MEMORY_BUDGET = _env_int("SHARDBUS_MEMORY_MB", 32, 0) << 20
 
 
 class _Resident:
