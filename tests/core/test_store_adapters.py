@@ -562,3 +562,147 @@ def test_lease_survives_a_lost_connection(pg_dsn: str, leases: Callable[[], Post
     with pytest.raises(StoreError):
         a.acquire(key, "broker-a", 30)
     assert a.acquire(key, "broker-a", 30)  # reconnected; the lease was kept
+
+
+def test_partition_broker_backlog_beyond_its_read_ahead(kit: Kit) -> None:
+    """With a read-ahead window of 3, a backlog of 20 lives on disk: counts, peek, range reads, FIFO deliveries,
+    settlements and a restart all see every message, while only the window (and locked or deferred ones) is
+    resident."""
+    settings = SlotSettings(path="orders", max_delivery_count=5)
+    config = PartitionConfig(path="orders", partition_id=1, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, time.time)
+    broker.read_ahead = 3
+    broker.memory_budget = 0  # nothing beyond the window
+    broker.configure_slot(0, settings)
+
+    def restart() -> None:
+        broker.stop()
+        broker.start()
+
+    def resident() -> int:
+        return len(broker._queues[(0, SubQueue.MAIN)].entries)
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        seqs = broker.enqueue([(None, [(0, Message(f"m{i}".encode()))]) for i in range(20)]).result(30)
+        local = [s & 0xFFFFFFFFFF for s in seqs]
+        assert local == list(range(1, 21)) and resident() == 3
+        assert broker.runtime(0).active_message_count == 20
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == [f"m{i}".encode() for i in range(20)]
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 11, 2)] == [b"m10", b"m11"]
+        assert [m.body for m in broker.browse_range(0, SubQueue.MAIN, 5, 15, 4)] == [b"m4", b"m5", b"m6", b"m7"]
+        assert broker.range_offsets(0, SubQueue.MAIN, 11) == (1, 21, 1, 10)
+        locked = broker.lock_messages(0, SubQueue.MAIN, 5)
+        assert [m.body for m in locked] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+        broker.abandon(0, locked[1].lock_token).result(30)
+        broker.dead_letter(0, locked[2].lock_token, "why", "because").result(30)
+        broker.defer(0, locked[3].lock_token).result(30)
+        broker.complete(0, [locked[0].lock_token, locked[4].lock_token]).result(30)
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (17, 1)
+        restart()
+        assert resident() <= 1  # the deferred one; ACTIVE ones stay on disk until a receiver needs them
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (17, 1)
+        assert broker.size_bytes() == props.size_in_bytes
+        assert [m.body for m in broker.peek(0, SubQueue.DEAD_LETTER, 0, 5)] == [b"m2"]
+        got = broker.lock_messages(0, SubQueue.MAIN, 4)
+        assert [m.body for m in got] == [b"m1", b"m5", b"m6", b"m7"]
+        assert got[0].delivery_count == 2  # the abandon counted
+        (deferred,), _ = broker.receive_deferred(0, SubQueue.MAIN, [4], lock=False)
+        assert deferred.body == b"m3"
+        broker.complete(0, [m.lock_token for m in got]).result(30)
+        rest = []
+        while batch := broker.lock_messages(0, SubQueue.MAIN, 5):
+            rest += batch
+            assert resident() <= 3 + 5  # the window and the locked ones
+            broker.complete(0, [m.lock_token for m in batch]).result(30)
+        assert [m.body for m in rest] == [f"m{i}".encode() for i in range(8, 20)]
+        (dead,) = broker.lock_messages(0, SubQueue.DEAD_LETTER, 5)
+        broker.complete(0, [dead.lock_token]).result(30)
+        restart()
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count, props.size_in_bytes) == (0, 0, 0)
+        assert broker.peek(0, SubQueue.MAIN, 0, 50) == []
+    finally:
+        broker.stop()
+
+
+def test_complete_below_removes_a_backlog_on_disk(kit: Kit) -> None:
+    settings = SlotSettings(path="stream")
+    config = PartitionConfig(path="stream", partition_id=0, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, time.time)
+    broker.read_ahead = 2
+    broker.memory_budget = 0
+    broker.configure_slot(0, settings)
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        broker.enqueue([(None, [(0, Message(f"m{i}".encode()))]) for i in range(10)]).result(30)
+        broker.complete_below(0, SubQueue.MAIN, 8).result(30)
+        assert broker.runtime(0).active_message_count == 3
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == [b"m7", b"m8", b"m9"]
+        broker.stop()
+        broker.start()
+        assert broker.runtime(0).active_message_count == 3
+        assert [m.body for m in broker.lock_messages(0, SubQueue.MAIN, 5)] == [b"m7", b"m8", b"m9"]
+    finally:
+        broker.stop()
+
+
+def test_sqlite_file_of_the_earlier_schema_opens_with_its_counts(tmp_path) -> None:
+    """A store written before counts were kept (no counts table, no indexes) gets both when opened."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+        CREATE TABLE slots (slot INTEGER PRIMARY KEY);
+        CREATE TABLE dedup (message_id TEXT PRIMARY KEY, seen INTEGER NOT NULL) WITHOUT ROWID;
+        CREATE TABLE session_state (
+            slot INTEGER NOT NULL, session TEXT NOT NULL, state BLOB NOT NULL, PRIMARY KEY (slot, session)
+        ) WITHOUT ROWID;
+        CREATE TABLE m0 (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, state INTEGER NOT NULL,
+            delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL);
+        INSERT INTO slots VALUES (0);
+        INSERT INTO meta VALUES ('next_seq', 5);
+        INSERT INTO m0 VALUES (1, 0, 0, 0, NULL, x'0102'), (2, 0, 1, 1, NULL, x'010203'),
+                              (3, 1, 0, 2, x'00', x'01'), (4, 0, 0, 0, NULL, x'0102030405');
+        """
+    )
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    try:
+        snap = store.load(resident=())
+        assert snap.counts == {(0, 0): (3, 10), (0, 1): (1, 1)}
+        assert snap.meta == {"next_seq": 5}
+        assert [r.seq for r in snap.rows[0]] == [2]  # only the deferred row is loaded
+        assert [r[0] for r in store.scan(0, 0, 0, 10, 10)] == [1, 4]
+        assert [r[0] for r in store.scan(0, 1, 0, 10, 10)] == [3]
+        assert [r.seq for r in store.load().rows[0]] == [1, 2, 3, 4]
+    finally:
+        store.close()
+    reopened = SqliteStore(path)  # migrated once: opening again changes nothing
+    try:
+        assert reopened.load(resident=()).counts == {(0, 0): (3, 10), (0, 1): (1, 1)}
+    finally:
+        reopened.close()
+
+
+def test_counts_keep_the_last_value_and_go_with_their_slot(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 1), ("create_slot", 2), ("counts", 1, 0, 5, 50), ("counts", 2, 1, 1, 9)])
+    store.apply(
+        [
+            ("delete", 1, [1]),
+            ("counts", 1, 0, 4, 40),
+            ("delete", 1, [2]),
+            ("counts", 1, 0, 3, 30),
+            ("counts", 2, 1, 7, 70),
+            ("drop_slot", 2),
+        ]
+    )
+    assert _reload(kit, store).counts == {(1, 0): (3, 30)}

@@ -24,18 +24,38 @@ session's messages, whose locks last exactly as long as the session lock. Renewi
 when the session lock expires every message it held ends its lock as an expiry does (counting a delivery), and
 the holder's next call fails with SessionLockLost. Session state (bytes) is stored with the partition.
 
-Durability: the in-memory state is the working copy; the store is the log. A send becomes visible to receivers
-only after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first
-stored. Other transitions change memory at once and queue their write behind earlier ones. Locks are memory
-only: after a restart every locked message is available again. Delivery counts are written when a lock ends in
-abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
+Durability: the store holds every message; memory holds a bounded working set of them (below), and every change
+is made in memory first and queued as a store write behind earlier ones. A send becomes visible to receivers only
+after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first stored.
+Locks are memory only: after a restart every locked message is available again. Delivery counts are written when
+a lock ends in abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
 
 Backpressure: sends staged but not yet written are counted in bytes; past ``MAX_UNWRITTEN_BYTES`` the next send
 is refused with ``ServerBusy`` until the store catches up, so memory stays bounded under a producer faster than
 the disk (settlements are not counted: each frees what it settles).
 
-Health: a store error or a stop makes the partition unavailable; every call then raises
-``PartitionUnavailable``. ``start`` (again) reloads everything from the store.
+Memory and the store (what is resident, and why it is bounded): each sub-queue (``MessageQueue``) keeps
+  - its counts (messages, bytes; scheduled ones), stored by a ``counts`` op in the same transaction as each change
+    that moves them, so a start reads them instead of counting and runtime properties never read messages;
+  - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (sends keep at most
+    ``READ_AHEAD`` ready, ``SHARDBUS_READ_AHEAD``, and more while the process's brokers together hold less than
+    ``MEMORY_BUDGET`` bytes of messages, ``SHARDBUS_MEMORY_MB``; a read brings ``READ_BATCH``), the locked ones
+    (bounded by receivers' credit and lock durations), and, for now, every SCHEDULED and DEFERRED message, every
+    message of a session-enabled slot, and messages dead-lettered since the start (a move is not read back);
+  - ``disk_from``: ACTIVE messages numbered at or above it may be on disk only (None: all are resident). A send
+    that finds the window full stays on disk (``disk_from`` is set to it); when the ready heap runs out below
+    ``disk_from`` the next ``READ_BATCH`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
+    moves past them. So a queue's oldest ACTIVE message is always resident or at ``disk_from``: FIFO holds, and
+    a message above ``disk_from`` that became resident another way (a scheduled one come due, a dead-lettered one
+    in the DLQ) is only delivered after the disk before it is read;
+  - ``gone``: resident messages at or above ``disk_from`` that left the sub-queue while their row may still be in
+    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them.
+Peek, browse_range, range_offsets, complete_below and revocations merge the resident messages with an indexed
+scan of the disk-only ones from ``disk_from`` on (a page costs what it returns). Scans only read rows numbered
+below ``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
+
+Health: a store error (a failed read included) or a stop makes the partition unavailable; every call then raises
+``PartitionUnavailable``. ``start`` (again) reloads the resident set and the counts from the store.
 
 Sends whose outcome is unknown (in-doubt batches): a write that fails may still have reached the disk (a commit
 whose fsync failed; a worker killed after committing, before its reply left). The sender was told it failed,
@@ -46,16 +66,18 @@ deletes whatever of it the store holds before the partition is healthy again; an
 record* with its messages (a duplicate-detection entry named ``BATCH_ID_PREFIX``, so no store format changes),
 which the front end names in ``revoke_batches`` once it can reach the partition again.
 
-Threading: one lock guards the state; store writes run on the committer's thread. Methods never block on I/O
-except the ``*_sync`` conveniences, which wait for their write.
+Threading: one lock guards the state; store writes run on the committer's thread. Methods never wait for a write
+except the ``*_sync`` conveniences; reads of disk-only messages (a read-ahead scan, a peek past the window) run
+under the lock, on the caller's thread, one indexed query per ``READ_BATCH`` messages.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -94,6 +116,43 @@ BATCH_ID_RETENTION_MS = 120_000
 TTL_EXPIRED_REASON = "TTLExpiredException"
 MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-queue>"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
+
+
+def _env_int(name: str, default: int, least: int) -> int:
+    """A whole-number setting from the environment; a value that is not one is refused at start, by name."""
+    text = os.environ.get(name, "").strip()
+    try:
+        value = int(text) if text else default
+    except ValueError:
+        raise SystemExit(f"{name}={text!r} is not a whole number") from None
+    return max(least, value)
+
+
+# Read-ahead: how many ACTIVE messages of one sub-queue sends always keep in memory ahead of its receivers; the
+# rest of a backlog stays on disk (but see MEMORY_BUDGET). SHARDBUS_READ_AHEAD sets it (docs/backlog.md).
+READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
+# One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
+# query per 256 messages is already a small share of their delivery).
+READ_BATCH = 256
+# Beyond its window a queue keeps sent messages in memory while every partition broker of this process together
+# holds less than this many bytes of (stored) messages: a backlog that fits is served from memory as before, a
+# larger one from the store. SHARDBUS_MEMORY_MB sets it (docs/backlog.md).
+MEMORY_BUDGET = _env_int("SHARDBUS_MEMORY_MB", 32, 0) << 20
+
+
+class _Resident:
+    """The stored bytes of the messages this process's partition brokers keep in memory (their ``entries``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # brokers change it under their own locks, on different threads
+        self.bytes = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+
+
+RESIDENT = _Resident()
 # How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
@@ -183,12 +242,36 @@ class SessionQueue:
 
 
 class MessageQueue:
-    """Indexes of one sub-queue of one slot."""
+    """One sub-queue of one slot: its kept counts, its resident messages and their indexes, and where its
+    disk-only messages begin (see "Memory and the store" in the header)."""
 
-    __slots__ = ("entries", "key", "lock_heap", "ready", "scheduled", "session_locks", "sessions")
+    __slots__ = (
+        "bytes",
+        "count",
+        "disk_from",
+        "entries",
+        "gone",
+        "key",
+        "lock_heap",
+        "ready",
+        "scheduled",
+        "scheduled_count",
+        "session_locks",
+        "sessions",
+        "staged",
+        "staged_bytes",
+    )
 
     def __init__(self, key: tuple[int, int], session_mode: bool = False) -> None:
         self.key = key
+        self.count = 0  # messages in the sub-queue, resident or not (kept, stored with "counts")
+        self.bytes = 0  # and their stored size
+        self.scheduled_count = 0  # of them SCHEDULED (all resident)
+        self.staged = 0  # of them sent but not yet visible (their commit is under way)
+        self.staged_bytes = 0
+        # ACTIVE messages numbered at or above it may be on disk only; None: every message is resident
+        self.disk_from: int | None = None
+        self.gone: set[int] = set()  # resident messages at or above disk_from that left (their rows may linger)
         self.entries: dict[int, Entry] = {}
         self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
         self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
@@ -204,6 +287,13 @@ _new_tuple = tuple.__new__
 _ACTIVE = MessageState.ACTIVE
 _SCHEDULED = MessageState.SCHEDULED
 _MAIN = SubQueue.MAIN
+
+
+def _tokens(partition: int, count: int) -> Iterator[uuid.UUID]:
+    """Lock tokens: ``count`` drawn together, then one at a time for as many more as are taken."""
+    yield from new_lock_tokens(partition, count)
+    while True:
+        yield new_lock_token(partition)
 
 
 def _ms(clock: Callable[[], float]) -> int:
@@ -262,6 +352,9 @@ class PartitionBroker:
         self._unwritten = 0  # bytes of staged sends whose write has not finished (bounded: MAX_UNWRITTEN_BYTES)
         self.max_unwritten_bytes = MAX_UNWRITTEN_BYTES
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
+        self.read_ahead = READ_AHEAD
+        self.memory_budget = MEMORY_BUDGET
+        self._resident = 0  # this broker's share of RESIDENT
         self._stats: dict[int, SlotStats] = {}
 
     # ------------------------------------------------------------------------------------------------------
@@ -276,14 +369,15 @@ class PartitionBroker:
         return self._failure
 
     def start(self) -> None:
-        """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers)."""
+        """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers):
+        counts, scheduled, deferred and session messages; ACTIVE messages stay on disk until read ahead."""
         with self._lock:
             if self._healthy:
                 return
             self._reset_memory()
             try:
                 store = self._store_factory()
-                snapshot = store.load()
+                snapshot = store.load({slot for slot, settings in self._slots.items() if settings.requires_session})
             except StoreError as exc:
                 self._failure = str(exc)
                 raise PartitionUnavailable(self._unavailable_text()) from exc
@@ -297,18 +391,26 @@ class PartitionBroker:
                 del self._dedup[key]
                 batch_id, first, end = key[len(BATCH_ID_PREFIX) :].rsplit(":", 2)
                 self._batches[batch_id] = (int(first), int(end), now)  # age counts from this start
+            for (slot, queue), (count, size) in snapshot.counts.items():
+                q = self._queue(slot, queue)
+                q.count, q.bytes = count, size
+                self._size += size
             for slot, rows in snapshot.rows.items():
                 for row in rows:
                     self._load_row(slot, row, now)
+            for q in self._queues.values():
+                if q.count > len(q.entries):  # the rest is on disk
+                    q.disk_from = 1
             self._session_states = dict(snapshot.session_states)
             if self._in_doubt:  # before anyone can see them: gone, and durably so, or the start fails
                 ops: list[Op] = []
-                for first, end in self._in_doubt:
-                    self._revoke_range(first, end, ops)
                 try:
+                    for first, end in self._in_doubt:
+                        self._revoke_range(first, end, ops)
+                    ops += self._count_ops()
                     if ops:
                         store.apply(ops)
-                except StoreError as exc:
+                except (StoreError, PartitionUnavailable) as exc:
                     store.close()
                     self._store = self._committer = None
                     self._reset_memory()
@@ -355,7 +457,9 @@ class PartitionBroker:
         self._failing_reads = count
 
     def _reset_memory(self) -> None:
+        self._hold(-self._resident)
         self._queues = {}
+        self._dirty: set[MessageQueue] = set()  # sub-queues whose counts the next write stores
         self._locks = {}
         self._dedup = {}
         self._session_states: dict[tuple[int, str], bytes] = {}
@@ -381,8 +485,101 @@ class PartitionBroker:
             raise PartitionUnavailable(self._unavailable_text())
 
     def _write(self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0) -> Future:
+        """Queue a write, with the counts of the sub-queues it changed (so they commit together)."""
         assert self._committer is not None
+        if self._dirty:
+            ops = ops + self._count_ops()
         return self._committer.submit(ops, on_commit, linger)
+
+    def _hold(self, size: int) -> None:
+        """Resident messages of ``size`` stored bytes came (positive) or went (negative)."""
+        if size:
+            self._resident += size
+            RESIDENT.add(size)
+
+    def _count_ops(self) -> list[Op]:
+        ops: list[Op] = [("counts", *q.key, q.count, q.bytes) for q in self._dirty]
+        self._dirty.clear()
+        return ops
+
+    def _remove(self, q: MessageQueue, entry: Entry) -> None:
+        """A resident message leaves its sub-queue for good (the caller writes its delete)."""
+        seq = entry.seq
+        del q.entries[seq]
+        self._hold(-entry.size)
+        q.count -= 1
+        q.bytes -= entry.size
+        self._size -= entry.size
+        self._dirty.add(q)
+        if q.disk_from is not None and seq >= q.disk_from:
+            q.gone.add(seq)  # its row may still be read until the delete commits
+        if entry.msg.state is _SCHEDULED:
+            q.scheduled_count -= 1
+
+    def _scan(self, q: MessageQueue, first: int, end: int, limit: int) -> list[Row]:
+        """The next stored ACTIVE rows of a sub-queue (only committed, visible ones: ``end`` <= _visible_next)."""
+        assert self._store is not None
+        try:
+            return self._store.scan(q.key[0], q.key[1], first, min(end, self._visible_next), limit)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+
+    def _entry_of(self, slot: int, row: Row) -> Entry:
+        """A resident entry for a stored ACTIVE row."""
+        msg = unpack_message(row[5])
+        msg.sequence_number = (self.id << PARTITION_SHIFT) | row[0]
+        msg.delivery_count = row[3]
+        msg.partition_id = self.id
+        if row[4] is not None:
+            unpack_dead_letter(msg, row[4])
+        msg.state = _ACTIVE
+        return Entry(msg, slot, row[0], row[1], len(row[5]))
+
+    def _refill(self, q: MessageQueue) -> None:
+        """Read ahead: the next stored ACTIVE messages from ``disk_from`` (``READ_BATCH`` at most, within the
+        window) become resident."""
+        first = q.disk_from
+        assert first is not None
+        limit = min(self.read_ahead, READ_BATCH)
+        rows = self._scan(q, first, self._visible_next, limit)
+        entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
+        push = heapq.heappush
+        held = 0
+        for row in rows:
+            seq = row[0]
+            if seq in entries or seq in gone:
+                continue
+            entries[seq] = self._entry_of(slot, row)
+            held += len(row[5])
+            push(ready, seq)
+        self._hold(held)
+        if len(rows) < limit:
+            q.disk_from = None  # everything is resident now
+            gone.clear()
+        else:
+            q.disk_from = first = rows[-1][0] + 1
+            if gone:
+                q.gone = {s for s in gone if s >= first}
+
+    def _disk_entries(
+        self, q: MessageQueue, first: int, end: int, limit: int, session_id: str | None = None
+    ) -> list[Entry]:
+        """Up to ``limit`` disk-only ACTIVE messages of a sub-queue with ``first <= seq < end``, in order."""
+        if q.disk_from is None or limit <= 0:
+            return []
+        first = max(first, q.disk_from)
+        out: list[Entry] = []
+        while first < min(end, self._visible_next) and len(out) < limit:
+            rows = self._scan(q, first, end, max(limit, 64))
+            for row in rows:
+                if row[0] not in q.entries and row[0] not in q.gone:
+                    entry = self._entry_of(q.key[0], row)
+                    if session_id is None or entry.msg.session_id == session_id:
+                        out.append(entry)
+            if len(rows) < max(limit, 64):
+                break
+            first = rows[-1][0] + 1
+        return out[:limit]
 
     # ------------------------------------------------------------------------------------------------------
     # slots
@@ -405,8 +602,10 @@ class PartitionBroker:
             for queue in SubQueue:
                 q = self._queues.pop((slot, queue), None)
                 if q is not None:
+                    self._size -= q.bytes
+                    self._dirty.discard(q)  # the drop removes its stored counts
+                    self._hold(-sum(entry.size for entry in q.entries.values()))
                     for entry in q.entries.values():
-                        self._size -= entry.size
                         if entry.msg.lock_token is not None:
                             self._locks.pop(entry.msg.lock_token.int, None)
             for key in [k for k in self._session_states if k[0] == slot]:
@@ -460,11 +659,12 @@ class PartitionBroker:
         entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
         q = self._queue(slot, row.queue)
         q.entries[row.seq] = entry
-        self._size += entry.size
+        self._hold(entry.size)
         if state is MessageState.ACTIVE:
             self._push_ready(q, entry)
         elif state is MessageState.SCHEDULED:
             heapq.heappush(q.scheduled, (scheduled, row.seq))
+            q.scheduled_count += 1
 
     # ------------------------------------------------------------------------------------------------------
     # sending
@@ -489,7 +689,7 @@ class PartitionBroker:
             self._unwritten += staged
             if batch_id is not None:
                 self._batches[batch_id] = (first, end, now)
-                slots = [op[1] for op in ops if op[0] == "put"]
+                slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in ops if op[0] == "put"]
                 dedup_ids = [k for op in ops if op[0] == "dedup" for k, _ in op[1]]
                 self._staged[batch_id] = (slots, dedup_ids)
                 ops.append(("dedup", [(_batch_key(batch_id, first, end), now)]))
@@ -535,7 +735,13 @@ class PartitionBroker:
                 else:  # still on its way to the disk: delete behind it, and never make it visible
                     slots, dedup_ids = staged
                     self._revoked_staged.add(batch_id)
-                    ops += [("delete", slot, list(range(first, end))) for slot in slots]
+                    ops += [("delete", slot, list(range(first, end))) for slot, _, _ in slots]
+                    for slot, count, size in slots:
+                        q = self._queue(slot, _MAIN)
+                        q.count -= count
+                        q.bytes -= size
+                        self._size -= size
+                        self._dirty.add(q)
                     for key in dedup_ids:
                         self._dedup.pop(key, None)
                     dedup_gone += dedup_ids
@@ -551,12 +757,18 @@ class PartitionBroker:
         gone = 0
         dedup_gone: list[str] = []
         deletes: dict[int, list[int]] = {}
-        for q in self._queues.values():
+        for q in list(self._queues.values()):
             entries = q.entries
-            for seq in [s for s in range(first, end) if s in entries]:
-                entry = entries.pop(seq)
-                self._drop_lock(q, entry)
-                self._size -= entry.size
+            found = [entries[s] for s in range(first, end) if s in entries]
+            found += self._disk_entries(q, first, end, end - first)  # as if resident: the same steps
+            for entry in found:
+                seq = entry.seq
+                if seq in entries:
+                    self._drop_lock(q, entry)
+                else:
+                    entries[seq] = entry
+                    self._hold(entry.size)
+                self._remove(q, entry)
                 deletes.setdefault(entry.slot, []).append(seq)
                 gone += 1
                 msg = entry.msg
@@ -594,6 +806,7 @@ class PartitionBroker:
         visible: dict[int, list[Entry]] = {}  # each slot's new entries, in sequence order
         results: list[int | None] = []
         added_size = 0
+        slot_sizes: dict[int, int] = {}
         seq = self._next_seq
         ttl_floors: dict[int, int | None] = {}
         check_all_ids = cfg.requires_duplicate_detection
@@ -617,6 +830,7 @@ class PartitionBroker:
                         visible[slot] = []
                     entry, row = new_entry(slot, seq, msg, now, floor)
                     added_size += entry.size
+                    slot_sizes[slot] = slot_sizes.get(slot, 0) + entry.size
                     rows_by_slot[slot].append(row)
                     visible[slot].append(entry)
                 seq += 1
@@ -632,6 +846,13 @@ class PartitionBroker:
             raise
         self._next_seq = seq
         self._size += added_size
+        for slot, size in slot_sizes.items():  # counted now: the counts commit with the rows
+            q = self._queue(slot, _MAIN)
+            q.count += len(rows_by_slot[slot])
+            q.staged += len(rows_by_slot[slot])
+            q.staged_bytes += size
+            q.bytes += size
+            self._dirty.add(q)
         ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
         ops.append(("meta", "next_seq", seq))
         if dedup_new:
@@ -639,6 +860,11 @@ class PartitionBroker:
 
         def make_visible() -> list[int | None]:
             with self._lock:
+                for slot, rows in rows_by_slot.items():
+                    q = self._queues.get((slot, _MAIN))
+                    if q is not None:
+                        q.staged -= len(rows)
+                        q.staged_bytes -= slot_sizes[slot]
                 revoked = batch_id is not None and batch_id in self._revoked_staged
                 if self._healthy and not revoked:
                     touched = self._add_visible(visible)
@@ -696,27 +922,41 @@ class PartitionBroker:
 
     def _add_visible(self, visible: dict[int, list[Entry]]) -> set[int]:
         """Put committed new entries (by slot, in sequence order) in their main queues; the slots that got
-        receivable messages."""
+        receivable messages. A queue's ready messages beyond its read-ahead window stay on disk only."""
         touched = set()
         push = heapq.heappush
+        read_ahead = self.read_ahead
+        room = self.memory_budget - RESIDENT.bytes  # beyond the windows, while the process's budget lasts
+        held = 0
         for slot, entries in visible.items():
             q = self._queue(slot, _MAIN)
             stored, ready, sessions = q.entries, q.ready, q.sessions
             readied = False
             for entry in entries:
                 seq = entry.seq
-                stored[seq] = entry
                 if entry.msg.state is _SCHEDULED:
+                    stored[seq] = entry
+                    held += entry.size
                     push(q.scheduled, (_scheduled_ms(entry.msg), seq))
+                    q.scheduled_count += 1
                 elif sessions is None:
-                    push(ready, seq)  # ``_push_ready`` without sessions
+                    if q.disk_from is None:
+                        if len(ready) < read_ahead or held < room:
+                            stored[seq] = entry
+                            held += entry.size
+                            push(ready, seq)  # ``_push_ready`` without sessions
+                        else:
+                            q.disk_from = seq  # the window is full: from here on, read from the store
                     readied = True
                 else:
+                    stored[seq] = entry
+                    held += entry.size
                     self._push_ready(q, entry)
                     readied = True
             if readied:
                 touched.add(slot)
             self._slot_stats(slot).incoming += len(entries)
+        self._hold(held)
         return touched
 
     def _notify(self, slots: Iterable[int]) -> None:
@@ -734,8 +974,7 @@ class PartitionBroker:
                 for (slot, queue), q in self._queues.items():
                     entry = q.entries.get(seq)
                     if queue == SubQueue.MAIN and entry is not None and entry.msg.state is MessageState.SCHEDULED:
-                        del q.entries[seq]
-                        self._size -= entry.size
+                        self._remove(q, entry)
                         deletes.setdefault(slot, []).append(seq)
                         found = True
                 if not found:
@@ -759,9 +998,11 @@ class PartitionBroker:
             self._process_due(q, settings, now, writes)
             out: list[Message] = []
             ready = q.ready
-            # Every lock pops at least one entry of the ready heap, so this many tokens are enough; drawing them
-            # together costs one read of the random source instead of one per message.
-            tokens = iter(new_lock_tokens(self.id, min(max_count, len(ready))))
+            if q.disk_from is not None and len(ready) < max_count:
+                self._refill(q)
+            # Every lock pops at least one entry of the ready heap, so this many tokens are usually enough (more
+            # come one at a time); drawing them together costs one read of the random source instead of one each.
+            tokens = _tokens(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
             locks, lock_heap, push = self._locks, q.lock_heap, heapq.heappush
             while len(out) < max_count and (entry := self._next_lockable(q, ready, settings, now, writes)):
@@ -783,7 +1024,13 @@ class PartitionBroker:
     ) -> Entry | None:
         """Pop the oldest message of a ready heap that can be locked; expired ones met on the way expire."""
         entries = q.entries
-        while ready:
+        while True:
+            disk_from = q.disk_from
+            if disk_from is not None and (not ready or ready[0] >= disk_from):
+                self._refill(q)  # older messages are on disk: read them first
+                continue
+            if not ready:
+                return None
             entry = entries.get(heapq.heappop(ready))
             if entry is None:
                 continue  # removed since it became ready
@@ -794,7 +1041,6 @@ class PartitionBroker:
                 self._expire(q, entry, settings, writes)
                 continue
             return entry
-        return None
 
     def _process_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> None:
         """Apply what time has made due: expired locks and session locks end, scheduled messages become active."""
@@ -824,6 +1070,7 @@ class PartitionBroker:
             entry = q.entries.get(seq)
             if entry is not None and entry.msg.state is MessageState.SCHEDULED:
                 entry.msg.state = MessageState.ACTIVE
+                q.scheduled_count -= 1
                 self._push_ready(q, entry)
 
     def next_due_ms(self, slot: int, queue: int) -> int | None:
@@ -872,8 +1119,8 @@ class PartitionBroker:
         sub_queue: SubQueue = SubQueue.DEAD_LETTER,
     ) -> None:
         msg = entry.msg
-        del q.entries[entry.seq]
         self._drop_lock(q, entry)
+        self._remove(q, entry)
         msg.state = MessageState.ACTIVE
         msg.dead_letter_reason = reason
         msg.dead_letter_error_description = description
@@ -881,6 +1128,11 @@ class PartitionBroker:
         entry.queue = sub_queue
         dlq = self._queue(entry.slot, sub_queue)
         dlq.entries[entry.seq] = entry
+        self._hold(entry.size)
+        dlq.count += 1
+        dlq.bytes += entry.size
+        self._size += entry.size
+        self._dirty.add(dlq)
         heapq.heappush(dlq.ready, entry.seq)
         writes.append(("update", entry.slot, [self._update_of(entry)]))
 
@@ -888,8 +1140,7 @@ class PartitionBroker:
         if settings.dead_letter_on_expiration:
             self._move_to_dead_letter(q, entry, TTL_EXPIRED_REASON, TTL_EXPIRED_DESCRIPTION, writes)
         else:
-            del q.entries[entry.seq]
-            self._size -= entry.size
+            self._remove(q, entry)
             writes.append(("delete", entry.slot, [entry.seq]))
 
     # ------------------------------------------------------------------------------------------------------
@@ -928,8 +1179,7 @@ class PartitionBroker:
         outcome = settle.outcome
         if outcome == "complete":
             self._drop_lock(q, entry)
-            del q.entries[entry.seq]
-            self._size -= entry.size
+            self._remove(q, entry)
             writes.append(("delete", slot, [entry.seq]))
         elif outcome in ("abandon", "release"):
             self._unlock(q, entry, self._slots[slot], outcome == "abandon", writes)
@@ -965,13 +1215,21 @@ class PartitionBroker:
             seqs = []
             size = 0
             queues = self._queues
+            dirty = self._dirty
             for entry in entries:
                 q = queues[(slot, entry.queue)]
                 self._drop_lock(q, entry)
-                del q.entries[entry.seq]
+                seq = entry.seq
+                del q.entries[seq]
+                q.count -= 1
+                q.bytes -= entry.size
+                dirty.add(q)
+                if q.disk_from is not None and seq >= q.disk_from:
+                    q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
                 size += entry.size
-                seqs.append(entry.seq)
+                seqs.append(seq)
             self._size -= size
+            self._hold(-size)
             return self._write([("delete", slot, seqs)], linger=SETTLE_LINGER)
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
@@ -1081,8 +1339,7 @@ class PartitionBroker:
                     out.append(entry.msg.copy())
             else:
                 for entry in entries:
-                    del q.entries[entry.seq]
-                    self._size -= entry.size
+                    self._remove(q, entry)
                     out.append(entry.msg.copy())
                 future = self._write([("delete", slot, [e.seq for e in entries])])
             self._slot_stats(slot).delivered += len(out)
@@ -1259,13 +1516,21 @@ class PartitionBroker:
                 candidates = (s for s in entries if s >= from_local_seq)
             else:
                 candidates = (s for s, e in entries.items() if s >= from_local_seq and e.msg.session_id == session_id)
-            seqs = heapq.nsmallest(max_count, candidates)
-            out = []
-            for s in seqs:
-                copy = q.entries[s].msg.copy()
-                copy.lock_token = copy.locked_until_ms = None  # a peek never hands out someone's lock
-                out.append(copy)
-            return out
+            found = [entries[s] for s in heapq.nsmallest(max_count, candidates)]
+            found += self._disk_entries(q, from_local_seq, self._visible_next, max_count, session_id)
+            return self._browsed(found, max_count)
+
+    @staticmethod
+    def _browsed(found: list[Entry], max_count: int) -> list[Message]:
+        """Copies of the oldest ``max_count`` of resident and disk entries, without anyone's lock."""
+        if len(found) > 1:
+            found.sort(key=lambda e: e.seq)
+        out = []
+        for entry in found[:max_count]:
+            copy = entry.msg.copy()
+            copy.lock_token = copy.locked_until_ms = None  # a peek never hands out someone's lock
+            out.append(copy)
+        return out
 
     def last_sequence(self) -> int:
         """The highest partition-relative sequence number assigned so far (0 if none)."""
@@ -1293,7 +1558,27 @@ class PartitionBroker:
                             first = s
                         if s >= count_from:
                             count += 1
+                if q.disk_from is not None:
+                    head = self._disk_entries(q, q.disk_from, end, 1)
+                    if head:
+                        first = min(first, head[0].seq)
+                    # the disk-only messages at or above count_from: all of them but those below it
+                    on_disk = q.count - len(q.entries) - q.staged
+                    below = self._disk_sizes(q, q.disk_from, count_from)
+                    count += max(0, on_disk - len(below))
             return first, end, self._marks.get((slot, queue), 1), count
+
+    def _disk_sizes(self, q: MessageQueue, first: int, end: int) -> list[tuple[int, int]]:
+        """(seq, size) of the disk-only ACTIVE rows of a sub-queue with ``first <= seq < end``."""
+        assert self._store is not None
+        end = min(end, self._visible_next)
+        if first >= end:
+            return []
+        try:
+            rows = self._store.scan_sizes(q.key[0], q.key[1], first, end)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        return [r for r in rows if r[0] not in q.entries and r[0] not in q.gone]
 
     def completed_mark(self, slot: int, queue: int) -> int:
         """Everything readable below it was completed by ``complete_below`` (1 when never called)."""
@@ -1317,12 +1602,9 @@ class PartitionBroker:
             seqs = heapq.nsmallest(
                 max_count, (s for s, e in entries.items() if start <= s < end and e.msg.state is not scheduled)
             )
-            out = []
-            for s in seqs:
-                copy = entries[s].msg.copy()
-                copy.lock_token = copy.locked_until_ms = None
-                out.append(copy)
-            return out
+            found = [entries[s] for s in seqs]
+            found += self._disk_entries(q, start, end, max_count)
+            return self._browsed(found, max_count)
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:
         """Cumulative, idempotent completion: remove every readable message from the previous mark up to
@@ -1339,16 +1621,32 @@ class PartitionBroker:
             self._marks[key] = mark
             q = self._queues.get(key)
             gone = []
+            ops: list[Op] = []
             if q is not None:
                 # Only [previous, mark): a message below the previous mark that is still here was scheduled and
                 # came due after the reader passed it; the reader never saw it, so receivers keep it.
                 for s, entry in list(q.entries.items()):
                     if previous <= s < mark and entry.msg.state is not MessageState.SCHEDULED:
                         self._drop_lock(q, entry)
-                        del q.entries[s]
-                        self._size -= entry.size
+                        self._remove(q, entry)
                         gone.append(s)
-            ops: list[Op] = [("delete", slot, gone)] if gone else []
+                if q.disk_from is not None:  # disk-only ones: counted by index, deleted as one range
+                    first, last = max(previous, q.disk_from), min(mark, self._visible_next)
+                    on_disk = self._disk_sizes(q, first, last)
+                    if on_disk:
+                        size = sum(r[1] for r in on_disk)
+                        q.count -= len(on_disk)
+                        q.bytes -= size
+                        self._size -= size
+                        self._dirty.add(q)
+                    if first < last:
+                        ops.append(("delete_range", slot, queue, first, last))
+                        if first == q.disk_from:  # nothing ACTIVE is left on disk below ``last``
+                            q.disk_from = last
+                        else:
+                            q.gone.update(r[0] for r in on_disk)
+            if gone:
+                ops.insert(0, ("delete", slot, gone))
             ops.append(("meta", f"{MARK_PREFIX}{slot}:{queue}", mark))
             return self._write(ops)
 
@@ -1370,22 +1668,22 @@ class PartitionBroker:
             props = RuntimeProperties()
             settings = self._slots.get(slot)
             forwards = settings is not None and settings.forwards
-            for queue in SubQueue:
+            for queue in SubQueue:  # the kept counts: nothing is counted by reading messages
                 q = self._queues.get((slot, queue))
                 if q is None:
                     continue
-                for entry in q.entries.values():
-                    props.size_in_bytes += entry.size
-                    if queue == SubQueue.DEAD_LETTER:
-                        props.dead_letter_message_count += 1
-                    elif queue == SubQueue.TRANSFER_DEAD_LETTER:
-                        props.transfer_dead_letter_message_count += 1
-                    elif entry.msg.state is MessageState.SCHEDULED:
-                        props.scheduled_message_count += 1
-                    elif forwards:
-                        props.transfer_message_count += 1  # waiting to be forwarded
+                props.size_in_bytes += q.bytes - q.staged_bytes  # what receivers can see
+                if queue == SubQueue.DEAD_LETTER:
+                    props.dead_letter_message_count += q.count
+                elif queue == SubQueue.TRANSFER_DEAD_LETTER:
+                    props.transfer_dead_letter_message_count += q.count
+                else:
+                    props.scheduled_message_count += q.scheduled_count
+                    ready = q.count - q.scheduled_count - q.staged
+                    if forwards:
+                        props.transfer_message_count += ready  # waiting to be forwarded
                     else:
-                        props.active_message_count += 1
+                        props.active_message_count += ready
             return props
 
     def scheduled_count(self) -> int:

@@ -2,14 +2,19 @@
 
 A store is owned by exactly one partition broker. It keeps rows for one or more *slots*: slot 0 is a queue's
 messages; a topic partition has one slot per subscription (the subscription id), so a message fanned out to
-several subscriptions is stored in one transaction. The broker keeps its working state in memory and uses the
-store as its durable log: ``load`` at start, then ``apply`` batches of operations, each batch one transaction
-that is durable when ``apply`` returns.
+several subscriptions is stored in one transaction. The broker keeps a bounded working set in memory and reads
+the rest from the store when it needs it: ``load`` at start (with ``resident`` slots: only what the broker keeps
+in memory, see partition/broker.py), ``scan`` for the next messages of a sub-queue in sequence order, then
+``apply`` batches of operations, each batch one transaction that is durable when ``apply`` returns.
+
+Counts (messages and bytes per slot and sub-queue) are kept by the broker and stored with ``counts`` operations
+in the same transactions as the changes they count, so a start reads them instead of counting. A store written
+before counts were kept has them computed once, when it is first opened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -46,6 +51,8 @@ class Update(NamedTuple):
 #   ("dedup_prune", before_ms)
 #   ("dedup_delete", [message_id, ...])
 #   ("session_state", slot, session_id, bytes | None)
+#   ("counts", slot, sub_queue, messages, bytes)  the sub-queue's kept counts (the last of a batch wins)
+#   ("delete_range", slot, sub_queue, first, end)  remove the ACTIVE rows of a sub-queue with first <= seq < end
 Op = tuple[Any, ...]
 OP_NAMES = (
     "put",
@@ -58,6 +65,8 @@ OP_NAMES = (
     "dedup_prune",
     "dedup_delete",
     "session_state",
+    "counts",
+    "delete_range",
 )
 
 
@@ -74,10 +83,25 @@ class Snapshot:
     meta: dict[str, int] = field(default_factory=dict)
     dedup: dict[str, int] = field(default_factory=dict)
     session_states: dict[tuple[int, str], bytes] = field(default_factory=dict)
+    counts: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # (slot, sub-queue) -> (n, bytes)
 
 
 class MessageStore(Protocol):
-    def load(self) -> Snapshot: ...
+    def load(self, resident: Collection[int] | None = None) -> Snapshot:
+        """What the store holds. ``resident=None``: every row. Otherwise every row of the ``resident`` slots and,
+        of the other slots, only rows that are not ACTIVE (scheduled and deferred ones): ACTIVE rows are read
+        with ``scan`` when a delivery needs them."""
+        ...
+
+    def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
+        """Up to ``limit`` ACTIVE rows of one sub-queue with ``first <= seq < end``, in sequence order (by index:
+        the cost follows what is returned and skipped, not the table's size). Rows may be plain tuples in
+        ``Row``'s order."""
+        ...
+
+    def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:
+        """(seq, stored size) of the ACTIVE rows of one sub-queue with ``first <= seq < end``."""
+        ...
 
     def apply(self, ops: list[Op], sync: bool = True) -> None:
         """Run ``ops`` in one transaction; return only when it is durable. Raise StoreError on failure.

@@ -1,11 +1,13 @@
 """PostgreSQL messaging store: one schema per partition, the same tables and semantics as the SQLite store.
 
 Each partition's store is a schema (``partition_schema`` names it) holding ``meta``, ``slots``, ``dedup``,
-``session_state`` and one table per slot (``m<slot>``, keyed by the partition-relative sequence number), so
-dropping a slot or a whole entity is a ``DROP`` rather than a large ``DELETE``. ``apply`` runs its whole batch in
-one transaction sent in pipeline mode (every statement goes out before any reply is awaited), so a batch costs
-about one round trip plus the commit, whatever its size; bulk operations are single statements over arrays,
-sent in binary (``%b``) because text-format bytea arrays cost more to escape than the rest of the write.
+``session_state``, ``counts`` and one table per slot (``m<slot>``, keyed by the partition-relative sequence number,
+with the SQLite store's two partial indexes: see store/sqlite.py), so dropping a slot or a whole entity is a
+``DROP`` rather than a large ``DELETE``. Reads while the partition runs (``scan``) use a connection of their own.
+``apply`` runs its whole batch in one transaction sent in pipeline mode (every statement goes out before any
+reply is awaited), so a batch costs about one round trip plus the commit, whatever its size; bulk operations are
+single statements over arrays, sent in binary (``%b``) because text-format bytea arrays cost more to escape than
+the rest of the write.
 ``synchronous_commit`` is forced on for the session, so a batch is flushed to the server's WAL when ``apply``
 returns; ``apply(sync=False)`` turns it off for that transaction alone (the server flushes it within its
 ``wal_writer_delay``, in commit order).
@@ -26,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..extras import MissingExtra
@@ -40,6 +42,7 @@ except ImportError as exc:
 
 from .base import Op, Row, Snapshot, StoreError, Update, op_handlers
 
+COUNTS_KEPT = "counts_kept"  # meta key, as in the SQLite store
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
 LEASE_SCHEMA = "shardbus"
 _REQUIRE_LEASE = f"{LEASE_SCHEMA}.require_lease"
@@ -121,12 +124,18 @@ def _plan(ops: list[Op]) -> list[Op]:
     main: list[Op] = []
     dedup: list[Op] = []
     meta: dict[str, int] = {}
+    counts: dict[tuple[int, int], tuple[int, int]] = {}
     owned: set[int] = set()  # ids of item lists built here, safe to extend (the caller's lists are not touched)
     for op in ops:
         kind = op[0]
         if kind == "meta":
             meta[op[1]] = op[2]
             continue
+        if kind == "counts":
+            counts[(op[1], op[2])] = (op[3], op[4])
+            continue
+        if kind == "drop_slot":  # counts of the slot given before its drop go with it
+            counts = {k: v for k, v in counts.items() if k[0] != op[1]}
         target = dedup if kind in _DEDUP_OPS else main
         where = _MERGEABLE.get(kind)
         prev = target[-1] if target else None
@@ -141,7 +150,12 @@ def _plan(ops: list[Op]) -> list[Op]:
                 merged.extend(op[items])
                 continue
         target.append(op)
-    return [*main, *dedup, *(("meta", key, value) for key, value in meta.items())]
+    return [
+        *main,
+        *dedup,
+        *(("meta", key, value) for key, value in meta.items()),
+        *(("counts", slot, queue, n, size) for (slot, queue), (n, size) in counts.items()),
+    ]
 
 
 def _db_text(text: str) -> bytes:
@@ -163,6 +177,7 @@ class PostgresStore:
         self.lease = lease  # (partition key, owner): every batch requires that lease (see the module docstring)
         self._q = sql.Identifier(schema).as_string()  # quoted once; table names inside are m<int>, always safe
         self._conn: psycopg.Connection | None = None
+        self._reader: psycopg.Connection | None = None
         self._ops = op_handlers(self)
         q = self._q
         try:
@@ -177,9 +192,51 @@ class PostgresStore:
                     "state bytea NOT NULL, PRIMARY KEY (slot, session))",
                 ],
             )
+            self._migrate()
         except psycopg.Error as exc:
             self.close()
             raise StoreError(f"cannot open store {self}: {exc}") from exc
+
+    def _migrate(self) -> None:
+        """As SqliteStore._migrate: a schema written before counts were kept gets its indexes and counts once."""
+        q = self._q
+        conn = self._connection()
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
+            exists = conn.execute("SELECT to_regclass(%s)", (f"{q}.counts",)).fetchone()[0] is not None
+            if exists and conn.execute(f"SELECT 1 FROM {q}.meta WHERE key = %s", (COUNTS_KEPT,)).fetchone():
+                return
+            fresh = conn.execute(f"SELECT count(*) FROM {q}.slots").fetchone()[0] == 0
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {q}.counts (slot bigint NOT NULL, queue bigint NOT NULL, "
+                "n bigint NOT NULL, bytes bigint NOT NULL, PRIMARY KEY (slot, queue))"
+            )
+            for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall():
+                for statement in self._indexes(slot):
+                    conn.execute(statement)
+                if not fresh:
+                    conn.execute(
+                        f"INSERT INTO {q}.counts SELECT %s, queue, count(*), coalesce(sum(length(data)), 0) "
+                        f"FROM {self._table(slot)} GROUP BY queue ON CONFLICT (slot, queue) DO UPDATE SET "
+                        "n = EXCLUDED.n, bytes = EXCLUDED.bytes",
+                        (slot,),
+                    )
+            conn.execute(
+                f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (COUNTS_KEPT,)
+            )
+
+    def _indexes(self, slot: int) -> list[str]:
+        name = f"m{int(slot)}"
+        return [
+            f"CREATE INDEX IF NOT EXISTS {name}_held ON {self._table(slot)} (seq) WHERE state <> 0",
+            f"CREATE INDEX IF NOT EXISTS {name}_dl ON {self._table(slot)} (queue, seq) WHERE queue <> 0",
+        ]
+
+    def _reading(self) -> psycopg.Connection:
+        conn = self._reader
+        if conn is None or conn.closed:
+            conn = self._reader = _connect(self.dsn)
+        return conn
 
     def __str__(self) -> str:
         return f"postgres schema {self._q}"
@@ -201,27 +258,69 @@ class PostgresStore:
         return f"{self._q}.m{int(slot)}"
 
     # --- reading -------------------------------------------------------------------------------------------
-    def load(self) -> Snapshot:
+    def load(self, resident: Collection[int] | None = None) -> Snapshot:
         q = self._q
         try:
-            conn = self._connection()
+            conn = self._connection()  # at start, before any write: the writer's connection is free
             snap = Snapshot()
             # One snapshot of the database for all tables, as SQLite's single reader sees.
             with conn.transaction(), conn.cursor(binary=True) as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 snap.meta = dict(cur.execute(f"SELECT key, value FROM {q}.meta").fetchall())
+                snap.meta.pop(COUNTS_KEPT, None)
+                for slot, queue, n, size in cur.execute(f"SELECT slot, queue, n, bytes FROM {q}.counts").fetchall():
+                    snap.counts[(slot, queue)] = (n, size)
                 snap.dedup = {_py_text(m): seen for m, seen in cur.execute(f"SELECT message_id, seen FROM {q}.dedup")}
                 for slot, session, state in cur.execute(f"SELECT slot, session, state FROM {q}.session_state"):
                     snap.session_states[(slot, _py_text(session))] = bytes(state)
                 for (slot,) in cur.execute(f"SELECT slot FROM {q}.slots ORDER BY slot").fetchall():
+                    held = "" if resident is None or slot in resident else " WHERE state <> 0"
                     cur.execute(
-                        f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)} "
+                        f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)}{held} "
                         "ORDER BY seq"
                     )
                     snap.rows[slot] = [Row(*r) for r in cur]
             return snap
         except psycopg.Error as exc:
             self._reset()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def _reset_reader(self) -> None:
+        conn = self._reader
+        if conn is not None and (conn.broken or conn.closed):
+            self._reader = None
+            conn.close()
+
+    @staticmethod
+    def _queue_terms(queue: int) -> str:
+        dead = "queue <> 0 AND " if queue else ""
+        return f"{dead}queue = %s AND seq >= %s AND seq < %s AND state = 0"
+
+    def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(
+                    f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)} "
+                    f"WHERE {self._queue_terms(queue)} ORDER BY seq LIMIT %s",
+                    (queue, first, end, limit),
+                )
+                return [
+                    Row(seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d)) for seq, qu, st, dc, dl, d in cur
+                ]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:
+        try:
+            with self._reading().cursor() as cur:
+                cur.execute(
+                    f"SELECT seq, length(data) FROM {self._table(slot)} WHERE {self._queue_terms(queue)} ORDER BY seq",
+                    (queue, first, end),
+                )
+                return [(int(seq), int(size)) for seq, size in cur]
+        except psycopg.Error as exc:
+            self._reset_reader()
             raise StoreError(f"cannot read store {self}: {exc}") from exc
 
     # --- writing -------------------------------------------------------------------------------------------
@@ -282,12 +381,25 @@ class PostgresStore:
             f"CREATE TABLE IF NOT EXISTS {self._table(slot)} (seq bigint PRIMARY KEY, queue bigint NOT NULL, "
             "state bigint NOT NULL, delivery_count bigint NOT NULL, dead_letter bytea, data bytea NOT NULL)"
         )
+        for statement in self._indexes(slot):
+            cur.execute(statement)
         cur.execute(f"INSERT INTO {self._q}.slots VALUES (%s) ON CONFLICT DO NOTHING", (slot,))
 
     def _drop_slot(self, cur: psycopg.Cursor, slot: int) -> None:
         cur.execute(f"DROP TABLE IF EXISTS {self._table(slot)}")
         cur.execute(f"DELETE FROM {self._q}.slots WHERE slot = %s", (slot,))
         cur.execute(f"DELETE FROM {self._q}.session_state WHERE slot = %s", (slot,))
+        cur.execute(f"DELETE FROM {self._q}.counts WHERE slot = %s", (slot,))
+
+    def _counts(self, cur: psycopg.Cursor, slot: int, queue: int, n: int, size: int) -> None:
+        cur.execute(
+            f"INSERT INTO {self._q}.counts VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (slot, queue) DO UPDATE SET n = EXCLUDED.n, bytes = EXCLUDED.bytes",
+            (slot, queue, n, size),
+        )
+
+    def _delete_range(self, cur: psycopg.Cursor, slot: int, queue: int, first: int, end: int) -> None:
+        cur.execute(f"DELETE FROM {self._table(slot)} WHERE {self._queue_terms(queue)}", (queue, first, end))
 
     def _meta(self, cur: psycopg.Cursor, key: str, value: int) -> None:
         cur.execute(
@@ -328,12 +440,13 @@ class PostgresStore:
             )
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+        for conn in (self._reader, self._conn):
+            if conn is not None:
+                try:
+                    conn.close()
+                except psycopg.Error:
+                    pass
+        self._conn = self._reader = None
 
 
 def drop_partition_schema(dsn: str, schema: str) -> None:

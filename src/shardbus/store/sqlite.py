@@ -15,13 +15,21 @@ WAL starts again from its beginning at the first commit after a complete one. Th
 the safety net should the background ones fall behind.
 
 Each slot (a queue, or one subscription of a topic partition) is its own table whose rowid is the
-partition-relative sequence number, so rows need no second index.
+partition-relative sequence number: a sub-queue's ACTIVE messages are read in sequence order by a range of the
+rowid (``scan``). Two partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
+nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled and deferred rows, loaded at start)
+and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)). The kept counts are in
+``counts``. A file written before these existed gets them when opened (indexes built and counts computed once).
+
+Reads (``load``, ``scan``) use a connection of their own: in WAL mode it sees the last commit, never the
+writer's open transaction.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Collection
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,12 @@ CREATE TABLE IF NOT EXISTS dedup (message_id TEXT PRIMARY KEY, seen INTEGER NOT 
 CREATE TABLE IF NOT EXISTS session_state (
     slot INTEGER NOT NULL, session TEXT NOT NULL, state BLOB NOT NULL, PRIMARY KEY (slot, session)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counts (
+    slot INTEGER NOT NULL, queue INTEGER NOT NULL, n INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (slot, queue)
+) WITHOUT ROWID;
 """
+COUNTS_KEPT = "counts_kept"  # meta key: the counts table is kept by the broker (set when created or migrated)
 
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 
@@ -53,6 +66,21 @@ def _table(slot: int) -> str:
     return f"m{int(slot)}"
 
 
+def _indexes(slot: int) -> list[str]:
+    t = _table(slot)
+    return [
+        f"CREATE INDEX IF NOT EXISTS {t}_held ON {t}(seq) WHERE state != 0",
+        f"CREATE INDEX IF NOT EXISTS {t}_dl ON {t}(queue, seq) WHERE queue != 0",
+    ]
+
+
+def _queue_terms(queue: int) -> str:
+    """The WHERE terms that pick one sub-queue's ACTIVE rows (``queue != 0`` literally, so SQLite may use the
+    partial index ``_dl``); parameters: queue, first, end."""
+    dead = "queue != 0 AND " if queue else ""
+    return f"{dead}queue = ? AND seq >= ? AND seq < ? AND state = 0"
+
+
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
 _PUT_VALUES = [",".join(["(?,?,?,?,NULL,?)"] * (1 << k)) for k in range(_PUT_CHUNK.bit_length())]
@@ -63,21 +91,32 @@ def _put_sql(table: str, k: int) -> str:
     return f"INSERT OR REPLACE INTO {table} VALUES {_PUT_VALUES[k]}"
 
 
+_LAST_VALUE_OPS = frozenset({"meta", "counts"})  # only the last value of each key is written, at the batch's end
+
+
 def _merge_deletes(ops: list[Op]) -> list[Op]:
     """Adjacent deletes of one slot as one (a group commit of many settlements brings many): deletes commute
-    with each other, and merging only neighbours keeps every other operation in its place."""
+    with each other, and merging only neighbours keeps every other operation in its place. The meta and counts
+    ops (each settlement brings its sub-queue's counts) go to the end, as they are written there anyway, so they
+    do not keep deletes apart; counts given before their slot's drop go with it."""
     out: list[Op] = []
+    last: list[Op] = []
     merged: list[int] | None = None  # the sequence numbers of the last delete in ``out``, once it is ours
     for op in ops:
-        if op[0] == "delete" and out and out[-1][0] == "delete" and out[-1][1] == op[1]:
+        kind = op[0]
+        if kind in _LAST_VALUE_OPS:
+            last.append(op)
+        elif kind == "delete" and out and out[-1][0] == "delete" and out[-1][1] == op[1]:
             if merged is None:
                 merged = list(out[-1][2])  # never extend a caller's list
                 out[-1] = ("delete", op[1], merged)
             merged.extend(op[2])
         else:
+            if kind == "drop_slot":
+                last = [o for o in last if o[0] != "counts" or o[1] != op[1]]
             out.append(op)
             merged = None
-    return out
+    return out + last
 
 
 class SqliteStore:
@@ -93,27 +132,97 @@ class SqliteStore:
             self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
+            if self._db.execute("SELECT 1 FROM sqlite_master WHERE name='slots'").fetchone() is None:
+                # a new file: its tables and the mark that its counts are kept, in one commit (one fsync)
+                self._db.executescript(f"BEGIN; {_SCHEMA} INSERT INTO meta VALUES ('{COUNTS_KEPT}', 1); COMMIT;")
+            else:
+                self._db.executescript(_SCHEMA)  # only what an older file lacks is created
+                self._migrate()
             self._synced = True  # the connection's synchronous setting is FULL (else NORMAL)
             self._written = 0  # bytes written to the WAL since the last checkpoint started, roughly
             self._checkpoint: Future | None = None  # the last background checkpoint (in flight until done)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._ops = op_handlers(self)
+        self._reader: sqlite3.Connection | None = None
+        self._meta_values: dict[str, int] = {}  # a batch's meta and counts, written once each at its end
+        self._count_values: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def _migrate(self) -> None:
+        """Bring a file written by an earlier version up to date: the slot tables' indexes, and the kept counts
+        (computed once, from the rows). Nothing is written when the file is up to date."""
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            slots = [slot for (slot,) in db.execute("SELECT slot FROM slots").fetchall()]
+            for slot in slots:
+                for statement in _indexes(slot):
+                    db.execute(statement)
+            if db.execute("SELECT 1 FROM meta WHERE key=?", (COUNTS_KEPT,)).fetchone() is None:
+                for slot in slots:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
+                        [
+                            (slot, queue, n, size or 0)
+                            for queue, n, size in db.execute(
+                                f"SELECT queue, count(*), sum(length(data)) FROM {_table(slot)} GROUP BY queue"
+                            ).fetchall()
+                        ],
+                    )
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, 1)", (COUNTS_KEPT,))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _read(self) -> sqlite3.Connection:
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        return reader
 
     # --- reading -------------------------------------------------------------------------------------------
-    def load(self) -> Snapshot:
+    def load(self, resident: Collection[int] | None = None) -> Snapshot:
         try:
             snap = Snapshot()
-            db = self._db
-            snap.meta = dict(db.execute("SELECT key, value FROM meta"))
-            snap.dedup = dict(db.execute("SELECT message_id, seen FROM dedup"))
-            for slot, session, state in db.execute("SELECT slot, session, state FROM session_state"):
-                snap.session_states[(slot, session)] = state
-            for (slot,) in db.execute("SELECT slot FROM slots").fetchall():
-                cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)} ORDER BY seq")
-                snap.rows[slot] = [Row(*r) for r in cursor]
+            db = self._read()
+            db.execute("BEGIN")  # one snapshot of every table
+            try:
+                snap.meta = dict(db.execute("SELECT key, value FROM meta"))
+                snap.meta.pop(COUNTS_KEPT, None)
+                snap.dedup = dict(db.execute("SELECT message_id, seen FROM dedup"))
+                for slot, session, state in db.execute("SELECT slot, session, state FROM session_state"):
+                    snap.session_states[(slot, session)] = state
+                for slot, queue, n, size in db.execute("SELECT slot, queue, n, bytes FROM counts"):
+                    snap.counts[(slot, queue)] = (n, size)
+                for (slot,) in db.execute("SELECT slot FROM slots").fetchall():
+                    held = "" if resident is None or slot in resident else " WHERE state != 0"
+                    cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)}{held} ORDER BY seq")
+                    snap.rows[slot] = [Row(*r) for r in cursor]
+            finally:
+                db.execute("COMMIT")
             return snap
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE {_queue_terms(queue)} ORDER BY seq LIMIT ?",
+                (queue, first, end, limit),
+            )
+            return cursor.fetchall()  # tuples in Row's order: a Row each would cost more than reading it
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT seq, length(data) FROM {_table(slot)} WHERE {_queue_terms(queue)} ORDER BY seq",
+                (queue, first, end),
+            )
+            return cursor.fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
@@ -129,9 +238,12 @@ class SqliteStore:
                 dispatch = self._ops
                 for op in _merge_deletes(ops):
                     dispatch[op[0]](*op[1:])
+                self._flush_values()
                 db.execute("COMMIT")
                 self._written += _COMMIT_BYTES
             except BaseException:
+                self._meta_values.clear()
+                self._count_values.clear()
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
@@ -215,15 +327,35 @@ class SqliteStore:
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
             "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL)"
         )
+        for statement in _indexes(slot):
+            self._db.execute(statement)
         self._db.execute("INSERT OR IGNORE INTO slots VALUES (?)", (slot,))
 
     def _drop_slot(self, slot: int) -> None:
         self._db.execute(f"DROP TABLE IF EXISTS {_table(slot)}")
         self._db.execute("DELETE FROM slots WHERE slot=?", (slot,))
         self._db.execute("DELETE FROM session_state WHERE slot=?", (slot,))
+        self._db.execute("DELETE FROM counts WHERE slot=?", (slot,))
 
     def _meta(self, key: str, value: int) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        self._meta_values[key] = value  # only the meta ops touch the meta table: the last value is written
+
+    def _counts(self, slot: int, queue: int, n: int, size: int) -> None:
+        self._count_values[(slot, queue)] = (n, size)
+
+    def _flush_values(self) -> None:
+        if self._meta_values:
+            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", self._meta_values.items())
+            self._meta_values.clear()
+        if self._count_values:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
+                [(slot, queue, n, size) for (slot, queue), (n, size) in self._count_values.items()],
+            )
+            self._count_values.clear()
+
+    def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
+        self._db.execute(f"DELETE FROM {_table(slot)} WHERE {_queue_terms(queue)}", (queue, first, end))
 
     def _dedup(self, entries: list[tuple[str, int]]) -> None:
         self._db.executemany("INSERT OR REPLACE INTO dedup VALUES (?, ?)", entries)
@@ -244,6 +376,12 @@ class SqliteStore:
         checkpoint = self._checkpoint
         if checkpoint is not None:  # so that the writer's connection is the last: closing it empties the WAL
             checkpoint.result()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except sqlite3.Error:
+                pass
         try:
             self._db.close()
         except sqlite3.Error:
