@@ -501,6 +501,9 @@ class RemotePartition:
     def inject_store_failure(self, after_write: bool = False) -> None:
         self._sync("inject_store_failure", after_write)
 
+    def inject_store_full(self, writes: int) -> None:
+        self._sync("inject_store_full", writes)
+
     def inject_busy_sends(self, count: int) -> None:
         self._sync("inject_busy_sends", count)
 

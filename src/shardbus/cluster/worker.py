@@ -59,6 +59,7 @@ CALLS = frozenset(
     {
         "inject_store_failure",
         "inject_busy_sends",
+        "inject_store_full",
         "inject_read_failures",
         "configure_slot",
         "create_slot",

@@ -267,6 +267,7 @@ class PartitionBroker:
         self._in_doubt: list[tuple[int, int]] = []  # [first, end) of failed enqueues; kept across restarts
         self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
         self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
+        self._full_writes = 0  # fault injection: store writes that find the store full before one succeeds
         self._recover_at: float | None = None  # unavailable for a full store: reload from it at (monotonic)
         self._epoch = 0  # counts memory resets: a late callback must not undo into a reloaded partition
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
@@ -359,6 +360,10 @@ class PartitionBroker:
         """Fault injection for tests: the next store write fails as a disk error would; ``after_write``: it
         reaches the disk first (a commit whose outcome is unknown, as when its fsync fails)."""
         self._fail_next_write = "after" if after_write else "before"
+
+    def inject_store_full(self, writes: int) -> None:
+        """Fault injection for tests: the next ``writes`` store writes find the store full (nothing written)."""
+        self._full_writes = writes
 
     def inject_busy_sends(self, count: int) -> None:
         """Fault injection for tests: the next ``count`` sends are refused with ServerBusy (the partition stays up)."""
@@ -1519,6 +1524,9 @@ class _FaultableStore:
         return self._store.load()
 
     def apply(self, ops: list[Op], sync: bool = True) -> None:
+        if self._broker._full_writes > 0:
+            self._broker._full_writes -= 1
+            raise StoreFull("store is full (injected)")
         when, self._broker._fail_next_write = self._broker._fail_next_write, None
         if when == "before":
             raise StoreError("injected store failure")

@@ -32,7 +32,9 @@ callers can be told to retry, and nothing of them is visible yet) fail with ``on
 (settlements, whose outcome the partition already applied in memory and answered; slot and session-state
 changes) go back to the head of the queue, in order, and are written again after ``FULL_RETRY`` seconds (on the
 next ``submit`` or ``retry_due`` after that, which the partition calls from its upkeep tick): nothing is dropped
-and nothing is reordered, so once space returns the store catches up with memory. While the committer is
+and nothing is reordered, so once space returns the store catches up with memory. A lingering write's future is
+resolved when it is kept (nobody waits for it, and a worker's front end must not wait for space to answer a
+settlement); other kept writes' callers wait until it is written. While the committer is
 ``refusing`` (a full write less than ``FULL_RETRY`` ago), the partition refuses sends before they reach it; the
 first send after that is the probe that finds out whether space has returned. Only when more than
 ``MAX_KEPT_OPS`` operations wait (a long outage under a stream of settlements: memory must stay bounded) or the
@@ -55,6 +57,8 @@ FULL_RETRY = 1.0  # seconds between writes to a full store
 MAX_KEPT_OPS = 100_000  # operations kept for a full store at most before the partition gives up and reloads
 
 Pending = tuple[list[Op], Callable[[], Any] | None, Future, bool]  # ops, on_commit, future, refusable
+_DONE: Future = Future()  # what a lingering submission to a full store gets (see ``_keep``)
+_DONE.set_result(None)
 
 
 class LingeringWrite(Future):
@@ -126,6 +130,11 @@ class GroupCommitter:
         ``refusable``: if the store is full, fail instead of waiting for space (see the module docstring)."""
         with self._lock:
             shareable = linger > 0 and on_commit is None
+            if shareable and self._retry_at is not None:  # the store is full: joins what waits (see ``_keep``)
+                self._pending.append((list(ops), None, Future(), False))
+                self._shared = None
+                self._idle.clear()
+                return _DONE
             if shareable and self._shared is not None:
                 self._pending[-1][0].extend(ops)  # our own copy (below): the caller's list is never changed
                 return self._shared
@@ -223,6 +232,12 @@ class GroupCommitter:
                 if refused_error is None:
                     refused_error = self._on_full(exc)
                 item[2].set_exception(refused_error)
+            elif isinstance(item[2], LingeringWrite) and item[1] is None:
+                # Nobody needs to wait for a lingering write (a settlement, applied in memory and answered): it
+                # is done as far as its caller goes, and written when space returns, in order. Until then a
+                # crash takes it back, as it may take back any unsynced lingering write: a delivery again.
+                item[2].set_result(None)
+                kept.append((item[0], None, Future(), False))
             else:
                 kept.append(item)
         with self._lock:
