@@ -525,12 +525,7 @@ class PartitionBroker:
         """
         with self._lock:
             self._check()
-            assert self._committer is not None
-            if self._committer.refusing:  # a write found the store full a moment ago (see "Health")
-                raise PartitionFull(
-                    f"Partition {self.id} of '{self.config.path}' cannot store messages now: its store is full. "
-                    "Receives and settlements go on; retry the send later."
-                )
+            self._refuse_if_full()
             now = _ms(self._clock)
             first = self._next_seq
             size_before = self._size
@@ -548,6 +543,15 @@ class PartitionBroker:
             refused = partial(self._undo_refused, self._epoch, self._size - size_before, dedup_ids, now)
         future.add_done_callback(partial(self._enqueue_done, first, end, batch_id, refused))
         return future
+
+    def _refuse_if_full(self) -> None:
+        """Sends are refused at once while a write found the store full a moment ago (see "Health")."""
+        assert self._committer is not None
+        if self._committer.refusing:
+            raise PartitionFull(
+                f"Partition {self.id} of '{self.config.path}' cannot store messages now: its store is full. "
+                "Receives and settlements go on; retry the send later."
+            )
 
     def _enqueue_done(
         self, first: int, end: int, batch_id: str | None, refused: Callable[[str | None], None], future: Future
@@ -1061,6 +1065,8 @@ class PartitionBroker:
         The future's result is the sent messages' sequence numbers, as ``enqueue`` gives them."""
         with self._lock:
             self._check()
+            if items:  # its settlements could wait for space, its sends cannot
+                self._refuse_if_full()
             now = _ms(self._clock)
             entries = [self._check_settle(slot, st, now) for slot, st in settles]
             ops, on_commit = self._stage_enqueue(items, now) if items else ([], list)
