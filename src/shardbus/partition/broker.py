@@ -396,9 +396,9 @@ class PartitionBroker:
     def _on_store_full(self, exc: BaseException) -> BaseException:
         """A send's write found the store full (see "Health"): the error its sender gets."""
         log.warning("partition %s of '%s': %s; refusing sends until space returns", self.id, self.config.path, exc)
-        return PartitionFull(
-            f"Partition {self.id} of '{self.config.path}' cannot store messages now: its store is full ({exc}). "
-            "Receives and settlements go on; retry the send later."
+        return PartitionFull(  # the store's path and error stay in the log: they are the operator's business
+            f"Partition {self.id} of '{self.config.path}' cannot store messages now: its store is full (no space "
+            "left on its disk). Receives and settlements go on; retry the send later."
         )
 
     def _on_store_resumed(self) -> None:
