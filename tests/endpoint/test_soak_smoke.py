@@ -1,18 +1,21 @@
-"""bench/soak.py runs for a minute against a real ``shardbus serve`` and reconciles every message id cleanly."""
+"""bench/soak.py runs for a minute against a real ``shardbus serve`` and reconciles every message id cleanly
+(with SHARDBUS_TEST_WORKERS=N, the broker runs its partitions in N worker processes)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
+WORKERS = os.environ.get("SHARDBUS_TEST_WORKERS", "0")
 
 
 def test_soak_one_minute() -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--minutes", "1", "--interval", "15"],
+        [sys.executable, str(BENCH), "--minutes", "1", "--interval", "15", "--workers", WORKERS],
         capture_output=True,
         text=True,
         timeout=300,
