@@ -53,6 +53,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
@@ -265,9 +266,10 @@ class Load:
         producers = [self._produce_q, self._produce_ttl, self._produce_sessions, self._produce_topic]
         consumers = [self._consume_q, self._consume_q, self._consume_dlq, self._consume_ttl]
         consumers += [self._consume_sessions, self._consume_sessions]
-        consumers += [lambda s=s: self._consume_sub(s) for s in SUBS]
+        consumers += [partial(self._consume_sub, s) for s in SUBS]
         for target in producers + consumers:
-            t = threading.Thread(target=self._guard, args=(target,), daemon=True)
+            name = getattr(target, "__name__", None) or f"{target.func.__name__}:{target.args[0]}"
+            t = threading.Thread(target=self._guard, args=(target,), name=name, daemon=True)
             t.start()
             self.threads.append(t)
 
@@ -277,8 +279,9 @@ class Load:
                 target()
                 return
             except Exception as exc:  # a broken connection: note it and start the loop again with a new client
+                name = getattr(target, "__name__", None) or target.func.__name__
                 with self.ledger.lock:
-                    self.ledger.other_errors[f"{type(exc).__name__}"] += 1
+                    self.ledger.other_errors[f"{name}:{type(exc).__name__}"] += 1
                 time.sleep(1)
 
     def _paced(self, per_second: float):
@@ -448,7 +451,9 @@ class Load:
 
     def _consume_sessions(self) -> None:
         last: dict[str, int] = {}
-        with self.client() as client:
+        # No retries: the SDK retries "no session available" (OperationTimeoutError) with backoff, half a minute
+        # in all, while this loop wants to look again at once (and to notice the end of the run).
+        with ServiceBusClient.from_connection_string(self.conn, retry_total=0) as client:
             while self.consuming.is_set():
                 receiver = client.get_queue_receiver(S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1)
                 try:
@@ -639,24 +644,33 @@ def main(argv: list[str] | None = None) -> int:
         load.producing.clear()
         drain_start = time.monotonic()
         time.sleep(max(0.0, load.last_scheduled - time.time()) + 1)
-        while time.monotonic() - drain_start < args.drain:
+        with ledger.lock:  # once over everything; then only what is still pending is looked at again
+            pending = {m for m, s in ledger.sent.items() if s.acked and not _finished(s, ledger.events.get(m, []))}
+        report = time.monotonic() + 10
+        while pending and time.monotonic() - drain_start < args.drain:
+            time.sleep(1)
             with ledger.lock:
-                pending = [m for m, s in ledger.sent.items() if s.acked and not _finished(s, ledger.events.get(m, []))]
-            if not pending:
-                break
-            if int(time.monotonic() - drain_start) % 10 == 9:
+                pending = {m for m in pending if not _finished(ledger.sent[m], ledger.events.get(m, []))}
+            if pending and time.monotonic() >= report:
+                report += 10
                 kinds = collections.Counter(f"{ledger.sent[m].entity} {ledger.sent[m].plan}" for m in pending)
                 print(f"drain: {len(pending)} not done yet: {dict(kinds)}", flush=True)
-            time.sleep(1)
+        print(f"drain: every outcome reached after {time.monotonic() - drain_start:.1f} s" if not pending
+              else f"drain: gave up after {args.drain:g} s", flush=True)  # fmt: skip
         time.sleep(2)  # anything delivered twice after its outcome shows up in the ledger now
         load.consuming.clear()
+        stopping = time.monotonic()
         for t in load.threads:
             t.join(15)
+        late = [t.name for t in load.threads if t.is_alive()]
+        print(f"load stopped in {time.monotonic() - stopping:.1f} s{f' (still running: {late})' if late else ''}")
     finally:
+        stopping = time.monotonic()
         rc_broker = broker.stop()
+        print(f"broker stopped in {time.monotonic() - stopping:.1f} s", flush=True)
     result = reconcile(ledger)
     problems = result.pop("problems")
-    print(f"drain: {time.monotonic() - drain_start:.1f} s; broker exit status {rc_broker}")
+    print(f"broker exit status {rc_broker}")
     for name, count in sorted(result.items()):
         print(f"reconcile: {name}: {count}")
     if ledger.send_errors or ledger.other_errors:
