@@ -23,6 +23,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusServerBusyError
 
+from shardbus.model.errors import ServerBusy
 from shardbus.server import Broker
 
 WORKERS = int(os.environ.get("SHARDBUS_TEST_WORKERS", "0"))
@@ -148,6 +149,8 @@ def test_full_disk_refuses_sends_keeps_serving_and_recovers(full_disk_broker: tu
             for m in again:
                 receiver.abandon_message(m)
         assert broker.namespace.get_runtime_properties(name).availability == "Available"
+        with pytest.raises(ServerBusy, match="full"):  # management that writes: retriable, nothing changed
+            broker.namespace.create_queue(f"{name}-later")
 
         # Space returns: sends succeed again within a few seconds, no restart.
         filler.unlink()
