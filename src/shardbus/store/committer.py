@@ -39,7 +39,7 @@ settlement); other kept writes' callers wait until it is written. While the comm
 first send after that is the probe that finds out whether space has returned. Only when more than
 ``MAX_KEPT_OPS`` operations wait (a long outage under a stream of settlements: memory must stay bounded) or the
 store is being closed is a full write treated like any other failure (``on_failure``: the partition becomes
-unavailable and reloads what is durable, store/../partition/broker.py).
+unavailable and reloads what is durable, partition/broker.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from .base import MessageStore, Op, StoreFull
 from .pools import COMMITS
 
 FULL_RETRY = 1.0  # seconds between writes to a full store
-MAX_KEPT_OPS = 100_000  # operations kept for a full store at most before the partition gives up and reloads
+MAX_KEPT_OPS = 20_000  # operations (about one per settlement, ~150 bytes) kept for a full store at most
 
 Pending = tuple[list[Op], Callable[[], Any] | None, Future, bool]  # ops, on_commit, future, refusable
 _DONE: Future = Future()  # what a lingering submission to a full store gets (see ``_keep``)
