@@ -132,6 +132,7 @@ HTTP_STATUS: dict[type[ShardbusError], int] = {
     ArgumentError: 400,
     MessageSizeExceeded: 413,
     QuotaExceeded: 403,
+    PartitionFull: 503,
     PartitionUnavailable: 503,
     ServerBusy: 503,
     MessageLockLost: 410,
