@@ -103,6 +103,10 @@ class FaultInjector:
         """The partition's next store write fails like a disk error, making the partition unavailable."""
         self._partition(entity, partition).inject_store_failure()
 
+    def fill_store(self, entity: str, partition: int, writes: int) -> None:
+        """The partition's next ``writes`` store writes find its store full (as SQLITE_FULL: nothing written)."""
+        self._partition(entity, partition).inject_store_full(writes)
+
     def busy_sends(self, entity: str, partition: int, count: int = 1) -> None:
         """The partition's next ``count`` sends are refused with ServerBusy; it stays healthy."""
         self._partition(entity, partition).inject_busy_sends(count)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 
+from shardbus.model.errors import PartitionFull
+from shardbus.store import committer as committer_module
+from shardbus.store.base import StoreFull
 from shardbus.store.committer import GroupCommitter
 
 
@@ -107,3 +111,90 @@ def test_a_callback_alone_lets_a_write_linger_and_hurry_ends_it() -> None:
     future.hurry()  # a worker whose front end waits for the reply
     assert called.wait(5)
     assert store.batches == [[("delete", 0, [1])]]
+
+
+class FillingStore(RecordingStore):
+    """Raises StoreFull (nothing written) while ``full`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = False
+        self.attempts = 0
+
+    def apply(self, ops: list[Any], sync: bool = True) -> None:
+        self.attempts += 1
+        if self.full:
+            raise StoreFull("database or disk is full")
+        super().apply(ops, sync)
+
+
+def _full_committer(store: FillingStore, failures: list[BaseException] | None = None) -> GroupCommitter:
+    def on_failure(exc: BaseException) -> BaseException:
+        if failures is not None:
+            failures.append(exc)
+        return RuntimeError(f"store failed: {exc}")
+
+    return GroupCommitter(store, on_failure, on_full=lambda exc: PartitionFull(str(exc)))  # type: ignore[arg-type]
+
+
+def test_a_full_store_refuses_sends_and_keeps_the_rest_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(committer_module, "FULL_RETRY", 0.2)
+    store = FillingStore()
+    failures: list[BaseException] = []
+    committer = _full_committer(store, failures)
+    store.full = True
+    send = committer.submit([("put", 0, [1])], on_commit=lambda: "visible", refusable=True)
+    with pytest.raises(PartitionFull):
+        send.result(5)
+    assert committer.refusing
+    settle = committer.submit([("delete", 0, [7])], linger=0.001)
+    plain = committer.submit([("session_state", 0, "s", b"x")])  # its caller waits for the write
+    assert settle.result(5) is None  # a lingering write is done for its caller; written later
+    committer.retry_due()  # not due yet: nothing tried
+    attempts = store.attempts
+    time.sleep(0.3)
+    committer.retry_due()  # due: tried, still full, kept again
+    assert _eventually(lambda: store.attempts > attempts)
+    assert not plain.done()
+    store.full = False
+    time.sleep(0.3)
+    committer.retry_due()
+    assert plain.result(5) is None
+    assert not committer.refusing and failures == []
+    assert [op for batch in store.batches for op in batch] == [("delete", 0, [7]), ("session_state", 0, "s", b"x")]
+    after = committer.submit([("put", 0, [2])], on_commit=lambda: "visible", refusable=True)
+    assert after.result(5) == "visible"
+
+
+def test_too_many_waiting_writes_fail_as_any_store_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(committer_module, "MAX_KEPT_OPS", 2)
+    store = FillingStore()
+    failures: list[BaseException] = []
+    committer = _full_committer(store, failures)
+    store.full = True
+    waiting = committer.submit([("delete", 0, [1]), ("delete", 0, [2]), ("delete", 0, [3])])
+    with pytest.raises(RuntimeError):
+        waiting.result(5)
+    assert len(failures) == 1 and isinstance(failures[0], StoreFull)
+
+
+def test_closing_tries_a_full_store_once_more_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(committer_module, "FULL_RETRY", 60.0)
+    store = FillingStore()
+    failures: list[BaseException] = []
+    committer = _full_committer(store, failures)
+    store.full = True
+    plain = committer.submit([("create_slot", 3)])
+    assert _eventually(lambda: committer.refusing)
+    assert committer.wait_idle(5)  # not 60 s: closing does not wait for the retry
+    with pytest.raises(RuntimeError):
+        plain.result(1)
+
+
+def _eventually(check: Any, limit: float = 5.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()

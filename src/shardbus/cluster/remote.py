@@ -37,7 +37,7 @@ from typing import Any
 from ..amqp import events as E
 from ..amqp.transport import AmqpClient, ClientReceiver, ClientSender
 from ..model.entities import RuntimeProperties
-from ..model.errors import ArgumentError, PartitionUnavailable, ShardbusError
+from ..model.errors import ArgumentError, PartitionFull, PartitionUnavailable, ShardbusError
 from ..model.message import Message, SubQueue
 from ..partition.broker import Settle, SlotSettings, SlotStats
 from ..partition.handle import PartitionSpec, RemoteVerdict
@@ -465,7 +465,9 @@ class RemotePartition:
 
     def _note_in_doubt(self, batch_id: str, future: Future) -> None:
         """A send that failed for want of its partition may have been stored all the same (see the docstring)."""
-        if not future.cancelled() and isinstance(future.exception(), PartitionUnavailable):
+        exc = None if future.cancelled() else future.exception()
+        # A full store's refusal is not in doubt: nothing of it was stored (partition/broker.py, "Health").
+        if isinstance(exc, PartitionUnavailable) and not isinstance(exc, PartitionFull):
             self.in_doubt.add(batch_id)
 
     def stop(self, reason: str = "the partition broker is stopped") -> None:
@@ -498,6 +500,9 @@ class RemotePartition:
 
     def inject_store_failure(self, after_write: bool = False) -> None:
         self._sync("inject_store_failure", after_write)
+
+    def inject_store_full(self, writes: int) -> None:
+        self._sync("inject_store_full", writes)
 
     def inject_busy_sends(self, count: int) -> None:
         self._sync("inject_busy_sends", count)

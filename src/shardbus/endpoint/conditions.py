@@ -21,6 +21,7 @@ AMQP_CONDITIONS: dict[type[e.ShardbusError], tuple[str, int]] = {
     e.ArgumentError: ("com.microsoft:argument-error", 400),
     e.MessageSizeExceeded: ("amqp:link:message-size-exceeded", 413),
     e.QuotaExceeded: ("amqp:resource-limit-exceeded", 403),
+    e.PartitionFull: ("com.microsoft:server-busy", 503),
     e.PartitionUnavailable: ("com.microsoft:server-busy", 503),
     e.ServerBusy: ("com.microsoft:server-busy", 503),
     e.MessageLockLost: ("com.microsoft:message-lock-lost", 410),

@@ -10,7 +10,9 @@ copy keeps its topic partition, hence its partition key). ``QueueEntity`` and ``
   writing, the next healthy partition takes the message, so the send succeeds. Exactly once: the failed write
   may have reached the disk all the same (a worker killed after committing), so the partition takes that copy
   back before it is healthy again (``PartitionBroker.start`` for its own failed writes, and for a worker's
-  partition ``RemotePartition.revoke_in_doubt``), and until then no send or receive uses it;
+  partition ``RemotePartition.revoke_in_doubt``), and until then no send or receive uses it. A partition whose
+  store is full refuses with ``PartitionFull`` (nothing stored, nothing to take back) and the next one is tried;
+  when every one refuses, the send fails with ``PartitionFull`` (ServerBusy);
 - a topic copies each message to every subscription whose rules match, within the same partition.
 """
 
@@ -30,7 +32,14 @@ from ..model.entities import (
     SubscriptionDescription,
     TopicDescription,
 )
-from ..model.errors import EntityDisabled, InvalidOperation, MessageNotFound, PartitionUnavailable, ShardbusError
+from ..model.errors import (
+    EntityDisabled,
+    InvalidOperation,
+    MessageNotFound,
+    PartitionFull,
+    PartitionUnavailable,
+    ShardbusError,
+)
 from ..model.filters import Rule, route
 from ..model.message import Message, SubQueue
 from ..model.routing import (
@@ -370,6 +379,7 @@ class _Sender:
         start = next(self._round_robin) % n
         order = [self.partitions[(start + i) % n] for i in range(n)]
         result: Future = Future()
+        full: list[PartitionFull] = []  # partitions whose store is full said so: the final error says it too
 
         def attempt(index: int) -> None:
             while index < n:
@@ -379,7 +389,9 @@ class _Sender:
                     continue
                 try:
                     inner = p.enqueue(items)
-                except PartitionUnavailable:
+                except PartitionUnavailable as exc:
+                    if isinstance(exc, PartitionFull):
+                        full.append(exc)
                     continue
                 except BaseException as exc:
                     result.set_exception(exc)
@@ -388,6 +400,8 @@ class _Sender:
                 def done(f: Future, next_index: int = index) -> None:
                     exc = f.exception()
                     if isinstance(exc, PartitionUnavailable):
+                        if isinstance(exc, PartitionFull):
+                            full.append(exc)
                         attempt(next_index)
                     elif exc is not None:
                         result.set_exception(exc)
@@ -395,6 +409,14 @@ class _Sender:
                         result.set_result(f.result())
 
                 inner.add_done_callback(done)
+                return
+            if full:
+                result.set_exception(
+                    PartitionFull(
+                        f"No partition of '{self.path}' can store the message now: their stores are full "
+                        f"({len(full)} refused it). Receives and settlements go on; retry the send later."
+                    )
+                )
                 return
             result.set_exception(
                 PartitionUnavailable(f"No partition of '{self.path}' is available to take the message; retry later.")

@@ -56,6 +56,11 @@ class PartitionUnavailable(ServerBusy):
     """The partition that must serve this operation is unavailable (store error or broker stopped)."""
 
 
+class PartitionFull(PartitionUnavailable):
+    """The partition's store has no space left: it refuses sends (nothing of them is stored; keyless ones try
+    another partition) while receives and settlements go on, until space returns. ServerBusy on the wire."""
+
+
 class MessageLockLost(ShardbusError):
     """The lock token is unknown or its lock expired."""
 
@@ -103,6 +108,7 @@ ALL_ERRORS: tuple[type[ShardbusError], ...] = (
     QuotaExceeded,
     ServerBusy,
     PartitionUnavailable,
+    PartitionFull,
     MessageLockLost,
     MessageNotFound,
     SessionLockLost,
@@ -126,6 +132,7 @@ HTTP_STATUS: dict[type[ShardbusError], int] = {
     ArgumentError: 400,
     MessageSizeExceeded: 413,
     QuotaExceeded: 403,
+    PartitionFull: 503,
     PartitionUnavailable: 503,
     ServerBusy: 503,
     MessageLockLost: 410,

@@ -57,6 +57,18 @@ below ``_visible_next``, so a committed send is never read before ``make_visible
 Health: a store error (a failed read included) or a stop makes the partition unavailable; every call then raises
 ``PartitionUnavailable``. ``start`` (again) reloads the resident set and the counts from the store.
 
+A full store is not such an error (``StoreFull``: the write ran out of space and nothing of it was stored). The
+partition stays healthy and consistent: a send whose write found the store full is refused with
+``PartitionFull`` (ServerBusy on the wire; a keyless send tries the next partition) and its in-memory traces
+(size, duplicate-detection ids, batch record) are undone, since nothing of it was stored; further sends are
+refused at once for ``FULL_RETRY`` seconds, then one goes to the store again as the probe. Everything else
+(settlements, session state, slot changes) is already applied in memory and waits in the committer, in order,
+until space returns (store/committer.py), so receives and settlements go on meanwhile, and should the broker
+crash first, they are undone as any unsynced settlement is: at-least-once. Only if too much waits does the
+committer give up: the partition becomes unavailable, and its upkeep ``tick`` reloads it from its store every
+``FULL_RETRY`` seconds until that succeeds (what waited is lost from memory, never from the store: the messages
+it would have settled are delivered again).
+
 Sends whose outcome is unknown (in-doubt batches): a write that fails may still have reached the disk (a commit
 whose fsync failed; a worker killed after committing, before its reply left). The sender was told it failed,
 and a keyless batch has already been stored on another partition, so such a batch must not come back. Two
@@ -74,8 +86,10 @@ under the lock, on the caller's thread, one indexed query per ``READ_BATCH`` mes
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -90,6 +104,7 @@ from ..model.errors import (
     MessageLockLost,
     MessageNotFound,
     MessageSizeExceeded,
+    PartitionFull,
     PartitionUnavailable,
     QuotaExceeded,
     ServerBusy,
@@ -98,9 +113,11 @@ from ..model.errors import (
 )
 from ..model.message import Message, MessageState, SubQueue
 from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
-from ..store.base import MessageStore, Op, Row, StoreError, Update
-from ..store.committer import GroupCommitter
+from ..store.base import MessageStore, Op, Row, StoreError, StoreFull, Update
+from ..store.committer import FULL_RETRY, GroupCommitter
 from ..store.records import PACK_ERRORS, pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
+
+log = logging.getLogger(__name__)
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 # Ids of auto-forwarded messages (see entity/forwarding.py) are always de-duplicated, whatever the entity's
@@ -351,6 +368,9 @@ class PartitionBroker:
         self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
         self._unwritten = 0  # bytes of staged sends whose write has not finished (bounded: MAX_UNWRITTEN_BYTES)
         self.max_unwritten_bytes = MAX_UNWRITTEN_BYTES
+        self._full_writes = 0  # fault injection: store writes that find the store full before one succeeds
+        self._recover_at: float | None = None  # unavailable for a full store: reload from it at (monotonic)
+        self._epoch = 0  # counts memory resets: a late callback must not undo into a reloaded partition
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
         self.read_ahead = READ_AHEAD
         self.memory_budget = MEMORY_BUDGET
@@ -382,7 +402,12 @@ class PartitionBroker:
                 self._failure = str(exc)
                 raise PartitionUnavailable(self._unavailable_text()) from exc
             self._store = store
-            self._committer = GroupCommitter(_FaultableStore(self, store), self._on_store_failure)
+            self._committer = GroupCommitter(
+                _FaultableStore(self, store),
+                self._on_store_failure,
+                on_full=self._on_store_full,
+                on_resumed=self._on_store_resumed,
+            )
             now = _ms(self._clock)
             self._next_seq = self._visible_next = snapshot.meta.get("next_seq", 1)
             self._marks = {_mark_key(k): v for k, v in snapshot.meta.items() if k.startswith(MARK_PREFIX)}
@@ -426,6 +451,7 @@ class PartitionBroker:
             committer, store = self._committer, self._store
             self._healthy = False
             self._failure = reason
+            self._recover_at = None  # stopped on purpose (or by ``_recover``, which starts it again)
         if committer is not None:
             committer.wait_idle(30)
         if store is not None:
@@ -448,6 +474,10 @@ class PartitionBroker:
         reaches the disk first (a commit whose outcome is unknown, as when its fsync fails)."""
         self._fail_next_write = "after" if after_write else "before"
 
+    def inject_store_full(self, writes: int) -> None:
+        """Fault injection for tests: the next ``writes`` store writes find the store full (nothing written)."""
+        self._full_writes = writes
+
     def inject_busy_sends(self, count: int) -> None:
         """Fault injection for tests: the next ``count`` sends are refused with ServerBusy (the partition stays up)."""
         self._busy_sends = count
@@ -458,6 +488,7 @@ class PartitionBroker:
 
     def _reset_memory(self) -> None:
         self._hold(-self._resident)
+        self._epoch += 1
         self._queues = {}
         self._dirty: set[MessageQueue] = set()  # sub-queues whose counts the next write stores
         self._locks = {}
@@ -470,9 +501,34 @@ class PartitionBroker:
 
     def _on_store_failure(self, exc: BaseException) -> BaseException:
         with self._lock:
-            self._healthy = False
+            running, self._healthy = self._healthy, False
             self._failure = f"store error: {exc}"
+            if isinstance(exc, StoreFull) and running:  # transient: reload once the store can take writes again
+                self._recover_at = time.monotonic() + FULL_RETRY
+                log.warning("partition %s of '%s': %s; reloading it from its store", self.id, self.config.path, exc)
         return PartitionUnavailable(self._unavailable_text())
+
+    def _on_store_full(self, exc: BaseException) -> BaseException:
+        """A send's write found the store full (see "Health"): the error its sender gets."""
+        log.warning("partition %s of '%s': %s; refusing sends until space returns", self.id, self.config.path, exc)
+        return PartitionFull(  # the store's path and error stay in the log: they are the operator's business
+            f"Partition {self.id} of '{self.config.path}' cannot store messages now: its store is full (no space "
+            "left on its disk). Receives and settlements go on; retry the send later."
+        )
+
+    def _on_store_resumed(self) -> None:
+        log.warning("partition %s of '%s': its store has space again; taking sends", self.id, self.config.path)
+
+    def _recover(self) -> None:
+        """Reload a partition its full store made unavailable (from ``tick``; see "Health")."""
+        self._recover_at = None
+        self.stop(self._failure or "recovering from a full store")
+        try:
+            self.start()
+        except PartitionUnavailable:
+            self._recover_at = time.monotonic() + FULL_RETRY
+            return
+        log.warning("partition %s of '%s' reloaded from its store: available again", self.id, self.config.path)
 
     def _unavailable_text(self) -> str:
         return (
@@ -484,12 +540,15 @@ class PartitionBroker:
         if not self._healthy:
             raise PartitionUnavailable(self._unavailable_text())
 
-    def _write(self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0) -> Future:
-        """Queue a write, with the counts of the sub-queues it changed (so they commit together)."""
+    def _write(
+        self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0, refusable: bool = False
+    ) -> Future:
+        """Queue a write, with the counts of the sub-queues it changed (so they commit together). ``refusable``:
+        a send, which a full store refuses whole (see "Health")."""
         assert self._committer is not None
         if self._dirty:
             ops = ops + self._count_ops()
-        return self._committer.submit(ops, on_commit, linger)
+        return self._committer.submit(ops, on_commit, linger, refusable)
 
     def _hold(self, size: int) -> None:
         """Resident messages of ``size`` stored bytes came (positive) or went (negative)."""
@@ -678,24 +737,26 @@ class PartitionBroker:
         """
         with self._lock:
             self._check()
+            self._refuse_if_full()
             now = _ms(self._clock)
             first = self._next_seq
             size_before = self._size
             ops, on_commit = self._stage_enqueue(items, now, batch_id)
             end = self._next_seq
             if end == first:  # only duplicates: nothing of it is stored, nothing to revoke
-                return self._write(ops, on_commit)
+                return self._write(ops, on_commit, refusable=True)
             staged = self._size - size_before
             self._unwritten += staged
+            dedup_ids = [k for op in ops if op[0] == "dedup" for k, _ in op[1]]
+            slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in ops if op[0] == "put"]
             if batch_id is not None:
                 self._batches[batch_id] = (first, end, now)
-                slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in ops if op[0] == "put"]
-                dedup_ids = [k for op in ops if op[0] == "dedup" for k, _ in op[1]]
                 self._staged[batch_id] = (slots, dedup_ids)
                 ops.append(("dedup", [(_batch_key(batch_id, first, end), now)]))
-            future = self._write(ops, on_commit)
+            future = self._write(ops, on_commit, refusable=True)
+            refused = partial(self._undo_refused, self._epoch, slots, dedup_ids, now)
         future.add_done_callback(partial(self._written, staged))  # outside the lock: it may run at once
-        future.add_done_callback(partial(self._enqueue_done, first, end, batch_id))
+        future.add_done_callback(partial(self._enqueue_done, first, end, batch_id, refused))
         return future
 
     def _written(self, staged: int, future: Future) -> None:
@@ -703,16 +764,58 @@ class PartitionBroker:
         with self._lock:
             self._unwritten -= staged
 
-    def _enqueue_done(self, first: int, end: int, batch_id: str | None, future: Future) -> None:
-        """A failed write may have landed all the same: remember its range for the next ``start``."""
+    def _refuse_if_full(self) -> None:
+        """Sends are refused at once while a write found the store full a moment ago (see "Health")."""
+        assert self._committer is not None
+        if self._committer.refusing:
+            raise PartitionFull(
+                f"Partition {self.id} of '{self.config.path}' cannot store messages now: its store is full. "
+                "Receives and settlements go on; retry the send later."
+            )
+
+    def _enqueue_done(
+        self, first: int, end: int, batch_id: str | None, refused: Callable[[str | None], None], future: Future
+    ) -> None:
+        """A failed write may have landed all the same: remember its range for the next ``start``. A write
+        refused for a full store did not land (nothing of it was stored): undo what staging it changed."""
         if batch_id is None and future.exception() is None:
             return
         with self._lock:
             if batch_id is not None:
                 self._staged.pop(batch_id, None)
                 self._revoked_staged.discard(batch_id)
-            if future.exception() is not None:
+            if isinstance(future.exception(), PartitionFull):
+                refused(batch_id)
+            elif future.exception() is not None:
                 self._in_doubt.append((first, end))
+
+    def _undo_refused(
+        self,
+        epoch: int,
+        slots: list[tuple[int, int, int]],
+        dedup_ids: list[str],
+        now: int,
+        batch_id: str | None,
+    ) -> None:
+        """(Lock held.) Forget a send its full store refused: its counts and size ((slot, messages, bytes) per
+        slot), its duplicate-detection ids (so that the sender's retry is not dropped as a duplicate) and its
+        batch record. The refused write also carried the counts of other changes, which did not land either:
+        every sub-queue's counts go with the next write."""
+        if epoch != self._epoch:  # reloaded since: memory is the store's, which never had it
+            return
+        for slot, count, size in slots:
+            q = self._queue(slot, _MAIN)
+            q.count -= count
+            q.staged -= count
+            q.staged_bytes -= size
+            q.bytes -= size
+            self._size -= size
+        self._dirty.update(self._queues.values())
+        for key in dedup_ids:
+            if self._dedup.get(key) == now:
+                del self._dedup[key]
+        if batch_id is not None:
+            self._batches.pop(batch_id, None)
 
     def revoke_batches(self, batch_ids: list[str]) -> Future:
         """Take back the batches ``enqueue`` stored under these ids, if it did: their messages and the
@@ -1261,6 +1364,8 @@ class PartitionBroker:
         The future's result is the sent messages' sequence numbers, as ``enqueue`` gives them."""
         with self._lock:
             self._check()
+            if items:  # its settlements could wait for space, its sends cannot
+                self._refuse_if_full()
             now = _ms(self._clock)
             entries = [self._check_settle(slot, st, now) for slot, st in settles]
             size_before = self._size
@@ -1723,7 +1828,13 @@ class PartitionBroker:
                 self._write([("dedup_delete", stale)])
 
     def tick(self) -> None:
-        """Periodic upkeep: end expired locks and activate due scheduled messages, waking waiting receivers."""
+        """Periodic upkeep: end expired locks and activate due scheduled messages, waking waiting receivers; write
+        again what waits for a full store, or reload a partition a full store made unavailable (see "Health")."""
+        if not self._healthy and self._recover_at is not None and time.monotonic() >= self._recover_at:
+            self._recover()
+        committer = self._committer
+        if committer is not None:
+            committer.retry_due()
         with self._lock:
             if not self._healthy:
                 return
@@ -1762,6 +1873,9 @@ class _FaultableStore:
         return self._store.load()
 
     def apply(self, ops: list[Op], sync: bool = True) -> None:
+        if self._broker._full_writes > 0:
+            self._broker._full_writes -= 1
+            raise StoreFull("store is full (injected)")
         when, self._broker._fail_next_write = self._broker._fail_next_write, None
         if when == "before":
             raise StoreError("injected store failure")

@@ -116,3 +116,9 @@ class MessageStore(Protocol):
 
 class StoreError(Exception):
     """The store could not read or write; its partition becomes unavailable."""
+
+
+class StoreFull(StoreError):
+    """A write failed for want of space (SQLite's SQLITE_FULL, PostgreSQL's disk_full) and nothing of it was
+    stored: the transaction rolled back whole, so the store holds exactly what it held before. Transient: the
+    same write succeeds once space returns (the partition refuses sends meanwhile, store/committer.py)."""

@@ -9,6 +9,9 @@ Several front-end processes may open the same catalog (``shardbus serve --fronte
 stay unique and a name can be inserted once: the second insert of a name raises ``EntityAlreadyExists``.
 ``changed`` tells, with SQLite's ``PRAGMA data_version`` (it moves only when another connection commits), whether
 another process wrote since the last ``snapshot``; it costs one statement, no read of the tables.
+
+A write that finds the disk full (SQLITE_FULL) changes nothing and raises ``ServerBusy``: retriable, as the
+partitions' stores treat a full disk (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import EntityAlreadyExists, EntityNotFound, QuotaExceeded
+from ..model.errors import EntityAlreadyExists, EntityNotFound, QuotaExceeded, ServerBusy
 
 BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's write transaction
 
@@ -266,8 +269,27 @@ class _Transaction:
             self._lock.release()
             raise
 
-    def __exit__(self, exc_type: object, *_: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, _tb: object) -> None:
         try:
-            self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+            if exc_type is None:
+                try:
+                    self._db.execute("COMMIT")
+                except sqlite3.Error as failed:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    _refuse_if_full(failed)
+                    raise
+            elif self._db.in_transaction:  # SQLite may have rolled back already (a full disk does)
+                self._db.execute("ROLLBACK")
         finally:
             self._lock.release()
+        if isinstance(exc, sqlite3.Error):
+            _refuse_if_full(exc)
+
+
+def _refuse_if_full(exc: sqlite3.Error) -> None:
+    """A write that ran out of space stored nothing: the caller may retry once space returns (ServerBusy)."""
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        raise ServerBusy(
+            "The namespace's catalog cannot be written now: its disk is full. Nothing was changed; retry later."
+        ) from exc

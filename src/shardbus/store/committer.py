@@ -25,6 +25,21 @@ Lingering is for writes nobody waits for. A lingering submission's future is a `
 (``result()``, as the Python API's ``complete()`` does) ends the linger, and so does ``hurry(future)``, for callers
 that wait through a callback (a worker answering a front end, a ``$management`` reply). A callback alone (the AMQP
 endpoint logging a failed write) lets it linger.
+
+A full store (``StoreFull``: the write ran out of space and nothing of it was stored) is transient, and handled
+here so that the partition keeps its state and keeps serving. Submissions marked ``refusable`` (sends: their
+callers can be told to retry, and nothing of them is visible yet) fail with ``on_full``'s error. The others
+(settlements, whose outcome the partition already applied in memory and answered; slot and session-state
+changes) go back to the head of the queue, in order, and are written again after ``FULL_RETRY`` seconds (on the
+next ``submit`` or ``retry_due`` after that, which the partition calls from its upkeep tick): nothing is dropped
+and nothing is reordered, so once space returns the store catches up with memory. A lingering write's future is
+resolved when it is kept (nobody waits for it, and a worker's front end must not wait for space to answer a
+settlement); other kept writes' callers wait until it is written. While the committer is
+``refusing`` (a full write less than ``FULL_RETRY`` ago), the partition refuses sends before they reach it; the
+first send after that is the probe that finds out whether space has returned. Only when more than
+``MAX_KEPT_OPS`` operations wait (a long outage under a stream of settlements: memory must stay bounded) or the
+store is being closed is a full write treated like any other failure (``on_failure``: the partition becomes
+unavailable and reloads what is durable, partition/broker.py).
 """
 
 from __future__ import annotations
@@ -35,10 +50,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .base import MessageStore, Op
+from .base import MessageStore, Op, StoreFull
 from .pools import COMMITS
 
-Pending = tuple[list[Op], Callable[[], Any] | None, Future]
+FULL_RETRY = 1.0  # seconds between writes to a full store
+MAX_KEPT_OPS = 20_000  # operations (about one per settlement, ~150 bytes) kept for a full store at most
+
+Pending = tuple[list[Op], Callable[[], Any] | None, Future, bool]  # ops, on_commit, future, refusable
+_DONE: Future = Future()  # what a lingering submission to a full store gets (see ``_keep``)
+_DONE.set_result(None)
 
 
 class LingeringWrite(Future):
@@ -71,9 +91,13 @@ class GroupCommitter:
         store: MessageStore,
         on_failure: Callable[[BaseException], BaseException],
         executor: ThreadPoolExecutor | None = None,
+        on_full: Callable[[BaseException], BaseException] | None = None,
+        on_resumed: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self._on_failure = on_failure  # turns a store failure into the error callers see
+        self._on_full = on_full or on_failure  # the error refused submissions get from a full store
+        self._on_resumed = on_resumed  # called once a write succeeds after the store was full
         self._executor = executor or COMMITS.get()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # ends a linger early
@@ -85,11 +109,32 @@ class GroupCommitter:
         self._shared: Future | None = None  # the last pending submission's future, if later ones may join it
         self._idle = threading.Event()
         self._idle.set()
+        self._retry_at: float | None = None  # the store was full: no write before this (monotonic)
+        self._closing = False  # wait_idle was called: a full store is a failure like any other
+        self._was_full = False  # a write found the store full, and none has succeeded since
 
-    def submit(self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0) -> Future:
-        """Queue ``ops`` for the next batch; the future resolves (to ``on_commit``'s result) once it is durable."""
+    @property
+    def refusing(self) -> bool:
+        """The store was found full less than ``FULL_RETRY`` seconds ago: sends should be refused at once."""
+        retry_at = self._retry_at
+        return retry_at is not None and time.monotonic() < retry_at
+
+    def submit(
+        self,
+        ops: list[Op],
+        on_commit: Callable[[], Any] | None = None,
+        linger: float = 0.0,
+        refusable: bool = False,
+    ) -> Future:
+        """Queue ``ops`` for the next batch; the future resolves (to ``on_commit``'s result) once it is durable.
+        ``refusable``: if the store is full, fail instead of waiting for space (see the module docstring)."""
         with self._lock:
             shareable = linger > 0 and on_commit is None
+            if shareable and self._retry_at is not None:  # the store is full: joins what waits (see ``_keep``)
+                self._pending.append((list(ops), None, Future(), False))
+                self._shared = None
+                self._idle.clear()
+                return _DONE
             if shareable and self._shared is not None:
                 self._pending[-1][0].extend(ops)  # our own copy (below): the caller's list is never changed
                 return self._shared
@@ -102,14 +147,36 @@ class GroupCommitter:
                 future = LingeringWrite(self)
                 if not self._pending or self._urgent:
                     self._write_by = time.monotonic() + linger
-            self._pending.append((list(ops) if shareable else ops, on_commit, future))
+            self._pending.append((list(ops) if shareable else ops, on_commit, future, refusable))
             self._shared = future if shareable else None
-            if self._running:
-                return future
-            self._running = True
             self._idle.clear()
+            if self._running or not self._start_if_due():
+                return future
         self._executor.submit(self._drain)
         return future
+
+    def _start_if_due(self) -> bool:
+        """(Lock held, not running.) Whether to start a drain now: not while a full store's retry is not due."""
+        if self._retry_at is not None:
+            if time.monotonic() < self._retry_at and not self._closing:
+                return False
+            self._retry_at = None
+            self._urgent = True  # what was kept waited long enough: no lingering on top
+        self._running = True
+        return True
+
+    def retry_due(self) -> None:
+        """Write what waits for a full store, if its retry is due (the partition's upkeep calls this)."""
+        with self._lock:
+            if self._running or self._retry_at is None:
+                return
+            if not self._pending:
+                if time.monotonic() >= self._retry_at:
+                    self._retry_at = None  # nothing kept: the next send is the probe
+                return
+            if not self._start_if_due():
+                return
+        self._executor.submit(self._drain)
 
     def _drain(self) -> None:
         while True:
@@ -134,18 +201,64 @@ class GroupCommitter:
             try:
                 if ops:
                     self.store.apply(ops, sync)
+            except StoreFull as exc:
+                if self._keep(batch, exc):
+                    return
+                continue
             except BaseException as exc:  # every caller in the batch learns of the failure
                 error = self._on_failure(exc)
-                for _, _, future in batch:
+                for _, _, future, _ in batch:
                     future.set_exception(error)
                 continue
-            for _, on_commit, future in batch:
+            if self._on_resumed is not None and self._was_full:
+                self._was_full = False
+                self._on_resumed()
+            for _, on_commit, future, _ in batch:
                 try:
                     result = on_commit() if on_commit is not None else None
                 except BaseException as exc:  # a bug in a callback must not strand the other callers
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
+
+    def _keep(self, batch: list[Pending], exc: StoreFull) -> bool:
+        """A batch found the store full (nothing of it was written): refuse its sends, put the rest back at the
+        head of the queue for ``FULL_RETRY`` seconds. True when the drain stops here (it resumes on the next
+        due ``submit`` or ``retry_due``); False when the kept writes fail instead (too many, or closing)."""
+        refused_error: BaseException | None = None
+        kept: list[Pending] = []
+        for item in batch:
+            if item[3]:
+                if refused_error is None:
+                    refused_error = self._on_full(exc)
+                item[2].set_exception(refused_error)
+            elif isinstance(item[2], LingeringWrite) and item[1] is None:
+                # Nobody needs to wait for a lingering write (a settlement, applied in memory and answered): it
+                # is done as far as its caller goes, and written when space returns, in order. Until then a
+                # crash takes it back, as it may take back any unsynced lingering write: a delivery again.
+                item[2].set_result(None)
+                kept.append((item[0], None, Future(), False))
+            else:
+                kept.append(item)
+        with self._lock:
+            self._was_full = True
+            waiting = sum(len(item[0]) for item in kept) + sum(len(item[0]) for item in self._pending)
+            if not self._closing and waiting <= MAX_KEPT_OPS:
+                if kept:
+                    self._pending[:0] = kept
+                    self._sync = True  # kept plain submissions want their sync; lingering ones do not mind it
+                if not self._pending:
+                    self._shared = None
+                self._retry_at = time.monotonic() + FULL_RETRY
+                self._running = False
+                if not self._pending:
+                    self._idle.set()
+                return True
+        if kept:
+            error = self._on_failure(exc)
+            for _, _, future, _ in kept:
+                future.set_exception(error)
+        return False
 
     def hurry(self) -> None:
         """Write what is pending now instead of lingering (a batch of lingering writes alone stays unsynced)."""
@@ -155,6 +268,12 @@ class GroupCommitter:
                 self._wake.notify()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until everything submitted so far is written (used when closing): lingering ends now."""
+        """Wait until everything submitted so far is written (used when closing): lingering ends now, and
+        writes waiting for a full store are tried once more now (and fail if it still is)."""
+        with self._lock:
+            self._closing = True
+            start = not self._running and bool(self._pending) and self._start_if_due()
+        if start:
+            self._executor.submit(self._drain)
         self.hurry()
         return self._idle.wait(timeout)

@@ -40,7 +40,7 @@ try:
 except ImportError as exc:
     raise MissingExtra("PostgreSQL (its store, --metadata)", "postgres", "psycopg") from exc
 
-from .base import Op, Row, Snapshot, StoreError, Update, op_handlers
+from .base import Op, Row, Snapshot, StoreError, StoreFull, Update, op_handlers
 
 COUNTS_KEPT = "counts_kept"  # meta key, as in the SQLite store
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
@@ -338,6 +338,9 @@ class PostgresStore:
                     cur.execute(f"SELECT {_REQUIRE_LEASE}(%s, %s)", self.lease)
                 for op in _plan(ops):
                     dispatch[op[0]](cur, *op[1:])
+        except psycopg.errors.DiskFull as exc:  # "could not extend file": the transaction rolled back whole
+            self._reset()
+            raise StoreFull(f"store {self} is full: {exc}") from exc
         except psycopg.Error as exc:
             self._reset()
             raise StoreError(f"store {self} failed: {exc}") from exc

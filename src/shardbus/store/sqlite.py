@@ -14,6 +14,12 @@ commit's mean time. A passive checkpoint on another connection runs beside the w
 WAL starts again from its beginning at the first commit after a complete one. The automatic checkpoint stays as
 the safety net should the background ones fall behind.
 
+A full disk: a write that runs out of space fails with SQLITE_FULL (SQLite maps the file system's ENOSPC to it),
+and the transaction is rolled back whole (a WAL commit is the commit frame; frames written before the failure
+are ignored and overwritten by the next transaction), so the database holds exactly what it held before. That
+is raised as ``StoreFull``: the partition treats it as transient and writes again once space returns. Any other
+failure (an I/O error, a failed fsync whose commit may or may not be durable) stays a ``StoreError``.
+
 Each slot (a queue, or one subscription of a topic partition) is its own table whose rowid is the
 partition-relative sequence number: a sub-queue's ACTIVE messages are read in sequence order by a range of the
 rowid (``scan``). Two partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
@@ -34,7 +40,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from .base import Op, Row, Snapshot, StoreError, op_handlers
+from .base import Op, Row, Snapshot, StoreError, StoreFull, op_handlers
 from .pools import CHECKPOINTS
 
 _SCHEMA = """
@@ -248,6 +254,8 @@ class SqliteStore:
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                raise StoreFull(f"store {self.path} is full: {exc}") from exc
             raise StoreError(f"store {self.path} failed: {exc}") from exc
         if self._written >= CHECKPOINT_BYTES and (self._checkpoint is None or self._checkpoint.done()):
             self._written = 0

@@ -1,0 +1,703 @@
+"""Soak: a mixed load against a real ``shardbus serve`` process for a long time, then every message accounted for.
+
+The broker is a child process (``python -m shardbus.cli serve``) over a fresh data directory, its entities from a
+Config.json written here (all partitioned, 16 partitions on Standard):
+
+    soak-q      peek-lock queue (lock 10 s, 3 deliveries): the consumer acts on each message's plan, which the
+                producer chose and put in the message: complete; abandon once, then complete; dead-letter;
+                defer, then receive it by sequence number and complete; abandon always (the broker dead-letters
+                it with MaxDeliveryCountExceeded). Sent singly and in batches of 5, with a partition key and without,
+                and scheduled 1-4 s ahead (a quarter of those cancelled again)
+    soak-ttl    messages with a 1 s time to live, read rarely: they expire into the dead-letter queue
+                (DeadLetteringOnMessageExpiration); the few received first are completed
+    soak-s      sessions: 8 session ids, each session's messages received in order, its state set as it goes
+    soak-t      a topic: "all" (no rules), "red" (SQL filter color = 'red'), "blue" (correlation filter color=blue)
+
+The load is the official ``azure-servicebus`` SDK (sync), one client per thread, paced at ``--rate`` messages a
+second to soak-q (the others in proportion). Every message id is unique and recorded when its send returns.
+
+Every ``--interval`` seconds one line: messages sent and settled in the interval, the broker's RSS at its end and
+open file descriptors (the median of samples through the interval; its worker processes included), and p50/p99
+latency of sends and of completes. At the end the producers stop, the consumers drain until every acknowledged
+message has its final outcome (or ``--drain`` s pass), and each message id is reconciled:
+
+    lost          acknowledged and never reached its outcome (fails the run)
+    duplicated    settled twice where it should be once, without an explanation (fails the run); explained ones
+                  (an earlier lock of the same message ended without a settlement: a lock lost, a failed
+                  complete) are counted as at-least-once redeliveries
+    misrouted     a topic message on a subscription whose filter does not match it, a cancelled scheduled
+                  message delivered, an unknown id, a session out of order (fails the run)
+
+and flatness: RSS, file descriptors and latencies of each interval after the first (warm-up) against the
+second interval's; the run fails (exit status 2) when RSS or descriptors grow by more than 10% (judged with at least
+three intervals after warm-up). Latencies are printed with their ratios but do not decide (the machine is shared).
+
+    python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--data-dir DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
+
+Q, TTL_Q, S_Q, TOPIC = "soak-q", "soak-ttl", "soak-s", "soak-t"
+SUBS = ("all", "red", "blue")
+PLANS = (("complete", 60), ("abandon-once", 15), ("dead-letter", 10), ("defer", 10), ("abandon-always", 5))
+COLORS = ("red", "blue", "green")
+SESSIONS = 8
+KEYS = 32
+FLAT = 1.10  # RSS and descriptors may grow by this much after warm-up
+CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://\S+)$")
+
+
+def _config() -> dict:
+    common = {"EnablePartitioning": True, "MaxSizeInMegabytes": 1024}
+    queue = {"LockDuration": "PT10S", "MaxDeliveryCount": 3}
+    sub = {"LockDuration": "PT10S", "MaxDeliveryCount": 3}
+    return {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Name": "sbemulatorns",
+                    "Queues": [
+                        {"Name": Q, "Properties": {**common, **queue}},
+                        {"Name": TTL_Q, "Properties": {**common, **queue, "DeadLetteringOnMessageExpiration": True}},
+                        {"Name": S_Q, "Properties": {**common, **queue, "RequiresSession": True}},
+                    ],
+                    "Topics": [
+                        {
+                            "Name": TOPIC,
+                            "Properties": common,
+                            "Subscriptions": [
+                                {"Name": "all", "Properties": sub},
+                                {
+                                    "Name": "red",
+                                    "Properties": sub,
+                                    "Rules": [
+                                        {
+                                            "Name": "red",
+                                            "Properties": {
+                                                "FilterType": "Sql",
+                                                "SqlFilter": {"SqlExpression": "color = 'red'"},
+                                            },
+                                        }
+                                    ],
+                                },
+                                {
+                                    "Name": "blue",
+                                    "Properties": sub,
+                                    "Rules": [
+                                        {
+                                            "Name": "blue",
+                                            "Properties": {
+                                                "FilterType": "Correlation",
+                                                "CorrelationFilter": {"Properties": {"color": "blue"}},
+                                            },
+                                        }
+                                    ],
+                                },
+                            ],
+                        }
+                    ],
+                }
+            ],
+            "Logging": {"Type": "File"},
+        }
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the broker process and what it holds
+# --------------------------------------------------------------------------------------------------------------
+class Broker:
+    def __init__(self, data_dir: Path, workers: int) -> None:
+        config = data_dir / "Config.json"
+        config.write_text(json.dumps(_config()))
+        self.stderr = open(data_dir / "serve.stderr", "w")  # noqa: SIM115 (open for the process's life)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shardbus.cli", "serve", "--port", "0", "--data-dir", str(data_dir / "data"),
+             "--config", str(config), "--workers", str(workers)],
+            stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        self.connection_string = ""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if m := CONNECTION_STRING.match(line.strip()):
+                self.connection_string = m.group(1)
+                break
+        if not self.connection_string:
+            raise SystemExit(f"soak: the broker did not start:\n{(data_dir / 'serve.stderr').read_text()}")
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep its pipe drained
+
+    def pids(self) -> list[int]:
+        """The broker and its descendants (worker processes)."""
+        children: dict[int, list[int]] = collections.defaultdict(list)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                children[ppid].append(int(entry))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += children.get(pid, [])
+        return out
+
+    def usage(self) -> tuple[float, int]:
+        """(RSS in MB, open file descriptors), summed over the broker's processes."""
+        rss_kb, fds = 0, 0
+        for pid in self.pids():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        rss_kb += int(line.split()[1])
+                fds += len(os.listdir(f"/proc/{pid}/fd"))
+            except OSError:
+                continue
+        return rss_kb / 1024, fds
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+        finally:
+            self.stderr.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# what was sent and what happened to it
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class Sent:
+    entity: str  # Q, TTL_Q, S_Q or TOPIC
+    plan: str  # soak-q: one of PLANS; "scheduled"/"cancelled"; TTL_Q: "ttl"; S_Q: "session"; TOPIC: the color
+    acked: bool = False
+    session: str | None = None
+    order: int = 0  # position in its session
+
+
+@dataclass
+class Ledger:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sent: dict[str, Sent] = field(default_factory=dict)
+    events: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: collections.defaultdict(list))
+    send_errors: collections.Counter = field(default_factory=collections.Counter)
+    other_errors: collections.Counter = field(default_factory=collections.Counter)
+    send_ms: list[float] = field(default_factory=list)
+    settle_ms: list[float] = field(default_factory=list)
+    settled = 0
+    misordered: list[str] = field(default_factory=list)
+
+    def record_sent(self, mid: str, sent: Sent) -> None:
+        with self.lock:
+            self.sent[mid] = sent
+
+    def event(self, mid: str, where: str, what: str) -> None:
+        with self.lock:
+            self.events[mid].append((where, what))
+            if what in ("completed", "dlq-completed"):
+                self.settled += 1
+
+    def take_latencies(self) -> tuple[list[float], list[float], int]:
+        with self.lock:
+            sends, settles, settled = self.send_ms, self.settle_ms, self.settled
+            self.send_ms, self.settle_ms, self.settled = [], [], 0
+            return sends, settles, settled
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# load
+# --------------------------------------------------------------------------------------------------------------
+class Load:
+    def __init__(self, conn: str, ledger: Ledger, rate: float) -> None:
+        self.conn = conn
+        self.ledger = ledger
+        self.rate = rate
+        self.producing = threading.Event()
+        self.producing.set()
+        self.consuming = threading.Event()
+        self.consuming.set()
+        self.threads: list[threading.Thread] = []
+        self._ids = iter(range(1, 1 << 62))
+        self._id_lock = threading.Lock()
+        self.last_scheduled = time.time()
+
+    def _mid(self, prefix: str) -> str:
+        with self._id_lock:
+            return f"{prefix}-{next(self._ids)}"
+
+    def client(self) -> ServiceBusClient:
+        return ServiceBusClient.from_connection_string(self.conn, retry_total=5)
+
+    def start(self) -> None:
+        producers = [self._produce_q, self._produce_ttl, self._produce_sessions, self._produce_topic]
+        consumers = [self._consume_q, self._consume_q, self._consume_dlq, self._consume_ttl]
+        consumers += [self._consume_sessions, self._consume_sessions]
+        consumers += [partial(self._consume_sub, s) for s in SUBS]
+        for target in producers + consumers:
+            name = getattr(target, "__name__", None) or f"{target.func.__name__}:{target.args[0]}"
+            t = threading.Thread(target=self._guard, args=(target,), name=name, daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _guard(self, target) -> None:
+        while self.consuming.is_set():
+            try:
+                target()
+                return
+            except Exception as exc:  # a broken connection: note it and start the loop again with a new client
+                name = getattr(target, "__name__", None) or target.func.__name__
+                with self.ledger.lock:
+                    self.ledger.other_errors[f"{name}:{type(exc).__name__}"] += 1
+                time.sleep(1)
+
+    def _paced(self, per_second: float):
+        """Yield at ``per_second`` while producing (catching up after a slow send, never bursting past a second)."""
+        interval = 1 / per_second
+        due = time.monotonic()
+        while self.producing.is_set():
+            now = time.monotonic()
+            if due > now:
+                time.sleep(due - now)
+            due = max(due + interval, time.monotonic() - 1)
+            yield
+
+    def _send(self, sender, messages: list[ServiceBusMessage], records: list[tuple[str, Sent]]) -> bool:
+        for mid, sent in records:
+            self.ledger.record_sent(mid, sent)
+        started = time.perf_counter()
+        try:
+            sender.send_messages(messages if len(messages) > 1 else messages[0])
+        except ServiceBusError as exc:
+            with self.ledger.lock:
+                self.ledger.send_errors[type(exc).__name__] += 1
+            return False
+        elapsed = (time.perf_counter() - started) * 1000
+        with self.ledger.lock:
+            self.ledger.send_ms.append(elapsed)
+            for _, sent in records:
+                sent.acked = True
+        return True
+
+    # --- soak-q -------------------------------------------------------------------------------------------------
+    def _produce_q(self) -> None:
+        plans = [p for p, w in PLANS for _ in range(w)]
+        with self.client() as client, client.get_queue_sender(Q) as sender:
+            for _ in self._paced(self.rate):
+                roll = random.random()
+                key = f"k{random.randrange(KEYS)}" if random.random() < 0.5 else None
+                if roll < 0.1:  # scheduled (a quarter cancelled)
+                    mid = self._mid("q")
+                    when = datetime.now(UTC) + timedelta(seconds=random.uniform(1, 4))
+                    msg = ServiceBusMessage(b"scheduled", message_id=mid, partition_key=key,
+                                            application_properties={"plan": "complete"})  # fmt: skip
+                    sent = Sent(Q, "scheduled")
+                    self.ledger.record_sent(mid, sent)
+                    started = time.perf_counter()
+                    try:
+                        seqs = sender.schedule_messages(msg, when)
+                    except ServiceBusError as exc:
+                        with self.ledger.lock:
+                            self.ledger.send_errors[type(exc).__name__] += 1
+                        continue
+                    with self.ledger.lock:
+                        self.ledger.send_ms.append((time.perf_counter() - started) * 1000)
+                        sent.acked = True
+                    self.last_scheduled = when.timestamp()
+                    if random.random() < 0.25:
+                        try:
+                            sender.cancel_scheduled_messages(seqs)
+                            sent.plan = "cancelled"
+                        except ServiceBusError as exc:  # stays scheduled: it is delivered later
+                            with self.ledger.lock:
+                                self.ledger.other_errors[f"cancel:{type(exc).__name__}"] += 1
+                    continue
+                count = 5 if roll < 0.3 else 1
+                messages, records = [], []
+                for _ in range(count):
+                    mid, plan = self._mid("q"), random.choice(plans)
+                    messages.append(ServiceBusMessage(os.urandom(200), message_id=mid, partition_key=key,
+                                                      application_properties={"plan": plan}))  # fmt: skip
+                    records.append((mid, Sent(Q, plan)))
+                self._send(sender, messages, records)
+
+    def _consume_q(self) -> None:
+        abandoned: set[str] = set()
+        deferred: list[int] = []
+        with self.client() as client, client.get_queue_receiver(Q, max_wait_time=1) as receiver:
+            while self.consuming.is_set():
+                got = receiver.receive_messages(max_message_count=20, max_wait_time=1)
+                for msg in got:
+                    mid = str(msg.message_id)
+                    plan = (msg.application_properties or {}).get(b"plan", b"complete").decode()
+                    self.ledger.event(mid, Q, "received")
+                    if plan == "abandon-always" or (plan == "abandon-once" and mid not in abandoned):
+                        abandoned.add(mid)
+                        self._settle(receiver.abandon_message, msg, Q, "abandoned")
+                    elif plan == "dead-letter":
+                        self._settle(
+                            lambda m: receiver.dead_letter_message(m, reason="soak", error_description="planned"),
+                            msg, Q, "dead-lettered",
+                        )  # fmt: skip
+                    elif plan == "defer":
+                        if self._settle(receiver.defer_message, msg, Q, "deferred"):
+                            deferred.append(msg.sequence_number)
+                    else:
+                        abandoned.discard(mid)
+                        self._settle(receiver.complete_message, msg, Q, "completed", timed=True)
+                if deferred:
+                    try:
+                        for msg in receiver.receive_deferred_messages(deferred):
+                            self.ledger.event(str(msg.message_id), Q, "received-deferred")
+                            self._settle(receiver.complete_message, msg, Q, "completed", timed=True)
+                        deferred = []
+                    except ServiceBusError as exc:
+                        with self.ledger.lock:
+                            self.ledger.other_errors[f"deferred:{type(exc).__name__}"] += 1
+
+    def _settle(self, action, msg, where: str, what: str, timed: bool = False) -> bool:
+        mid = str(msg.message_id)
+        started = time.perf_counter()
+        try:
+            action(msg)
+        except ServiceBusError as exc:  # the lock ended without this settlement: the message comes again
+            self.ledger.event(mid, where, f"settle-failed:{type(exc).__name__}")
+            return False
+        if timed:
+            with self.ledger.lock:
+                self.ledger.settle_ms.append((time.perf_counter() - started) * 1000)
+        self.ledger.event(mid, where, what)
+        return True
+
+    def _consume_dlq(self) -> None:
+        with self.client() as client:
+            receivers = {
+                name: client.get_queue_receiver(name, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=1)
+                for name in (Q, TTL_Q)
+            }
+            try:
+                while self.consuming.is_set():
+                    for name, receiver in receivers.items():
+                        for msg in receiver.receive_messages(max_message_count=50, max_wait_time=0.5):
+                            mid = str(msg.message_id)
+                            self.ledger.event(mid, f"{name}/$dlq", f"dlq:{msg.dead_letter_reason}")
+                            self._settle(receiver.complete_message, msg, f"{name}/$dlq", "dlq-completed")
+            finally:
+                for receiver in receivers.values():
+                    receiver.close()
+
+    # --- soak-ttl -----------------------------------------------------------------------------------------------
+    def _produce_ttl(self) -> None:
+        with self.client() as client, client.get_queue_sender(TTL_Q) as sender:
+            for _ in self._paced(max(1.0, self.rate / 20)):
+                mid = self._mid("ttl")
+                msg = ServiceBusMessage(b"short-lived", message_id=mid, time_to_live=timedelta(seconds=1))
+                self._send(sender, [msg], [(mid, Sent(TTL_Q, "ttl"))])
+
+    def _consume_ttl(self) -> None:
+        """Receives rarely: what it meets has mostly expired, which moves it to the dead-letter queue."""
+        with self.client() as client, client.get_queue_receiver(TTL_Q, max_wait_time=1) as receiver:
+            while self.consuming.is_set():
+                time.sleep(5)
+                for msg in receiver.receive_messages(max_message_count=50, max_wait_time=0.5):
+                    self.ledger.event(str(msg.message_id), TTL_Q, "received")
+                    self._settle(receiver.complete_message, msg, TTL_Q, "completed")
+
+    # --- soak-s -------------------------------------------------------------------------------------------------
+    def _produce_sessions(self) -> None:
+        order = collections.Counter()
+        with self.client() as client, client.get_queue_sender(S_Q) as sender:
+            for _ in self._paced(max(1.0, self.rate / 4)):
+                session = f"s{random.randrange(SESSIONS)}"
+                order[session] += 1
+                mid = self._mid("s")
+                msg = ServiceBusMessage(b"in-session", message_id=mid, session_id=session,
+                                        application_properties={"order": order[session]})  # fmt: skip
+                if not self._send(sender, [msg], [(mid, Sent(S_Q, "session", session=session, order=order[session]))]):
+                    order[session] -= 1  # the next one takes its place in the order check
+
+    def _consume_sessions(self) -> None:
+        last: dict[str, int] = {}
+        # No retries: the SDK retries "no session available" (OperationTimeoutError) with backoff, half a minute
+        # in all, while this loop wants to look again at once (and to notice the end of the run).
+        with ServiceBusClient.from_connection_string(self.conn, retry_total=0) as client:
+            while self.consuming.is_set():
+                receiver = client.get_queue_receiver(S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1)
+                try:
+                    receiver.__enter__()
+                except OperationTimeoutError:  # no session has messages now
+                    receiver.close()
+                    continue
+                try:
+                    session = receiver.session.session_id
+                    while self.consuming.is_set():
+                        got = receiver.receive_messages(max_message_count=20, max_wait_time=1)
+                        if not got:
+                            break
+                        for msg in got:
+                            mid = str(msg.message_id)
+                            order = int((msg.application_properties or {}).get(b"order", 0))
+                            self.ledger.event(mid, S_Q, "received")
+                            if order <= last.get(session, 0) and msg.delivery_count == 0:
+                                with self.ledger.lock:
+                                    self.ledger.misordered.append(f"{session}: {order} after {last[session]}")
+                            last[session] = max(order, last.get(session, 0))
+                            self._settle(receiver.complete_message, msg, S_Q, "completed", timed=True)
+                        receiver.session.set_state(str(last[session]).encode())
+                        if len(got) < 20:  # the session is (about) empty: on to the next one
+                            break
+                except ServiceBusError as exc:
+                    with self.ledger.lock:
+                        self.ledger.other_errors[f"session:{type(exc).__name__}"] += 1
+                finally:
+                    receiver.close()
+
+    # --- soak-t -------------------------------------------------------------------------------------------------
+    def _produce_topic(self) -> None:
+        with self.client() as client, client.get_topic_sender(TOPIC) as sender:
+            for _ in self._paced(max(1.0, self.rate / 4)):
+                mid, color = self._mid("t"), random.choice(COLORS)
+                key = f"k{random.randrange(KEYS)}" if random.random() < 0.5 else None
+                msg = ServiceBusMessage(b"fan-out", message_id=mid, partition_key=key,
+                                        application_properties={"color": color})  # fmt: skip
+                self._send(sender, [msg], [(mid, Sent(TOPIC, color))])
+
+    def _consume_sub(self, sub: str) -> None:
+        where = f"{TOPIC}/{sub}"
+        with self.client() as client, client.get_subscription_receiver(TOPIC, sub, max_wait_time=1) as receiver:
+            while self.consuming.is_set():
+                for msg in receiver.receive_messages(max_message_count=20, max_wait_time=1):
+                    self.ledger.event(str(msg.message_id), where, "received")
+                    self._settle(receiver.complete_message, msg, where, "completed", timed=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reconciliation
+# --------------------------------------------------------------------------------------------------------------
+def _expected(sent: Sent) -> dict[str, str]:
+    """Where a message must end, and how: destination -> the final event there."""
+    if sent.entity == Q:
+        if sent.plan == "cancelled":
+            return {}
+        if sent.plan == "dead-letter":
+            return {f"{Q}/$dlq": "dlq:soak"}
+        if sent.plan == "abandon-always":
+            return {f"{Q}/$dlq": "dlq:MaxDeliveryCountExceeded"}
+        return {Q: "completed"}
+    if sent.entity == TTL_Q:
+        return {f"{TTL_Q}/$dlq": "dlq:TTLExpiredException"}  # or completed from the queue before it expired
+    if sent.entity == S_Q:
+        return {S_Q: "completed"}
+    out = {f"{TOPIC}/all": "completed"}
+    if sent.plan in ("red", "blue"):
+        out[f"{TOPIC}/{sent.plan}"] = "completed"
+    return out
+
+
+def _finished(sent: Sent, events: list[tuple[str, str]]) -> bool:
+    seen = set(events)
+    if sent.entity == TTL_Q and (TTL_Q, "completed") in seen:
+        return True
+    for where, final in _expected(sent).items():
+        if final.startswith("dlq:"):
+            if (where, "dlq-completed") not in seen:
+                return False
+        elif (where, final) not in seen:
+            return False
+    return True
+
+
+def reconcile(ledger: Ledger) -> dict[str, int | list[str]]:
+    out: dict[str, int | list[str]] = collections.Counter()  # type: ignore[assignment]
+    problems: list[str] = []
+    with ledger.lock:
+        sent_items = list(ledger.sent.items())
+        events = {k: list(v) for k, v in ledger.events.items()}
+    for mid, sent in sent_items:
+        evs = events.get(mid, [])
+        expected = _expected(sent)
+        if not sent.acked:
+            out["send failed"] += 1
+            if evs:
+                out["send failed, stored all the same (explained: the SDK retried, or the outcome was unknown)"] += 1
+            continue
+        out["acknowledged"] += 1
+        allowed = set(expected) | ({sent.entity} if sent.entity in (Q, TTL_Q) else set())
+        for where, _ in evs:
+            if where not in allowed:
+                problems.append(f"misrouted: {mid} ({sent.entity} {sent.plan}) seen on {where}")
+        if sent.entity == Q and sent.plan == "cancelled" and evs:
+            problems.append(f"misrouted: {mid} was cancelled while scheduled and was delivered")
+            continue
+        if not _finished(sent, evs):
+            problems.append(f"lost: {mid} ({sent.entity} {sent.plan}) events={evs}")
+            continue
+        if sent.entity == TTL_Q:
+            dlq = any(w == f"{TTL_Q}/$dlq" and e == "dlq:TTLExpiredException" for w, e in evs)
+            out["ttl: expired into the dead-letter queue" if dlq else "ttl: received before it expired"] += 1
+        # Exactly once per destination, unless an earlier lock ended without a settlement (a redelivery).
+        for where in {w for w, _ in evs}:
+            here = [e for w, e in evs if w == where]
+            finals = sum(1 for e in here if e in ("completed", "dlq-completed", "dead-lettered"))
+            explained = sum(1 for e in here if e.startswith("settle-failed"))
+            if finals > 1 and finals - 1 > explained:
+                problems.append(f"duplicated: {mid} settled {finals} times on {where}: {here}")
+            elif finals > 1:
+                out["redelivered after a lost lock (explained, at-least-once)"] += 1
+        out[f"{sent.entity} {sent.plan}: as planned"] += 1
+    unknown = set(events) - {mid for mid, _ in sent_items}
+    problems += [f"unknown message id {mid}: {events[mid]}" for mid in sorted(unknown)]
+    problems += [f"session out of order: {m}" for m in ledger.misordered]
+    out["problems"] = problems  # type: ignore[index]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="how long the load runs")
+    parser.add_argument("--interval", type=float, default=300.0, help="seconds per printed interval")
+    parser.add_argument("--rate", type=float, default=40.0, help="messages a second to soak-q (others in proportion)")
+    parser.add_argument("--workers", type=int, default=0, help="shardbus serve --workers")
+    parser.add_argument("--drain", type=float, default=90.0, help="seconds the final drain may take at most")
+    parser.add_argument("--data-dir", type=Path, help="where the broker's data goes (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    args = parser.parse_args(argv)
+
+    root = args.data_dir or Path(tempfile.mkdtemp(prefix="shardbus-soak-"))
+    root.mkdir(parents=True, exist_ok=True)
+    broker = Broker(root, args.workers)
+    ledger = Ledger()
+    load = Load(broker.connection_string, ledger, args.rate)
+    print(f"soak: {args.minutes:g} min at {args.rate:g} msg/s to {Q} (+ {TTL_Q}, {S_Q}, {TOPIC}); broker pid "
+          f"{broker.proc.pid}, workers={args.workers}, data in {root}", flush=True)  # fmt: skip
+    print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
+          f"{'cmpl_p50':>9} {'cmpl_p99':>9} {'errors':>7}", flush=True)  # fmt: skip
+    rows: list[dict[str, float]] = []
+    started = time.monotonic()
+    load.start()
+    end = started + args.minutes * 60
+    sent_before = 0
+    errors_before = 0
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                break
+            # Descriptors are sampled through the interval and the median printed: the SDK opens a connection per
+            # receiver, so one sample may catch a few more or fewer in flight; a leak moves the median all the same.
+            until = now + min(args.interval - ((now - started) % args.interval), end - now)
+            fd_samples = []
+            while (left := until - time.monotonic()) > 0:
+                time.sleep(min(left, max(1.0, args.interval / 20)))
+                fd_samples.append(broker.usage()[1])
+            rss, fds = broker.usage()
+            fds = int(statistics.median([*fd_samples, fds]))
+            sends, settles, settled = ledger.take_latencies()
+            with ledger.lock:
+                sent_total = sum(1 for s in ledger.sent.values() if s.acked)
+                errors = sum(ledger.send_errors.values()) + sum(ledger.other_errors.values())
+            row = {
+                "t": time.monotonic() - started, "sent": sent_total - sent_before, "settled": settled, "rss": rss,
+                "fds": fds, "send_p50": _pct(sends, 0.5), "send_p99": _pct(sends, 0.99),
+                "settle_p50": _pct(settles, 0.5), "settle_p99": _pct(settles, 0.99), "errors": errors - errors_before,
+            }  # fmt: skip
+            sent_before, errors_before = sent_total, errors
+            rows.append(row)
+            print(f"{row['t'] / 60:8.1f}m {row['sent']:7d} {row['settled']:8d} {rss:7.1f} {fds:5d} "
+                  f"{row['send_p50']:8.1f}ms {row['send_p99']:8.1f}ms {row['settle_p50']:8.1f}ms "
+                  f"{row['settle_p99']:8.1f}ms {row['errors']:7d}", flush=True)  # fmt: skip
+        # Drain: producers stop, consumers go on until everything acknowledged reached its outcome.
+        load.producing.clear()
+        drain_start = time.monotonic()
+        time.sleep(max(0.0, load.last_scheduled - time.time()) + 1)
+        with ledger.lock:  # once over everything; then only what is still pending is looked at again
+            pending = {m for m, s in ledger.sent.items() if s.acked and not _finished(s, ledger.events.get(m, []))}
+        report = time.monotonic() + 10
+        while pending and time.monotonic() - drain_start < args.drain:
+            time.sleep(1)
+            with ledger.lock:
+                pending = {m for m in pending if not _finished(ledger.sent[m], ledger.events.get(m, []))}
+            if pending and time.monotonic() >= report:
+                report += 10
+                kinds = collections.Counter(f"{ledger.sent[m].entity} {ledger.sent[m].plan}" for m in pending)
+                print(f"drain: {len(pending)} not done yet: {dict(kinds)}", flush=True)
+        print(f"drain: every outcome reached after {time.monotonic() - drain_start:.1f} s" if not pending
+              else f"drain: gave up after {args.drain:g} s", flush=True)  # fmt: skip
+        time.sleep(2)  # anything delivered twice after its outcome shows up in the ledger now
+        load.consuming.clear()
+        stopping = time.monotonic()
+        for t in load.threads:
+            t.join(15)
+        late = [t.name for t in load.threads if t.is_alive()]
+        print(f"load stopped in {time.monotonic() - stopping:.1f} s{f' (still running: {late})' if late else ''}")
+    finally:
+        stopping = time.monotonic()
+        rc_broker = broker.stop()
+        print(f"broker stopped in {time.monotonic() - stopping:.1f} s", flush=True)
+    result = reconcile(ledger)
+    problems = result.pop("problems")
+    print(f"broker exit status {rc_broker}")
+    for name, count in sorted(result.items()):
+        print(f"reconcile: {name}: {count}")
+    if ledger.send_errors or ledger.other_errors:
+        print(f"errors: sends {dict(ledger.send_errors)}, other {dict(ledger.other_errors)}")
+    for line in problems[:50]:  # type: ignore[union-attr]
+        print(f"PROBLEM {line}")
+    status = 0
+    if problems:
+        print(f"reconcile: FAILED ({len(problems)} problems)")  # type: ignore[arg-type]
+        status = 1
+    else:
+        print("reconcile: clean (0 lost, 0 unexplained duplicates, 0 misrouted)")
+    after = rows[1:]  # the first interval is warm-up
+    if len(after) >= 2:
+        base = after[0]
+        for name in ("rss", "fds", "send_p50", "send_p99", "settle_p50", "settle_p99"):
+            ratios = [r[name] / base[name] for r in after if base[name] and r[name] == r[name]]
+            worst = max(ratios) if ratios else float("nan")
+            verdict = "flat" if worst <= FLAT else "GREW"
+            print(f"flatness: {name}: max {worst:.2f}x of interval 2 ({verdict})")
+            if name in ("rss", "fds") and worst > FLAT and len(after) >= 3 and status == 0:
+                status = 2
+    if not args.keep and args.data_dir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"soak: exit status {status}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
