@@ -48,6 +48,7 @@ workers_log=$(mktemp)
 SHARDBUS_TEST_WORKERS=2 .venv/bin/pytest -q -p no:cacheprovider tests/core tests/endpoint \
     --deselect tests/endpoint/test_bench_smoke.py --deselect tests/endpoint/test_scale_bench_smoke.py \
     --deselect tests/endpoint/test_connections_bench_smoke.py --deselect tests/core/test_backlog_bench_smoke.py \
+    --deselect tests/endpoint/test_soak_smoke.py \
     --deselect tests/core/test_store_adapters.py >"$workers_log" 2>&1 &
 workers_pid=$!
 embedded=0
