@@ -69,6 +69,8 @@ def test_settlements_made_while_full_reach_the_store(open_ns) -> None:
     again = open_ns()  # what the store holds: completions and the dead-lettering were written
     assert sorted(m.body for m in again.browse("q")) == [b"after", b"m3"]
     assert [m.body for m in again.browse("q/$deadletterqueue")] == [b"m2"]
+    props = again.get_runtime_properties("q")  # the kept counts too, though refused writes carried some of them
+    assert (props.active_message_count, props.dead_letter_message_count) == (2, 1)
 
 
 def test_keyless_sends_go_to_a_partition_with_space(ns) -> None:
