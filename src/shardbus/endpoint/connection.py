@@ -19,6 +19,17 @@ Every link the client attaches gets a role here, decided by its address (SERVICE
 A link to an entity is attached only when the connection holds a token (or PLAIN credentials) covering it;
 otherwise, and for unknown entities, the attach is refused the way the service refuses it (null source and
 target, then a detach with the condition), which the SDK turns into the right exception.
+
+Message size: a sender link's attach advertises the entity's largest message as ``max-message-size`` and its
+largest batch as ``com.microsoft:max-message-batch-size`` (Namespace.message_size_limits); the engine bounds every
+delivery by them while it arrives (a batch by the batch bound) and reports one that passes as
+``DeliveryTooLarge``, refused here with ``amqp:link:message-size-exceeded`` (the SDK's ``MessageSizeExceededError``);
+nothing of it is stored and the link and connection go on. Links of ``$cbs`` and ``$management`` are bounded by the
+namespace's largest message (the connection's hard limit).
+
+Protocol errors: the engine closes the connection (or ends the session, or detaches the link) with the AMQP
+condition; here that is logged as one WARNING line naming the connection, and everything the connection held
+(receivers, held sessions, transactions, per-link state) is released.
 """
 
 from __future__ import annotations
@@ -73,6 +84,8 @@ from .management import OPERATIONS, ManagementContext, ManagementReply
 from .mapping import decode_batch_to_messages, decode_to_message, encode_delivery
 
 log = logging.getLogger("shardbus.amqp")
+MESSAGE_SIZE_EXCEEDED = Symbol("amqp:link:message-size-exceeded")
+MAX_BATCH_SIZE_PROPERTY = Symbol("com.microsoft:max-message-batch-size")
 _ACCEPTED = Accepted()  # fieldless, so one instance serves every echo
 
 CBS = "$cbs"
@@ -297,8 +310,13 @@ class ServiceBusConnection:
     # ------------------------------------------------------------------------------------------------------
     # connection, SASL, sessions
     # ------------------------------------------------------------------------------------------------------
+    def _use_namespace(self, hostname: str | None) -> None:
+        self.namespace, self.keys = self.directory.resolve(hostname)
+        # No delivery on any link may pass the namespace's largest message (sender links bound theirs lower).
+        self.amqp.max_message_size = self.namespace.quotas.max_message_size_bytes
+
     def _on_sasl(self, e: ev.SaslInit) -> None:
-        self.namespace, self.keys = self.directory.resolve(e.hostname)
+        self._use_namespace(e.hostname)
         if e.mechanism == "PLAIN":
             if e.username in self.keys and e.password == self.keys[e.username]:
                 self.full_access = True
@@ -309,22 +327,39 @@ class ServiceBusConnection:
 
     def _on_open(self, e: ev.ConnectionOpened) -> None:
         if self.namespace is None or e.open.hostname:
-            self.namespace, self.keys = self.directory.resolve(e.open.hostname)
+            self._use_namespace(e.open.hostname)
         self.amqp.open()
 
     def _on_closed(self, e: ev.ConnectionClosed) -> None:
         if e.reply_needed:
             self.amqp.close()
+        elif not e.by_peer and e.error is not None:
+            self._log_refusal("closed the connection", e.error)
         self._cleanup()
+
+    def _log_refusal(self, what: str, error: Error, link: Any = None) -> None:
+        """One line per protocol error of the peer's (or refusal of its connection): the condition and why,
+        without a traceback; authentication failures are routine and logged at INFO."""
+        level = logging.INFO if str(error.condition) == "amqp:unauthorized-access" else logging.WARNING
+        log.log(level, "%s: %s: %s", what, error.condition, error.description, extra=self._context(link))
 
     def _on_begin(self, e: ev.SessionBeginRequested) -> None:
         self.amqp.begin(e.session, incoming_window=WINDOW, outgoing_window=WINDOW)
 
     def _on_end(self, e: ev.SessionEnded) -> None:
-        for link in [lk for lk in self._receivers if lk.session is e.session]:
+        session = e.session
+        for link in [lk for lk in self._receivers if lk.session is session]:
             self._drop_receiver(link)
+        for link in [lk for lk in self._senders if lk.session is session]:
+            del self._senders[link]
+        self._cbs_out.pop(session, None)
+        for key in [k for k in self._mgmt_out if k[0] is session]:
+            del self._mgmt_out[key]
+        self._coordinators = {lk for lk in self._coordinators if lk.session is not session}
+        if not e.by_peer and e.error is not None:
+            self._log_refusal("ended a session", e.error)
         if e.reply_needed:
-            self.amqp.end(e.session)
+            self.amqp.end(session)
 
     def _cleanup(self) -> None:
         if self.closed:
@@ -334,6 +369,17 @@ class ServiceBusConnection:
             self._drop_receiver(link)
         for receiver in self._mgmt_receivers.values():
             receiver.close()
+        for txn in self._transactions.values():  # never discharged: nothing of it may happen
+            txn.transaction.rollback()
+        self._transactions.clear()
+        self._mgmt_receivers.clear()
+        self._sessions.clear()
+        self._senders.clear()
+        self._cbs_out.clear()
+        self._mgmt_out.clear()
+        self._coordinators.clear()
+        self._pending_sends.clear()
+        self.authorized.clear()
 
     # ------------------------------------------------------------------------------------------------------
     # links
@@ -384,10 +430,13 @@ class ServiceBusConnection:
             self._check_access(path)
             if client_sends:
                 entity = self._ns._sender_entity(path)
-                # No link limit (the engine would detach on it); the service rejects just the oversized
-                # delivery, which the core does. The batch-size property sets the SDK's batch limit instead.
-                limit = Int(self._ns.quotas.max_message_size_bytes)
-                self.amqp.attach_reply(link, properties={Symbol("com.microsoft:max-message-batch-size"): limit})
+                # The service advertises the entity's largest message as the link's max-message-size and its
+                # largest batch in a property the SDK reads (a premium batch stays at 1 MB); the engine refuses
+                # a delivery as soon as it passes either (see the module docstring).
+                largest, batch = self._ns.message_size_limits(entity.description)
+                self.amqp.attach_reply(link, max_message_size=largest, properties={MAX_BATCH_SIZE_PROPERTY: Int(batch)})
+                if batch < largest:
+                    link.format_limits = {BATCH_MESSAGE_FORMAT: batch}
                 self._senders[link] = entity
                 self.amqp.flow(link, link_credit=SENDER_CREDIT)
             else:
@@ -398,8 +447,8 @@ class ServiceBusConnection:
     @property
     def _ns(self) -> Namespace:
         if self.namespace is None:
-            self.namespace, self.keys = self.directory.resolve(None)
-        return self.namespace
+            self._use_namespace(None)
+        return self.namespace  # type: ignore[return-value]
 
     def _resolve_management_target(self, node: str) -> Any:
         lower = node.lower()
@@ -467,8 +516,22 @@ class ServiceBusConnection:
         )
         self._sessions[(id(receiver.target), receiver.session_id)] = receiver
 
+    def _on_too_large(self, e: ev.DeliveryTooLarge) -> None:
+        """Refuse a delivery that passed its link's bound (the engine discards the rest of it); the link goes on."""
+        description = (
+            f"The received message (delivery-id:{int(e.delivery_id)}, size:{e.size} bytes) exceeds the limit "
+            f"({e.limit} bytes) currently allowed on the link."
+        )
+        log.info("refused: %s", description, extra=self._context(e.link))
+        if e.link.link_credit < _SENDER_CREDIT_LOW and e.link in self._senders:
+            self.amqp.flow(e.link, link_credit=SENDER_CREDIT)
+        if not e.settled:
+            self.amqp.settle(e.link, e.delivery_id, Rejected(error=Error(MESSAGE_SIZE_EXCEEDED, description)))
+
     def _on_detach(self, e: ev.LinkDetached) -> None:
         link = e.link
+        if not e.by_peer and e.error is not None:
+            self._log_refusal("detached a link", e.error, link)
         if link in self._receivers:
             self._drop_receiver(link)
         self._senders.pop(link, None)
@@ -606,6 +669,8 @@ class ServiceBusConnection:
         self._send_reply(reply_link, response)
 
     def _send_reply(self, link: Any, message: AmqpMessage) -> None:
+        if not link.attached or not link.session.mapped or self.amqp.closing:
+            return  # the client took its reply link away (or closed) before the answer: nobody to tell
         self.amqp.send_transfer(link, uuid.uuid4().bytes, message.encode(), settled=True, ignore_credit=True)
 
     # ------------------------------------------------------------------------------------------------------
@@ -686,8 +751,8 @@ class ServiceBusConnection:
     def _pump(self, link: Any) -> None:
         """Deliver while the link has credit and the client's session window has room."""
         state = self._receivers.get(link)
-        if state is None or self.amqp.is_done:
-            return
+        if state is None or self.amqp.closing or not link.attached or not link.session.mapped:
+            return  # gone, or going: the client's detach/end/close is handled next (and drops the receiver)
         receiver = state.receiver
         session = link.session
         sent = 0
@@ -1004,6 +1069,7 @@ _HANDLERS: dict[type, Callable[[ServiceBusConnection, Any], None]] = {
     ev.LinkAttachRequested: ServiceBusConnection._on_attach,
     ev.LinkDetached: ServiceBusConnection._on_detach,
     ev.DeliveryReceived: ServiceBusConnection._on_delivery,
+    ev.DeliveryTooLarge: ServiceBusConnection._on_too_large,
     ev.FlowReceived: ServiceBusConnection._on_flow,
     ev.DispositionReceived: ServiceBusConnection._on_disposition,
 }
