@@ -44,13 +44,20 @@ class Quotas:
 
     max_entities: int = 10_000
     max_partitioned_entities: int | None = 100  # None: no separate limit (premium)
-    max_message_size_bytes: int = 256 * KB
+    max_message_size_bytes: int = 256 * KB  # premium: the ceiling of an entity's MaxMessageSizeInKilobytes
+    max_batch_size_bytes: int = 256 * KB  # premium: 1 MB whatever the entity's message size
     max_subscriptions_per_topic: int = 2_000
     max_rules_per_subscription: int = 2_000
 
     @classmethod
     def for_tier(cls, tier: Tier, **overrides: Any) -> Quotas:
-        base = cls(max_partitioned_entities=None, max_message_size_bytes=100 * MB) if tier is Tier.PREMIUM else cls()
+        base = (
+            cls(
+                max_partitioned_entities=None, max_message_size_bytes=100 * MB, max_batch_size_bytes=PREMIUM_BATCH_BYTES
+            )
+            if tier is Tier.PREMIUM
+            else cls()
+        )
         unknown = set(overrides) - set(cls.__dataclass_fields__)
         if unknown:
             raise ArgumentError(f"Unknown quota(s): {', '.join(sorted(unknown))}")
@@ -126,8 +133,7 @@ class TierRules:
     def message_size_limits(self, kb: int | None, quotas: Quotas) -> tuple[int, int]:
         """(largest message, largest batch) in bytes for an entity whose MaxMessageSizeInKilobytes is ``kb``
         (None: the default), within the namespace's ``max_message_size_bytes`` quota."""
-        ceiling = quotas.max_message_size_bytes
-        if self.tier is not Tier.PREMIUM:
-            return ceiling, ceiling
-        message = min(ceiling, (kb or PREMIUM_DEFAULT_MESSAGE_KB) * KB)
-        return message, min(message, PREMIUM_BATCH_BYTES)
+        message = quotas.max_message_size_bytes
+        if self.tier is Tier.PREMIUM:
+            message = min(message, (kb or PREMIUM_DEFAULT_MESSAGE_KB) * KB)
+        return message, min(message, quotas.max_batch_size_bytes)
