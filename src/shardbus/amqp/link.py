@@ -302,7 +302,7 @@ class Link:
                 t.message_format or 0,
                 bool(t.settled),
                 t.state,
-                [],  # the chunks; None once the delivery is refused and the rest is being discarded
+                bytearray(),  # what arrived; None once the delivery is refused and the rest is being discarded
                 t.batchable,
                 size_limit,
             ]
@@ -314,13 +314,13 @@ class Link:
                 p[3] = True
             if t.state is not None:
                 p[4] = t.state
-        chunks = p[5]
+        received = p[5]
         if t.aborted:
             self._partial = None
             self._spend_credit()
-            return None if chunks is None else (p[0], p[1], p[2], p[3], p[4], b"", p[6], ABORTED)
+            return None if received is None else (p[0], p[1], p[2], p[3], p[4], b"", p[6], ABORTED)
         self._partial_size += len(payload)
-        if chunks is None:  # refused already: count and drop what still comes of it
+        if received is None:  # refused already: count and drop what still comes of it
             if not t.more:
                 self._partial = None
                 self._spend_credit()
@@ -331,9 +331,12 @@ class Link:
                 self._partial = None
                 self._spend_credit()
             return (p[0], p[1], p[2], p[3], p[4], (self._partial_size, p[7]), p[6], TOO_LARGE)
-        chunks.append(payload)
+        # One growing buffer rather than a list of frames joined at the end: a large buffer grows in place (realloc,
+        # mremap), so a 100 MB delivery costs its own size plus the final copy, and no heap of frame-sized blocks
+        # lingers after it.
+        received += payload
         if t.more:
             return None
         self._partial = None
         self._spend_credit()
-        return (p[0], p[1], p[2], p[3], p[4], chunks[0] if len(chunks) == 1 else b"".join(chunks), p[6], 0)
+        return (p[0], p[1], p[2], p[3], p[4], bytes(received), p[6], 0)

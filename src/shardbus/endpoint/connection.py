@@ -597,6 +597,9 @@ class ServiceBusConnection:
         except DecodeError as exc:
             self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
             return
+        # The messages have what they need of the payload: the event, kept until the store answers, need not keep
+        # it too (a 100 MB message would otherwise be held twice while it is written).
+        e.payload = b""
         self._pending_sends.append((entity, e, messages))  # stored in ``events_done``
 
     def _flush_sends(self) -> None:
