@@ -7,7 +7,6 @@ AMQP's uint or symbol) use extension types, so application properties keep their
 
 from __future__ import annotations
 
-import struct
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -107,31 +106,10 @@ _packer = PackerPool(default=_default, use_bin_type=True, strict_types=True)
 
 
 def pack_message(m: Message) -> bytes:
-    body = m.body
-    if type(body) is bytes and len(body) > KEEP_PACKER_BELOW:
-        return _pack_large(m, body)
-    return _pack_fields(m, body)
-
-
-_BIN32 = struct.Struct(">BI").pack
-
-
-def _pack_large(m: Message, body: bytes) -> bytes:
-    """What ``_pack_fields`` gives, with the body copied once: the fields are packed around an empty body and the
-    body joined in, instead of passing through a packer's buffer (which grows by doubling) and then being copied
-    out of it. A 100 MB message then costs the store one copy of it here, not three."""
-    fields = _pack_fields(m, b"")
-    head = 1 if fields[0] & 0xF0 == 0x90 else 3 if fields[0] == 0xDC else 5  # fixarray, array16, array32
-    if fields[head : head + 2] != b"\xc4\x00":  # the empty body, as bin8: the layout below relies on it
-        return _pack_fields(m, body)
-    return b"".join((fields[:head], _BIN32(0xC6, len(body)), body, fields[head + 2 :]))
-
-
-def _pack_fields(m: Message, body: Any) -> bytes:
     ttl = None if m.time_to_live is None else m.time_to_live // _US
     return _packer.pack(
         [  # a list: MessagePack's strict types take a tuple as an unknown type
-            body,
+            m.body,
             int(m.body_type),
             m.message_id,
             m.session_id,
