@@ -199,7 +199,15 @@ class _Phase(enum.Enum):
 _AMQP_PHASE = _Phase.AMQP
 _DONE_PHASE = _Phase.DONE
 _MAPPED = SessionState.MAPPED
-_SESSION_GOING = frozenset((SessionState.END_SENT, SessionState.END_RCVD, SessionState.ENDED))
+_LINK_ATTACHED = LinkState.ATTACHED
+_END_SENT = SessionState.END_SENT
+_END_RCVD = SessionState.END_RCVD
+_ENDED = SessionState.ENDED
+
+
+def _going(state: SessionState) -> bool:
+    """The session is ending or ended (identity tests: an Enum member's hash runs Python code)."""
+    return state is _END_SENT or state is _END_RCVD or state is _ENDED
 
 
 class Connection:
@@ -573,7 +581,7 @@ class Connection:
                 raise LocalProtocolError(f"link {target.name!r} is not attached")
         else:
             link, session = None, target
-            if self.closing or session.state in _SESSION_GOING:
+            if self.close_sent or self._phase is _DONE_PHASE or _going(session.state):
                 return
         if session.state is not _MAPPED:
             raise LocalProtocolError(f"session is {session.state.value}")
@@ -582,9 +590,11 @@ class Connection:
     def _stale_link(self, link: Link) -> bool:
         """The link, its session or the connection is going away: an answer about it is moot."""
         state = link.state
+        if state is _LINK_ATTACHED and link.session.state is _MAPPED and not self.close_sent:
+            return self._phase is _DONE_PHASE  # the usual case, in a few identity tests
         return (
             self.closing
-            or link.session.state in _SESSION_GOING
+            or _going(link.session.state)
             or state is LinkState.DETACH_RCVD
             or state is LinkState.DETACH_SENT
             or (state is LinkState.DETACHED and link.handle is not None)
@@ -715,7 +725,9 @@ class Connection:
         """Send a disposition for deliveries ``first..last`` of ``link``'s session, in ``link``'s role. Does
         nothing once the session is ending or the connection closing."""
         session = link.session
-        if self.closing or session.state in _SESSION_GOING:
+        if (session.state is not _MAPPED or self.close_sent or self._phase is _DONE_PHASE) and (
+            self.close_sent or self._phase is _DONE_PHASE or _going(session.state)
+        ):
             return
         session._local_settle(link, first, first if last is None else last, settled)
         role = link.role

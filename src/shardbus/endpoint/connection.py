@@ -67,6 +67,7 @@ from ..amqp.performatives import (
     TransactionalState,
     decode_composite,
 )
+from ..amqp.session import SessionState
 from ..amqp.types import Int, Long, Symbol
 from ..entity.entity import QueueEntity, Target, TopicEntity
 from ..entity.receiver import Receiver
@@ -100,6 +101,8 @@ WINDOW = 0x7FFFFFFF
 SENDER_CREDIT = 10_000
 _SENDER_CREDIT_LOW = SENDER_CREDIT // 2  # a sender's credit is topped up below this
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
+_LINK_ATTACHED = LinkState.ATTACHED
+_SESSION_MAPPED = SessionState.MAPPED
 _LOGGED_EVENTS = frozenset((ev.LinkAttachRequested, ev.LinkDetached))  # logged (debug) as they come
 # What a $management handler raises reading a request body whose fields have the wrong type or shape
 _MALFORMED = (TypeError, ValueError, AttributeError, IndexError, KeyError, OverflowError)
@@ -754,8 +757,10 @@ class ServiceBusConnection:
     def _pump(self, link: Any) -> None:
         """Deliver while the link has credit and the client's session window has room."""
         state = self._receivers.get(link)
-        if state is None or self.amqp.closing or not link.attached or not link.session.mapped:
-            return  # gone, or going: the client's detach/end/close is handled next (and drops the receiver)
+        if state is None or link.state is not _LINK_ATTACHED or link.session.state is not _SESSION_MAPPED:
+            return  # gone, or going: the client's detach/end is handled next (and drops the receiver)
+        if self.amqp.close_sent or self.amqp.is_done:
+            return
         receiver = state.receiver
         session = link.session
         sent = 0
