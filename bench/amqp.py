@@ -40,9 +40,10 @@ after the pauses between turns, so the client waited for them: in two alternatin
 peek-lock + complete read 0.94 and 0.90 pinned against 0.79 and 0.71 unpinned. Pinned, shardbus's threads share a
 CPU with each other instead of with the client, as a broker on a machine of its own would.
 
-Choices: the broker runs a **premium** namespace (one partition per entity), whose 100 MB message limit the broker
-advertises as the sender link's batch limit; with the standard tier's 256 KB limit the SDK refuses a list of
-1000 x 1 KB messages (``ValueError``), and we wanted the same 1 KB body everywhere. The null endpoint advertises
+Choices: the broker runs a **premium** namespace (one partition per entity) whose batch quota is raised to 100 MB
+(``max_batch_size_bytes``; the service's premium batch is 1 MB) and queues of 100 MB messages, so the sender link
+advertises 100 MB batches; with 1 MB (or the standard tier's 256 KB) the SDK refuses a list of 1000 x 1 KB messages
+(``MessageSizeExceededError``), and we wanted the same 1 KB body everywhere. The null endpoint advertises
 the same limit. Our own producer spreads its messages over sender links of at most ``LINK_MESSAGES`` each,
 attached before the timed run: the broker grants a sender link 10,000 credits once and never tops them up, so a
 client that honours credit stalls after 10,000 transfers on one link (``--check-credit`` shows it). Receive counts
@@ -128,9 +129,9 @@ def run_broker(data_dir: str, queues: list[str], profile_dir: str | None, gc_off
     watch_parent()
     if gc_off:
         gc.disable()
-    broker = Broker(data_dir, port=0, tier="premium")
+    broker = Broker(data_dir, port=0, tier="premium", quotas={"max_batch_size_bytes": BATCH_LIMIT})
     for q in queues:
-        broker.namespace.create_queue(q)
+        broker.namespace.create_queue(q, max_message_size_in_kilobytes=BATCH_LIMIT // 1024)
     # Thread CPU time, not wall time: waits for the GIL (held by the store threads) would otherwise dominate.
     profiler = cProfile.Profile(time.thread_time) if profile_dir else None
     dumps = iter(range(1_000_000))

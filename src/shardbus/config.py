@@ -15,9 +15,9 @@ and ``ServiceBus-Emulator/Schema/Config-schema.json``) describes its entities in
         "Logging": {"Type": "File"}}}
 
 so that a project's existing emulator file works here as it is. shardbus adds, on queues and topics,
-``EnablePartitioning`` and ``MaxSizeInMegabytes``; on every entity ``Status``, ``AutoDeleteOnIdle``,
-``UserMetadata`` and ``EnableBatchedOperations`` (plus ``SupportOrdering`` on topics and
-``DeadLetteringOnFilterEvaluationExceptions`` on subscriptions, the service's own property names); and on a
+``EnablePartitioning``, ``MaxSizeInMegabytes`` and ``MaxMessageSizeInKilobytes`` (premium); on every entity
+``Status``, ``AutoDeleteOnIdle``, ``UserMetadata`` and ``EnableBatchedOperations`` (plus ``SupportOrdering`` on
+topics and ``DeadLetteringOnFilterEvaluationExceptions`` on subscriptions, the service's own property names); and on a
 namespace ``Sku`` ("Basic", "Standard", "Premium"), ``PremiumMessagingPartitions`` (1, 2, 4) and ``AuthorizationRules``
 (shared access policies: ``[{"KeyName", "PrimaryKey", "SecondaryKey", "Rights": ["Send", "Listen", "Manage"]}]``,
 beside ``RootManageSharedAccessKey``, whose key is ``serve --key``; see docs/security.md). The emulator's caps
@@ -533,6 +533,7 @@ _SENDER: dict[str, tuple[str, Converter]] = {
     "RequiresDuplicateDetection": ("requires_duplicate_detection", lambda v, p: _boolean(v, p)),
     "EnablePartitioning": ("enable_partitioning", lambda v, p: _boolean(v, p)),
     "MaxSizeInMegabytes": ("max_size_in_megabytes", lambda v, p: _integer(v, p)),
+    "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", lambda v, p: _integer(v, p)),
 }
 _QUEUE_PROPERTIES = {**_MESSAGING, **_SENDER, **_COMMON}
 _TOPIC_PROPERTIES = {

@@ -509,6 +509,12 @@ class Namespace:
             raise EntityNotFound(f"The messaging entity '{self.name}/{name}' could not be found.")
         return entity
 
+    def message_size_limits(self, description: Any) -> tuple[int, int]:
+        """(largest message, largest batch) in bytes that a sender to the entity ``description`` describes may
+        send: its MaxMessageSizeInKilobytes on premium, the tier's otherwise (model/tiers.py)."""
+        kb = getattr(description, "max_message_size_in_kilobytes", None)
+        return self.tier.message_size_limits(kb, self.quotas)
+
     def _queue(self, name: str) -> QueueEntity:
         self._refresh()
         entity = self._entities.get(name.lower())

@@ -8,7 +8,7 @@ import pytest
 
 from shardbus.amqp import events as E
 from shardbus.amqp.connection import Connection, Role
-from shardbus.amqp.performatives import Accepted
+from shardbus.amqp.performatives import Accepted, Error, Rejected
 
 
 class Pair:
@@ -80,6 +80,10 @@ class Pair:
         elif isinstance(ev, E.DeliveryReceived):
             if not ev.settled:
                 s.settle(ev.link, ev.delivery_id, Accepted())
+        elif isinstance(ev, E.DeliveryTooLarge):
+            if not ev.settled:
+                error = Error("amqp:link:message-size-exceeded", f"{ev.size} > {ev.limit}")
+                s.settle(ev.link, ev.delivery_id, Rejected(error=error))
         elif isinstance(ev, E.LinkDetached) and ev.reply_needed:
             s.detach(ev.link, closed=ev.closed)
         elif isinstance(ev, E.SessionEnded) and ev.reply_needed:

@@ -44,7 +44,7 @@ def resolve_localhost_names(monkeypatch):
 def test_namespace_chosen_by_host_name_with_multi_frame_messages(two_namespace_broker, resolve_localhost_names):
     b = two_namespace_broker
     premium = b.namespaces["premiumns"]
-    premium.create_queue("big")
+    premium.create_queue("big", max_message_size_in_kilobytes=4096)  # 1 MB unless the entity says more
     port = b.server.port
     cs = (
         f"Endpoint=sb://premiumns.localhost:{port};SharedAccessKeyName=RootManageSharedAccessKey;"

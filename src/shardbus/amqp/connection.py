@@ -26,8 +26,21 @@ their own machines; this module maps channels to sessions and puts performatives
 
 Anything the peer does wrong ends in a ``close`` with an error condition and a ``ConnectionClosed`` event (or an
 ``end``/``detach`` for session/link-level errors): no exception caused by received bytes ever leaves
-``receive_data``. Exceptions raised to the caller (``LocalProtocolError``) are always the application's own
-misuse of the API.
+``receive_data``. A connection closed that way drops the events of the same read that it had not handed out yet:
+answering them is moot, and answering them would be impossible. Exceptions raised to the caller
+(``LocalProtocolError``) are always the application's own misuse of the API.
+
+Stale answers: events are handed out after a whole read is processed, so the peer may already have taken back
+what an event asks the application to answer (an ``attach`` followed by its ``detach``, a ``begin`` followed by
+its ``end``, anything followed by ``close``). Answering such an event is not misuse: ``begin`` and
+``attach_reply`` still send the answer the spec requires before the peer's ``end``/``detach`` is answered, and
+``flow``, ``disposition``, ``detach``, ``end`` and ``drained`` do nothing for a link or session that is going away
+or on a connection that is closing (nothing may follow ``close``). ``send_transfer`` keeps raising: a delivery that
+was not sent must not be mistaken for one that was.
+
+Frame sizes: until the peer's ``open`` has arrived only MIN-MAX-FRAME-SIZE (512 bytes) is accepted (spec 2.4.1;
+SASL frames likewise, 5.3.1); a frame header announcing more is refused with ``amqp:connection:framing-error``
+at once, before its body is buffered. After the peer's open, our ``max_frame_size`` applies.
 
 Idle timeout: ``tick(now)`` sends a heartbeat when we have been silent for half the peer's idle-time-out, and
 closes with ``amqp:resource-limit-exceeded`` when the peer has been silent for longer than ours.
@@ -186,6 +199,15 @@ class _Phase(enum.Enum):
 _AMQP_PHASE = _Phase.AMQP
 _DONE_PHASE = _Phase.DONE
 _MAPPED = SessionState.MAPPED
+_LINK_ATTACHED = LinkState.ATTACHED
+_END_SENT = SessionState.END_SENT
+_END_RCVD = SessionState.END_RCVD
+_ENDED = SessionState.ENDED
+
+
+def _going(state: SessionState) -> bool:
+    """The session is ending or ended (identity tests: an Enum member's hash runs Python code)."""
+    return state is _END_SENT or state is _END_RCVD or state is _ENDED
 
 
 class Connection:
@@ -258,7 +280,7 @@ class Connection:
         self.error: Error | None = None
         """The error the connection ended with (ours after a violation, or the peer's)."""
 
-        self._reader = FrameReader(max_frame_size)
+        self._reader = FrameReader(framing.MIN_MAX_FRAME_SIZE)  # ours applies once the peer's open arrived
         self._phase = _Phase.HEADER
         self._out = bytearray()
         self._pending_amqp: bytearray | None = None  # client: AMQP output held until the AMQP header is sent
@@ -373,7 +395,7 @@ class Connection:
         if self.open_sent:
             raise LocalProtocolError("open already sent")
         if self._phase is _Phase.DONE:
-            raise LocalProtocolError("connection is finished")
+            return  # finished (a violation, the socket gone) before the application answered: moot
         self.open_sent = True
         announced = self.idle_timeout_advertised or self.idle_timeout
         self._send(
@@ -417,6 +439,8 @@ class Connection:
         auto_flow: bool = True,
     ) -> Session:
         """Begin a new session, or answer the peer's (pass the ``SessionBeginRequested.session``)."""
+        if session is not None and self.closing:
+            return session  # stale answer: nothing may follow close
         self._require_open_sent()
         if session is None:
             session = Session(
@@ -446,10 +470,17 @@ class Connection:
         self._send(ch, begin)
         return session
 
+    @property
+    def closing(self) -> bool:
+        """We sent ``close`` or the connection is finished: nothing more may be sent."""
+        return self.close_sent or self._phase is _DONE_PHASE
+
     def end(self, session: Session, error: Error | None = None) -> None:
-        """End a session (or answer the peer's end)."""
-        if session.state is SessionState.BEGIN_RCVD:
-            self.begin(session)
+        """End a session (or answer the peer's end). Does nothing on a closing connection or an ended session."""
+        if self.closing or session.state is SessionState.ENDED or session.state is SessionState.END_SENT:
+            return
+        if session.local_channel is None and session.state in (SessionState.BEGIN_RCVD, SessionState.END_RCVD):
+            self.begin(session)  # never answered: the peer gets its begin before our end
         session._local_end()
         ch = session.local_channel
         if ch is not None:
@@ -501,8 +532,13 @@ class Connection:
         properties: dict[Any, Any] | None = None,
     ) -> None:
         """Answer a ``LinkAttachRequested``. Source/target default to echoing the peer's; pass ``None`` for
-        both (then ``detach`` with an error) to refuse the link the way Service Bus does."""
-        if link.state is not LinkState.ATTACH_RCVD or link.remote_attach is None:
+        both (then ``detach`` with an error) to refuse the link the way Service Bus does. Does nothing when the
+        link's session is ending or the connection closing; still answers a link the peer has detached
+        meanwhile (its detach is answered next)."""
+        if self.closing or link.session.state is not _MAPPED:
+            return  # stale: the session or connection went away before we answered
+        stale = link.state is LinkState.DETACH_RCVD and link.handle is None
+        if (link.state is not LinkState.ATTACH_RCVD and not stale) or link.remote_attach is None:
             raise LocalProtocolError("link is not waiting for an attach reply")
         ra = link.remote_attach
         link.source = ra.source if source is _ECHO else source
@@ -522,12 +558,12 @@ class Connection:
         answered with null source/target, as Service Bus refuses links. No-op once detached or detaching."""
         if link.state is LinkState.DETACHED or link.state is LinkState.DETACH_SENT:
             return
-        if link.state is LinkState.ATTACH_RCVD:
-            self.attach_reply(link, source=None, target=None)
         session = link.session
-        if session.local_channel is None or session.state is not _MAPPED:
+        if self.closing or session.local_channel is None or session.state is not _MAPPED:
             link._local_detach()
             return
+        if link.state is LinkState.ATTACH_RCVD or (link.state is LinkState.DETACH_RCVD and link.handle is None):
+            self.attach_reply(link, source=None, target=None)
         self._send(session.local_channel, session._local_detach(link, closed, error))
 
     def flow(
@@ -544,6 +580,8 @@ class Connection:
         if isinstance(target, Link):
             link: Link | None = target
             session = target.session
+            if self._stale_link(target):
+                return
             if link_credit is not None or drain is not None:
                 target._set_credit(target.link_credit if link_credit is None else link_credit, bool(drain))
             if available is not None:
@@ -552,12 +590,29 @@ class Connection:
                 raise LocalProtocolError(f"link {target.name!r} is not attached")
         else:
             link, session = None, target
+            if self.close_sent or self._phase is _DONE_PHASE or _going(session.state):
+                return
         if session.state is not _MAPPED:
             raise LocalProtocolError(f"session is {session.state.value}")
         self._send(session.local_channel, session._flow(link, echo))  # type: ignore[arg-type]
 
+    def _stale_link(self, link: Link) -> bool:
+        """The link, its session or the connection is going away: an answer about it is moot."""
+        state = link.state
+        if state is _LINK_ATTACHED and link.session.state is _MAPPED and not self.close_sent:
+            return self._phase is _DONE_PHASE  # the usual case, in a few identity tests
+        return (
+            self.closing
+            or _going(link.session.state)
+            or state is LinkState.DETACH_RCVD
+            or state is LinkState.DETACH_SENT
+            or (state is LinkState.DETACHED and link.handle is not None)
+        )
+
     def drained(self, link: Link) -> None:
         """Sending link: we have nothing more to send under drain; consume the remaining credit and tell."""
+        if self._stale_link(link):
+            return
         link._drained()
         self._send(link.session.local_channel, link.session._flow(link))  # type: ignore[arg-type]
 
@@ -676,8 +731,13 @@ class Connection:
         state: Any = None,
         batchable: bool = False,
     ) -> None:
-        """Send a disposition for deliveries ``first..last`` of ``link``'s session, in ``link``'s role."""
+        """Send a disposition for deliveries ``first..last`` of ``link``'s session, in ``link``'s role. Does
+        nothing once the session is ending or the connection closing."""
         session = link.session
+        if (session.state is not _MAPPED or self.close_sent or self._phase is _DONE_PHASE) and (
+            self.close_sent or self._phase is _DONE_PHASE or _going(session.state)
+        ):
+            return
         session._local_settle(link, first, first if last is None else last, settled)
         role = link.role
         body = _disposition_body(role, first, last, settled, state, batchable)
@@ -769,7 +829,6 @@ class Connection:
                 self._out += SASL_HEADER
                 self._send_sasl(SaslMechanisms([Symbol(m) for m in self.sasl_mechanisms]))
                 self._phase = _Phase.SASL
-                self._reader.max_frame_size = max(framing.MIN_MAX_FRAME_SIZE, 65536)
                 return
             if header == AMQP_HEADER and (self.sasl_done or not self.require_sasl):
                 self._out += AMQP_HEADER
@@ -788,8 +847,7 @@ class Connection:
             self._enter_amqp()
 
     def _enter_amqp(self) -> None:
-        self._phase = _Phase.AMQP
-        self._reader.max_frame_size = self.max_frame_size
+        self._phase = _Phase.AMQP  # the reader keeps MIN-MAX-FRAME-SIZE until the peer's open (``_on_open``)
 
     def _on_sasl_frame(self, frame: framing.Frame) -> None:
         if frame.type != FRAME_SASL:
@@ -896,6 +954,7 @@ class Connection:
         if perf.max_frame_size < framing.MIN_MAX_FRAME_SIZE:
             raise ConnectionViolation(Condition.INVALID_FIELD, "max-frame-size below 512")
         self.open_received = True
+        self._reader.max_frame_size = self.max_frame_size
         self.remote_open = perf
         self.remote_max_frame_size = min(perf.max_frame_size, 0xFFFFFFFF)
         self.remote_channel_max = perf.channel_max
@@ -962,6 +1021,7 @@ class Connection:
                 self.open()
             self.close_sent = True
             self._send(0, Close(error=err))
+        self._events.clear()  # what this read brought before the violation is moot now (see the module doc)
         self._finish(err, by_peer=False)
 
     def _finish(self, error: Error | None, by_peer: bool) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "DeliveryAborted",
     "DeliveryReceived",
     "DeliveryRef",
+    "DeliveryTooLarge",
     "DispositionReceived",
     "Event",
     "FlowReceived",
@@ -169,6 +170,22 @@ class DeliveryAborted(Event):
     link: Link
     delivery_id: int
     delivery_tag: bytes
+
+
+@dataclass(slots=True)
+class DeliveryTooLarge(Event):
+    """A delivery passed its link's size bound (``limit``: the link's ``max_message_size``, a format's lower
+    bound, or the connection's hard limit) after ``size`` bytes. What had arrived is dropped, the frames that
+    still come for it are discarded; unless ``settled``, refuse it with a ``rejected`` disposition carrying
+    ``amqp:link:message-size-exceeded``. The link stays attached."""
+
+    link: Link
+    delivery_id: int
+    delivery_tag: bytes
+    settled: bool
+    message_format: int
+    size: int
+    limit: int
 
 
 class DeliveryRef(NamedTuple):

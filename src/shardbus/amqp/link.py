@@ -15,8 +15,11 @@ and advances delivery-count per delivery; a receiver's ``flow`` re-bases the sen
 the other way round (that is how a completed drain becomes visible). All arithmetic is RFC 1982 serial on 32 bits.
 
 Incoming transfers are reassembled here: frames with ``more=true`` are buffered until the last one, and the
-complete payload is returned once. Message size is bounded by ``max_message_size`` (ours, if non-zero) and by
-the connection's hard limit.
+complete payload is returned once. Message size is bounded by ``max_message_size`` (ours, if non-zero, as our
+attach advertised it), by ``format_limits`` (a lower bound for some message formats, e.g. batches) and by the
+connection's hard limit. A delivery is refused as soon as its accumulated size passes the bound: its buffered
+chunks are dropped at once, the delivery is reported (``TOO_LARGE``) for the application to reject, and the
+frames that still follow for it are counted and discarded, so a peer never makes us hold more than the bound.
 
 The session (``session.py``) routes frames to links and owns handles and delivery ids; the connection
 (``connection.py``) owns the wire. Only this module changes a link's ``state``.
@@ -33,9 +36,14 @@ from .performatives import RECEIVER, SENDER, Attach, Flow, SndSettleMode, Transf
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["Link", "LinkState"]
+__all__ = ["ABORTED", "TOO_LARGE", "Link", "LinkState"]
 
 _MASK = 0xFFFFFFFF
+
+ABORTED = 1
+"""Outcome flag of ``Link._on_transfer``: the sender aborted the delivery."""
+TOO_LARGE = 2
+"""Outcome flag of ``Link._on_transfer``: the delivery passed the size bound."""
 
 
 def serial_diff(a: int, b: int) -> int:
@@ -70,6 +78,7 @@ class Link:
         "available",
         "delivery_count",
         "drain",
+        "format_limits",
         "handle",
         "initial_delivery_count",
         "link_credit",
@@ -101,6 +110,8 @@ class Link:
         self.target: Any = None
         self.properties: dict[Any, Any] | None = None
         self.max_message_size = 0
+        self.format_limits: dict[int, int] | None = None
+        """Lower size bounds for some message formats (message-format -> bytes), e.g. for batches."""
         self.initial_delivery_count = 0
         self.remote_attach: Attach | None = None
         self.delivery_count = 0
@@ -162,7 +173,7 @@ class Link:
             self.state = LinkState.ATTACH_SENT
         elif self.state is LinkState.ATTACH_RCVD:
             self.state = LinkState.ATTACHED
-        else:
+        elif self.state is not LinkState.DETACH_RCVD:  # DETACH_RCVD: answering an attach the peer took back
             raise LocalProtocolError(f"cannot attach link in state {self.state.value}")
         if self.role == SENDER:
             self.delivery_count = self.initial_delivery_count
@@ -252,7 +263,9 @@ class Link:
 
     def _on_transfer(self, t: Transfer, payload: bytes, size_limit: int) -> tuple[Any, ...] | None:
         """Feed one transfer frame. Returns the completed delivery as
-        ``(delivery_id, tag, format, settled, state, payload, batchable, aborted)`` or None while incomplete."""
+        ``(delivery_id, tag, format, settled, state, payload, batchable, flag)`` or None while incomplete (or
+        while the rest of a refused delivery is discarded). ``flag`` is 0, ``ABORTED``, or ``TOO_LARGE`` (reported
+        once, on the frame that passed the bound; ``payload`` is then ``(size seen so far, bound)``)."""
         if self.role == SENDER:
             raise SessionViolation(Condition.ERRANT_LINK, f"transfer received on our sending link {self.name!r}")
         if self.state is not _ATTACHED:
@@ -263,21 +276,25 @@ class Link:
         if p is None:
             if t.delivery_id is None or t.delivery_tag is None:
                 raise LinkViolation(self, Condition.INVALID_FIELD, "first transfer needs delivery-id and tag")
+            limits = self.format_limits
+            if limits is not None:
+                own = limits.get(t.message_format or 0)
+                if own is not None and own < size_limit:
+                    size_limit = own
             if not t.more and not t.aborted:  # fast path: single-frame delivery
-                if len(payload) > size_limit:
-                    raise LinkViolation(self, Condition.MESSAGE_SIZE_EXCEEDED, "message too large")
                 self.delivery_count = (self.delivery_count + 1) & _MASK  # _spend_credit, inlined
                 if self.link_credit > 0:
                     self.link_credit -= 1
+                n = len(payload)
                 return (
                     t.delivery_id,
                     t.delivery_tag,
                     t.message_format or 0,
                     t.settled is True,  # None (absent) is False; the decoders give nothing else
                     t.state,
-                    payload,
+                    payload if n <= size_limit else (n, size_limit),
                     t.batchable,
-                    False,
+                    0 if n <= size_limit else TOO_LARGE,
                 )
             p = self._partial = [
                 t.delivery_id,
@@ -285,8 +302,9 @@ class Link:
                 t.message_format or 0,
                 bool(t.settled),
                 t.state,
-                [],
+                bytearray(),  # what arrived; None once the delivery is refused and the rest is being discarded
                 t.batchable,
+                size_limit,
             ]
             self._partial_size = 0
         elif t.delivery_id is not None and t.delivery_id != p[0]:
@@ -296,18 +314,29 @@ class Link:
                 p[3] = True
             if t.state is not None:
                 p[4] = t.state
+        received = p[5]
         if t.aborted:
             self._partial = None
             self._spend_credit()
-            return (p[0], p[1], p[2], p[3], p[4], b"", p[6], True)
+            return None if received is None else (p[0], p[1], p[2], p[3], p[4], b"", p[6], ABORTED)
         self._partial_size += len(payload)
-        if self._partial_size > size_limit:
-            self._partial = None
-            raise LinkViolation(self, Condition.MESSAGE_SIZE_EXCEEDED, "message too large")
-        p[5].append(payload)
+        if received is None:  # refused already: count and drop what still comes of it
+            if not t.more:
+                self._partial = None
+                self._spend_credit()
+            return None
+        if self._partial_size > p[7]:
+            p[5] = None  # free what was buffered now, not when the last frame comes
+            if not t.more:
+                self._partial = None
+                self._spend_credit()
+            return (p[0], p[1], p[2], p[3], p[4], (self._partial_size, p[7]), p[6], TOO_LARGE)
+        # One growing buffer rather than a list of frames joined at the end: a large buffer grows in place (realloc,
+        # mremap), so a 100 MB delivery costs its own size plus the final copy, and no heap of frame-sized blocks
+        # lingers after it.
+        received += payload
         if t.more:
             return None
         self._partial = None
         self._spend_credit()
-        chunks = p[5]
-        return (p[0], p[1], p[2], p[3], p[4], chunks[0] if len(chunks) == 1 else b"".join(chunks), p[6], False)
+        return (p[0], p[1], p[2], p[3], p[4], bytes(received), p[6], 0)

@@ -33,6 +33,7 @@ from .events import (
     DeliveryAborted,
     DeliveryReceived,
     DeliveryRef,
+    DeliveryTooLarge,
     DispositionReceived,
     Event,
     FlowReceived,
@@ -40,7 +41,7 @@ from .events import (
     LinkAttachRequested,
     LinkDetached,
 )
-from .link import Link, LinkState, serial_diff
+from .link import ABORTED, Link, LinkState, serial_diff
 from .performatives import (
     RECEIVER,
     SENDER,
@@ -144,6 +145,8 @@ class Session:
             self.state = SessionState.BEGIN_SENT
         elif self.state is SessionState.BEGIN_RCVD:
             self.state = SessionState.MAPPED
+        elif self.state is SessionState.END_RCVD and self.local_channel is None:
+            pass  # the peer ended before we answered its begin: answer it, then its end
         else:
             raise LocalProtocolError(f"cannot begin session in state {self.state.value}")
         return self._make_begin()
@@ -424,9 +427,16 @@ class Session:
         done = link._on_transfer(t, payload, limit)
         if done is None:
             return
-        did, tag, fmt, settled, state, data, batchable, aborted = done
-        if aborted:
-            events.append(DeliveryAborted(link, did, tag))
+        did, tag, fmt, settled, state, data, batchable, flag = done
+        if flag:
+            if flag == ABORTED:
+                events.append(DeliveryAborted(link, did, tag))
+                return
+            # TOO_LARGE: unsettled, so that the application can refuse it with a disposition
+            if not settled:
+                self.incoming_unsettled[did] = _new_ref(DeliveryRef, (link, did, tag))
+                link.unsettled[tag] = did
+            events.append(DeliveryTooLarge(link, did, tag, settled, fmt, *data))
             return
         if not settled:
             self.incoming_unsettled[did] = _new_ref(DeliveryRef, (link, did, tag))

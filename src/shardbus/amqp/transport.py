@@ -113,8 +113,13 @@ class AmqpProtocol(asyncio.Protocol):
         if not events:
             return
         try:
-            for ev in events:
-                self.handler.handle_event(self, ev)
+            while events:
+                for ev in events:
+                    self.handler.handle_event(self, ev)
+                # An answer may have let the connection read on (accept_sasl resumes frames the client pipelined
+                # after its sasl-init): their events are this read's too. (The list itself, read without a call:
+                # this runs once per read.)
+                events = self.conn.next_events() if self.conn._events else None
             if self._events_done is not None:
                 self._events_done(self)
         except Exception as exc:  # an application bug must not leave the peer hanging

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..partition.handle import PartitionHandle, PartitionSpec
+from .lifeline import end_with_parent
 from .remote import ClusterClient
 from .supervisor import READY_TIMEOUT, LocalCluster, _read_line, remote_partition, stop_child
 
@@ -240,15 +241,8 @@ def _reserve_port(host: str, port: int) -> socket.socket:
 
 
 def _exit_with_parent() -> None:
-    """A front end stops cleanly (as on SIGTERM) when the supervisor is gone, however it went."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="shardbus-watch-parent", daemon=True).start()
+    """A front end stops cleanly (as on SIGTERM) when the supervisor is gone, however it went (lifeline.py)."""
+    end_with_parent()
 
 
 def _address(text: str) -> tuple[str, int]:

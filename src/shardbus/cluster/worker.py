@@ -44,6 +44,7 @@ from ..store.base import MessageStore, StoreError
 from ..store.committer import hurry
 from ..store.sqlite import SqliteStore
 from . import wire
+from .lifeline import end_with_parent
 
 if TYPE_CHECKING:  # cluster mode only: the PostgreSQL modules need the 'postgres' extra
     from .metadata import WorkerMembership
@@ -517,16 +518,16 @@ class Worker:
 
 
 def _exit_with_parent(worker: Worker) -> None:
-    """A worker of ``serve --workers`` stops (flushing its stores) when its front end is gone, however it went."""
-    parent = os.getppid()
+    """A worker of ``serve --workers`` stops when its front end is gone, however it went: at once on Linux (the
+    kernel's SIGTERM, handled as a clean stop), else within 0.1 s (lifeline.py)."""
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
+    def stop() -> None:
         if worker.loop is not None:
             worker.stop()
+        else:  # not serving yet: nothing to flush
+            os._exit(0)
 
-    threading.Thread(target=watch, name="shardbus-watch-parent", daemon=True).start()
+    end_with_parent(stop)
 
 
 def _advertised_host(listen_host: str) -> str:

@@ -21,6 +21,17 @@ the right the link needs (Send for senders, Listen for receivers; each ``$manage
 ``authorization.py``); otherwise, and for unknown entities, the attach is refused the way the service refuses it
 (null source and target, then a detach with the condition), which the SDK turns into the right exception. Limits
 (``limits.py``): channel-max and handle-max are announced and enforced by the engine, links per connection here.
+
+Message size: a sender link's attach advertises the entity's largest message as ``max-message-size`` and its
+largest batch as ``com.microsoft:max-message-batch-size`` (Namespace.message_size_limits); the engine bounds every
+delivery by them while it arrives (a batch by the batch bound) and reports one that passes as
+``DeliveryTooLarge``, refused here with ``amqp:link:message-size-exceeded`` (the SDK's ``MessageSizeExceededError``);
+nothing of it is stored and the link and connection go on. Links of ``$cbs`` and ``$management`` are bounded by the
+namespace's largest message (the connection's hard limit).
+
+Protocol errors: the engine closes the connection (or ends the session, or detaches the link) with the AMQP
+condition; here that is logged as one WARNING line naming the connection, and everything the connection held
+(receivers, held sessions, transactions, per-link state) is released.
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from ..amqp.performatives import (
     TransactionalState,
     decode_composite,
 )
+from ..amqp.session import SessionState
 from ..amqp.types import Int, Long, Symbol
 from ..entity.entity import QueueEntity, Target, TopicEntity
 from ..entity.receiver import Receiver
@@ -85,6 +97,8 @@ from .management import OPERATIONS, ManagementContext, ManagementReply
 from .mapping import decode_batch_to_messages, decode_to_message, encode_delivery
 
 log = logging.getLogger("shardbus.amqp")
+MESSAGE_SIZE_EXCEEDED = Symbol("amqp:link:message-size-exceeded")
+MAX_BATCH_SIZE_PROPERTY = Symbol("com.microsoft:max-message-batch-size")
 _ACCEPTED = Accepted()  # fieldless, so one instance serves every echo
 
 CBS = "$cbs"
@@ -99,6 +113,8 @@ WINDOW = 0x7FFFFFFF
 SENDER_CREDIT = 10_000
 _SENDER_CREDIT_LOW = SENDER_CREDIT // 2  # a sender's credit is topped up below this
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
+_LINK_ATTACHED = LinkState.ATTACHED
+_SESSION_MAPPED = SessionState.MAPPED
 _LOGGED_EVENTS = frozenset((ev.LinkAttachRequested, ev.LinkDetached))  # logged (debug) as they come
 # What a $management handler raises reading a request body whose fields have the wrong type or shape
 _MALFORMED = (TypeError, ValueError, AttributeError, IndexError, KeyError, OverflowError)
@@ -339,8 +355,13 @@ class ServiceBusConnection:
     # ------------------------------------------------------------------------------------------------------
     # connection, SASL, sessions
     # ------------------------------------------------------------------------------------------------------
+    def _use_namespace(self, hostname: str | None) -> None:
+        self.namespace, self.authority = self.directory.resolve(hostname)
+        # No delivery on any link may pass the namespace's largest message (sender links bound theirs lower).
+        self.amqp.max_message_size = self.namespace.quotas.max_message_size_bytes
+
     def _on_sasl(self, e: ev.SaslInit) -> None:
-        self.namespace, self.authority = self.directory.resolve(e.hostname)
+        self._use_namespace(e.hostname)
         self.hostname = e.hostname or self.hostname
         if e.mechanism == "PLAIN":
             if self.authority.plain_known(e.username, e.password):
@@ -352,7 +373,7 @@ class ServiceBusConnection:
 
     def _on_open(self, e: ev.ConnectionOpened) -> None:
         if self.namespace is None or e.open.hostname:
-            self.namespace, self.authority = self.directory.resolve(e.open.hostname)
+            self._use_namespace(e.open.hostname)
             self.hostname = e.open.hostname or self.hostname
         self.amqp.open()
         if self.refusal is not None:
@@ -361,7 +382,15 @@ class ServiceBusConnection:
     def _on_closed(self, e: ev.ConnectionClosed) -> None:
         if e.reply_needed:
             self.amqp.close()
+        elif not e.by_peer and e.error is not None:
+            self._log_refusal("closed the connection", e.error)
         self._cleanup()
+
+    def _log_refusal(self, what: str, error: Error, link: Any = None) -> None:
+        """One line per protocol error of the peer's (or refusal of its connection): the condition and why,
+        without a traceback; authentication failures are routine and logged at INFO."""
+        level = logging.INFO if str(error.condition) == "amqp:unauthorized-access" else logging.WARNING
+        log.log(level, "%s: %s: %s", what, error.condition, error.description, extra=self._context(link))
 
     def _on_begin(self, e: ev.SessionBeginRequested) -> None:
         self.amqp.begin(
@@ -369,11 +398,20 @@ class ServiceBusConnection:
         )
 
     def _on_end(self, e: ev.SessionEnded) -> None:
-        for link in [lk for lk in self._receivers if lk.session is e.session]:
+        session = e.session
+        for link in [lk for lk in self._receivers if lk.session is session]:
             self._drop_receiver(link)
-        self._links = {lk for lk in self._links if lk.session is not e.session}
+        self._links = {lk for lk in self._links if lk.session is not session}
+        for link in [lk for lk in self._senders if lk.session is session]:
+            del self._senders[link]
+        self._cbs_out.pop(session, None)
+        for key in [k for k in self._mgmt_out if k[0] is session]:
+            del self._mgmt_out[key]
+        self._coordinators = {lk for lk in self._coordinators if lk.session is not session}
+        if not e.by_peer and e.error is not None:
+            self._log_refusal("ended a session", e.error)
         if e.reply_needed:
-            self.amqp.end(e.session)
+            self.amqp.end(session)
 
     def _cleanup(self) -> None:
         if self.closed:
@@ -383,6 +421,17 @@ class ServiceBusConnection:
             self._drop_receiver(link)
         for receiver in self._mgmt_receivers.values():
             receiver.close()
+        for txn in self._transactions.values():  # never discharged: nothing of it may happen
+            txn.transaction.rollback()
+        self._transactions.clear()
+        self._mgmt_receivers.clear()
+        self._sessions.clear()
+        self._senders.clear()
+        self._cbs_out.clear()
+        self._mgmt_out.clear()
+        self._coordinators.clear()
+        self._pending_sends.clear()
+        self.authorized.clear()
 
     # ------------------------------------------------------------------------------------------------------
     # links
@@ -416,7 +465,7 @@ class ServiceBusConnection:
     @property
     def _authority(self) -> Authority:
         if self.authority is None:
-            self.namespace, self.authority = self.directory.resolve(None)
+            self._use_namespace(None)
         return self.authority
 
     def _on_attach(self, e: ev.LinkAttachRequested) -> None:
@@ -461,10 +510,13 @@ class ServiceBusConnection:
             self._check_access(path, SEND if client_sends else LISTEN)
             if client_sends:
                 entity = self._ns._sender_entity(path)
-                # No link limit (the engine would detach on it); the service rejects just the oversized
-                # delivery, which the core does. The batch-size property sets the SDK's batch limit instead.
-                limit = Int(self._ns.quotas.max_message_size_bytes)
-                self.amqp.attach_reply(link, properties={Symbol("com.microsoft:max-message-batch-size"): limit})
+                # The service advertises the entity's largest message as the link's max-message-size and its
+                # largest batch in a property the SDK reads (a premium batch stays at 1 MB); the engine refuses
+                # a delivery as soon as it passes either (see the module docstring).
+                largest, batch = self._ns.message_size_limits(entity.description)
+                self.amqp.attach_reply(link, max_message_size=largest, properties={MAX_BATCH_SIZE_PROPERTY: Int(batch)})
+                if batch < largest:
+                    link.format_limits = {BATCH_MESSAGE_FORMAT: batch}
                 self._senders[link] = entity
                 self.amqp.flow(link, link_credit=SENDER_CREDIT)
             else:
@@ -475,7 +527,7 @@ class ServiceBusConnection:
     @property
     def _ns(self) -> Namespace:
         if self.namespace is None:
-            self.namespace, self.authority = self.directory.resolve(None)
+            self._use_namespace(None)
         return self.namespace
 
     def _resolve_management_target(self, node: str) -> Any:
@@ -544,9 +596,23 @@ class ServiceBusConnection:
         )
         self._sessions[(id(receiver.target), receiver.session_id)] = receiver
 
+    def _on_too_large(self, e: ev.DeliveryTooLarge) -> None:
+        """Refuse a delivery that passed its link's bound (the engine discards the rest of it); the link goes on."""
+        description = (
+            f"The received message (delivery-id:{int(e.delivery_id)}, size:{e.size} bytes) exceeds the limit "
+            f"({e.limit} bytes) currently allowed on the link."
+        )
+        log.info("refused: %s", description, extra=self._context(e.link))
+        if e.link.link_credit < _SENDER_CREDIT_LOW and e.link in self._senders:
+            self.amqp.flow(e.link, link_credit=SENDER_CREDIT)
+        if not e.settled:
+            self.amqp.settle(e.link, e.delivery_id, Rejected(error=Error(MESSAGE_SIZE_EXCEEDED, description)))
+
     def _on_detach(self, e: ev.LinkDetached) -> None:
         link = e.link
         self._links.discard(link)
+        if not e.by_peer and e.error is not None:
+            self._log_refusal("detached a link", e.error, link)
         if link in self._receivers:
             self._drop_receiver(link)
         self._senders.pop(link, None)
@@ -612,6 +678,9 @@ class ServiceBusConnection:
         except DecodeError as exc:
             self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
             return
+        # The messages have what they need of the payload: the event, kept until the store answers, need not keep
+        # it too (a 100 MB message would otherwise be held twice while it is written).
+        e.payload = b""
         self._pending_sends.append((entity, e, messages))  # stored in ``events_done``
 
     def _flush_sends(self) -> None:
@@ -686,6 +755,8 @@ class ServiceBusConnection:
         self._send_reply(reply_link, response)
 
     def _send_reply(self, link: Any, message: AmqpMessage) -> None:
+        if not link.attached or not link.session.mapped or self.amqp.closing:
+            return  # the client took its reply link away (or closed) before the answer: nobody to tell
         self.amqp.send_transfer(link, uuid.uuid4().bytes, message.encode(), settled=True, ignore_credit=True)
 
     # ------------------------------------------------------------------------------------------------------
@@ -767,7 +838,9 @@ class ServiceBusConnection:
     def _pump(self, link: Any) -> None:
         """Deliver while the link has credit and the client's session window has room."""
         state = self._receivers.get(link)
-        if state is None or self.amqp.is_done:
+        if state is None or link.state is not _LINK_ATTACHED or link.session.state is not _SESSION_MAPPED:
+            return  # gone, or going: the client's detach/end is handled next (and drops the receiver)
+        if self.amqp.close_sent or self.amqp.is_done:
             return
         receiver = state.receiver
         session = link.session
@@ -1085,6 +1158,7 @@ _HANDLERS: dict[type, Callable[[ServiceBusConnection, Any], None]] = {
     ev.LinkAttachRequested: ServiceBusConnection._on_attach,
     ev.LinkDetached: ServiceBusConnection._on_detach,
     ev.DeliveryReceived: ServiceBusConnection._on_delivery,
+    ev.DeliveryTooLarge: ServiceBusConnection._on_too_large,
     ev.FlowReceived: ServiceBusConnection._on_flow,
     ev.DispositionReceived: ServiceBusConnection._on_disposition,
 }

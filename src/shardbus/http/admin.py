@@ -135,7 +135,7 @@ def _view(call: Call, desc: Any, path: str, counts: dict[str, int] | None = None
         updated=updated,
         availability="Limited" if limited else "Available",
         sb_base=call.sb_base,
-        max_message_kb=ns.quotas.max_message_size_bytes // 1024,
+        max_message_kb=ns.message_size_limits(desc)[0] // 1024,
         counts=counts or {},
     )
 

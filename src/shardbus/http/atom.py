@@ -89,6 +89,7 @@ _MESSAGING: dict[str, tuple[str, Codec]] = {
 }
 _SIZE_AND_DEDUP: dict[str, tuple[str, Codec]] = {
     "MaxSizeInMegabytes": ("max_size_in_megabytes", INT),
+    "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", INT),
     "RequiresDuplicateDetection": ("requires_duplicate_detection", BOOL),
     "DuplicateDetectionHistoryTimeWindow": ("duplicate_detection_history_time_window", DURATION),
     "EnablePartitioning": ("enable_partitioning", BOOL),
@@ -149,7 +150,7 @@ class EntityView:
     updated: float
     availability: str
     sb_base: str  # sb://host:port, for forwarding targets
-    max_message_kb: int
+    max_message_kb: int  # the entity's effective MaxMessageSizeInKilobytes
     counts: dict[str, int] = field(default_factory=dict)  # SubscriptionCount, SqlFilterCount, ...
 
 
@@ -238,7 +239,13 @@ def parse_authorization_rules(element: ET.Element) -> list[AuthorizationRule]:
     return rules
 
 
+# Writable properties shown with their effective value (the default when the entity left them unset).
+SHOWN_EFFECTIVE = frozenset({"MaxMessageSizeInKilobytes"})
+
+
 def _render_property(name: str, view: EntityView, kind: EntityKind) -> str:
+    if name in SHOWN_EFFECTIVE:
+        return COMPUTED[name](view)
     writable = WRITABLE[kind].get(name)
     if writable is None:
         return COMPUTED[name](view)

@@ -191,6 +191,7 @@ def _validate_messaging(desc: Any, tier: TierRules) -> None:
 
 def _validate_size_and_dedup(desc: Any, tier: TierRules) -> None:
     tier.check_max_size(desc.max_size_in_megabytes)
+    tier.check_max_message_size(desc.max_message_size_in_kilobytes)
     _check_range(
         "DuplicateDetectionHistoryTimeWindow",
         desc.duplicate_detection_history_time_window,
@@ -204,6 +205,7 @@ def _validate_size_and_dedup(desc: Any, tier: TierRules) -> None:
 @dataclass
 class QueueDescription(_MessagingOptions, _Description):
     max_size_in_megabytes: int = 1024
+    max_message_size_in_kilobytes: int | None = None  # None: the tier's default (premium 1024; others 256)
     requires_duplicate_detection: bool = False
     duplicate_detection_history_time_window: timedelta = timedelta(minutes=10)
     enable_partitioning: bool = False
@@ -227,6 +229,7 @@ class QueueDescription(_MessagingOptions, _Description):
 class TopicDescription(_Description):
     default_message_time_to_live: timedelta = TIMESPAN_MAX
     max_size_in_megabytes: int = 1024
+    max_message_size_in_kilobytes: int | None = None  # None: the tier's default (premium 1024; others 256)
     requires_duplicate_detection: bool = False
     duplicate_detection_history_time_window: timedelta = timedelta(minutes=10)
     enable_partitioning: bool = False

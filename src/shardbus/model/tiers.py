@@ -29,6 +29,13 @@ STANDARD_PARTITION_COUNT = 16
 PREMIUM_PARTITION_COUNTS = (1, 2, 4)
 STANDARD_MAX_SIZES_MB = (1024, 2048, 3072, 4096, 5120)
 PREMIUM_MAX_SIZE_MB = 81920
+# Premium's per-entity message size (MaxMessageSizeInKilobytes): 1 MB unless the entity asks for more, up to 100 MB.
+PREMIUM_MESSAGE_KB_RANGE = (1024, 102400)
+PREMIUM_DEFAULT_MESSAGE_KB = 1024
+# A premium batch stays at 1 MB whatever the entity's message size (the service's, as the SDK's maintainers put it:
+# "the Service Bus service rejects any batch larger than 1MB regardless of the configured maximum message size").
+PREMIUM_BATCH_BYTES = 1 * MB
+STANDARD_MESSAGE_KB = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +44,20 @@ class Quotas:
 
     max_entities: int = 10_000
     max_partitioned_entities: int | None = 100  # None: no separate limit (premium)
-    max_message_size_bytes: int = 256 * KB
+    max_message_size_bytes: int = 256 * KB  # premium: the ceiling of an entity's MaxMessageSizeInKilobytes
+    max_batch_size_bytes: int = 256 * KB  # premium: 1 MB whatever the entity's message size
     max_subscriptions_per_topic: int = 2_000
     max_rules_per_subscription: int = 2_000
 
     @classmethod
     def for_tier(cls, tier: Tier, **overrides: Any) -> Quotas:
-        base = cls(max_partitioned_entities=None, max_message_size_bytes=100 * MB) if tier is Tier.PREMIUM else cls()
+        base = (
+            cls(
+                max_partitioned_entities=None, max_message_size_bytes=100 * MB, max_batch_size_bytes=PREMIUM_BATCH_BYTES
+            )
+            if tier is Tier.PREMIUM
+            else cls()
+        )
         unknown = set(overrides) - set(cls.__dataclass_fields__)
         if unknown:
             raise ArgumentError(f"Unknown quota(s): {', '.join(sorted(unknown))}")
@@ -97,3 +111,29 @@ class TierRules:
                 f"MaxSizeInMegabytes {max_size_mb} is invalid: the {self.tier.value} tier allows "
                 f"{', '.join(map(str, STANDARD_MAX_SIZES_MB))}."
             )
+
+    def check_max_message_size(self, kb: int | None) -> None:
+        """``MaxMessageSizeInKilobytes`` of a queue or topic: premium 1,024-102,400; other tiers have 256 KB."""
+        if kb is None:
+            return
+        if not isinstance(kb, int) or isinstance(kb, bool):
+            raise ArgumentError(f"MaxMessageSizeInKilobytes must be a whole number, not {kb!r}.")
+        if self.tier is Tier.PREMIUM:
+            low, high = PREMIUM_MESSAGE_KB_RANGE
+            if not low <= kb <= high:
+                raise ArgumentOutOfRange(
+                    f"MaxMessageSizeInKilobytes {kb} is out of range: premium allows {low} to {high}."
+                )
+        elif kb != STANDARD_MESSAGE_KB:
+            raise ArgumentOutOfRange(
+                f"MaxMessageSizeInKilobytes {kb} is invalid: the {self.tier.value} tier has {STANDARD_MESSAGE_KB} KB "
+                "messages; larger ones (up to 102400) are a premium feature."
+            )
+
+    def message_size_limits(self, kb: int | None, quotas: Quotas) -> tuple[int, int]:
+        """(largest message, largest batch) in bytes for an entity whose MaxMessageSizeInKilobytes is ``kb``
+        (None: the default), within the namespace's ``max_message_size_bytes`` quota."""
+        message = quotas.max_message_size_bytes
+        if self.tier is Tier.PREMIUM:
+            message = min(message, (kb or PREMIUM_DEFAULT_MESSAGE_KB) * KB)
+        return message, min(message, quotas.max_batch_size_bytes)

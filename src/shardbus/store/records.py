@@ -34,6 +34,9 @@ def register_type(tag: int, cls: type, to_plain: Any, from_plain: Any) -> None:
     _registered_by_type[cls] = tag
 
 
+KEEP_PACKER_BELOW = 1024 * 1024  # a packer that packed more goes (PackerPool.pack): the pool stays small
+
+
 class PackerPool:
     """Reusable MessagePack packers. ``msgpack.packb`` makes a new packer per call, and each allocates (and the
     kernel maps) a 256 KB buffer, several times what packing a message costs; one shared packer is no better, as
@@ -51,7 +54,10 @@ class PackerPool:
         except IndexError:
             packer = msgpack.Packer(**self._options)
         data = packer.pack(value)  # a failed pack drops its packer (it may hold part of the value)
-        self._free.append(packer)
+        if len(data) <= KEEP_PACKER_BELOW:
+            self._free.append(packer)
+        # else dropped: a packer keeps its buffer at the largest size it packed, and one 100 MB message would
+        # otherwise hold 100 MB for as long as the process runs
         return data
 
 
