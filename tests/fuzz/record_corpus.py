@@ -4,7 +4,7 @@ session receiver with session state), captured through a proxy in front of a bro
 
     .venv/bin/python tests/fuzz/record_corpus.py tests/fuzz/corpus
 
-The tokens in them expire an hour later; conftest.resign replaces them when the tests load the corpus.
+The tokens in them expire an hour later; fuzz_wire.resign replaces them when the tests load the corpus.
 """
 
 import pathlib

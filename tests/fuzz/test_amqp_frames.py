@@ -9,10 +9,7 @@ from __future__ import annotations
 import struct
 import uuid
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from conftest import (
+from fuzz_wire import (
     AMQP_HEADER,
     KEY,
     KEY_NAME,
@@ -23,6 +20,9 @@ from conftest import (
     still_serving,
     wait_for_no_connections,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from shardbus.amqp.message import BATCH_MESSAGE_FORMAT, AmqpMessage, Properties, build_batch
 from shardbus.amqp.performatives import (
     Accepted,

@@ -9,10 +9,10 @@ import http.client
 import ssl
 import xml.sax.saxutils
 
+from fuzz_wire import still_serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import still_serving
 from shardbus.endpoint.sas import generate_token
 from shardbus.http.atom import WRITABLE
 from shardbus.model.entities import EntityKind

@@ -7,10 +7,10 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+from fuzz_wire import still_serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import still_serving
 from management_wire import management
 from shardbus.amqp.types import Array, Int, Long, Symbol
 from shardbus.endpoint.management import OPERATIONS
