@@ -275,6 +275,10 @@ class WorkerLink:
             p = self.partitions.get(key)
             if p is not None:
                 p.failure = failure
+                # A partition the worker brought back by itself (a full store's reload) was never restarted from
+                # here: take back its sends in doubt now, as a restore would, or it stays unhealthy for good.
+                if failure is None and p.wanted and p.in_doubt:
+                    p.revoke_in_doubt()
 
 
 class _Deliveries:

@@ -151,6 +151,10 @@ READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
 # One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
 # query per 256 messages is already a small share of their delivery).
 READ_BATCH = 256
+# A read-ahead brings at most this many bytes' worth of the largest message the partition accepts (Premium allows
+# 100 MB messages: 256 of them would be 25 GB), and at least one message.
+READ_BATCH_BYTES = 64 << 20
+LARGE_MESSAGE = READ_BATCH_BYTES // 16  # a message above this is kept in a window only within MEMORY_BUDGET
 # Beyond its window a queue keeps sent messages in memory while every partition broker of this process together
 # holds less than this many bytes of (stored) messages: a backlog that fits is served from memory as before, a
 # larger one from the store. SHARDBUS_MEMORY_MB sets it (docs/backlog.md).
@@ -449,6 +453,8 @@ class PartitionBroker:
         """Stop serving: wait for queued writes, close the store, forget memory (locks are lost)."""
         with self._lock:
             committer, store = self._committer, self._store
+            if self._dirty and committer is not None and self._healthy:
+                self._write([])  # counts no write has carried yet (see _undo_refused): stored before the close
             self._healthy = False
             self._failure = reason
             self._recover_at = None  # stopped on purpose (or by ``_recover``, which starts it again)
@@ -517,7 +523,12 @@ class PartitionBroker:
         )
 
     def _on_store_resumed(self) -> None:
+        """(The committer's thread, no write in hand.) Counts a refused write carried are stored now, not left
+        to a next change that may not come (``_undo_refused``)."""
         log.warning("partition %s of '%s': its store has space again; taking sends", self.id, self.config.path)
+        with self._lock:
+            if self._healthy and self._dirty and self._committer is not None:
+                self._write([], linger=SETTLE_LINGER)
 
     def _recover(self) -> None:
         """Reload a partition its full store made unavailable (from ``tick``; see "Health")."""
@@ -599,7 +610,7 @@ class PartitionBroker:
         window) become resident."""
         first = q.disk_from
         assert first is not None
-        limit = min(self.read_ahead, READ_BATCH)
+        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
         rows = self._scan(q, first, self._visible_next, limit)
         entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
         push = heapq.heappush
@@ -774,18 +785,20 @@ class PartitionBroker:
             )
 
     def _enqueue_done(
-        self, first: int, end: int, batch_id: str | None, refused: Callable[[str | None], None], future: Future
+        self, first: int, end: int, batch_id: str | None, refused: Callable[[str | None, bool], None], future: Future
     ) -> None:
         """A failed write may have landed all the same: remember its range for the next ``start``. A write
         refused for a full store did not land (nothing of it was stored): undo what staging it changed."""
         if batch_id is None and future.exception() is None:
             return
         with self._lock:
+            revoked = False
             if batch_id is not None:
                 self._staged.pop(batch_id, None)
+                revoked = batch_id in self._revoked_staged
                 self._revoked_staged.discard(batch_id)
             if isinstance(future.exception(), PartitionFull):
-                refused(batch_id)
+                refused(batch_id, revoked)
             elif future.exception() is not None:
                 self._in_doubt.append((first, end))
 
@@ -796,20 +809,25 @@ class PartitionBroker:
         dedup_ids: list[str],
         now: int,
         batch_id: str | None,
+        revoked: bool,
     ) -> None:
         """(Lock held.) Forget a send its full store refused: its counts and size ((slot, messages, bytes) per
-        slot), its duplicate-detection ids (so that the sender's retry is not dropped as a duplicate) and its
-        batch record. The refused write also carried the counts of other changes, which did not land either:
-        every sub-queue's counts go with the next write."""
+        slot; ``revoke_batches`` already took back those of a revoked one), its duplicate-detection ids (so that
+        the sender's retry is not dropped as a duplicate) and its batch record. The refused write also carried
+        the counts of other changes, which did not land either: every sub-queue's counts are written again with
+        the next write, at the latest when the store takes writes again (``_on_store_resumed``) or at ``stop``."""
         if epoch != self._epoch:  # reloaded since: memory is the store's, which never had it
             return
         for slot, count, size in slots:
-            q = self._queue(slot, _MAIN)
-            q.count -= count
+            q = self._queues.get((slot, _MAIN))
+            if q is None:  # the slot was dropped meanwhile, and its counts and size with it
+                continue
             q.staged -= count
             q.staged_bytes -= size
-            q.bytes -= size
-            self._size -= size
+            if not revoked:
+                q.count -= count
+                q.bytes -= size
+                self._size -= size
         self._dirty.update(self._queues.values())
         for key in dedup_ids:
             if self._dedup.get(key) == now:
@@ -1044,7 +1062,8 @@ class PartitionBroker:
                     q.scheduled_count += 1
                 elif sessions is None:
                     if q.disk_from is None:
-                        if len(ready) < read_ahead or held < room:
+                        # a large message (Premium's reach 100 MB) stays resident only within the budget
+                        if (len(ready) < read_ahead and entry.size <= LARGE_MESSAGE) or held < room:
                             stored[seq] = entry
                             held += entry.size
                             push(ready, seq)  # ``_push_ready`` without sessions
