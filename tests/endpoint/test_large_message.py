@@ -81,4 +81,6 @@ def test_a_100_mb_message_sends_receives_and_survives_a_restart(tmp_path):
     finally:
         again.stop()
     print(f"peak RSS growth in copies of the message: send {sent:.1f}, receive {received:.1f}, restart {restarted:.1f}")
-    assert sent <= 6 and received <= 3 and restarted <= 3, (sent, received, restarted)
+    # After a restart the message is no longer loaded at start (the backlog stays on disk): the receive reads it,
+    # so its step holds SQLite's blob, its bytes and the decoded body for a moment, three copies, then the frames.
+    assert sent <= 6 and received <= 3 and restarted < 3.5, (sent, received, restarted)
