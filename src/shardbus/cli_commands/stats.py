@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from ..model.ages import human_age
 from ..model.entities import EntityKind
 from .admin_http import EntityInfo
 from .context import Session, connection_options, pass_session
@@ -26,19 +27,6 @@ PARTITION_COLUMNS = [
     Column("dead_letters", "DEAD LETTERS", True),
     Column("health", "HEALTH"),
 ]
-
-
-def human_age(seconds: float | None) -> str | None:
-    if seconds is None:
-        return None
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
 def entity_stats(session: Session, path: str, info: EntityInfo) -> dict[str, Any]:

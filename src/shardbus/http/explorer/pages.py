@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ...endpoint.connection import NamespaceDirectory
+from ...model import ages
 from ...model.entities import EntityKind
 from ...model.errors import ArgumentError, ShardbusError, Unauthorized, http_status_of
 from ..protocol import HttpRequest, HttpResponse
@@ -78,16 +79,7 @@ class Redirect(Exception):
 
 # --------------------------------------------------------------------------------------------- formatting
 def human_age(seconds: float | None) -> str:
-    if seconds is None:
-        return NONE
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
+    return ages.human_age(seconds) or NONE
 
 
 def human_bytes(n: int | None) -> str:
