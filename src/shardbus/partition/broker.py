@@ -453,7 +453,7 @@ class PartitionBroker:
         """Stop serving: wait for queued writes, close the store, forget memory (locks are lost)."""
         with self._lock:
             committer, store = self._committer, self._store
-            if self._dirty and committer is not None and self._healthy:
+            if committer is not None and self._healthy and self._dirty:  # started: _dirty exists
                 self._write([])  # counts no write has carried yet (see _undo_refused): stored before the close
             self._healthy = False
             self._failure = reason
