@@ -92,13 +92,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/children.py
 
 from children import ChildProcess, watch_parent
+from shardbus.access import sas
 from shardbus.amqp import events as E
 from shardbus.amqp.connection import Connection
 from shardbus.amqp.message import AmqpMessage, BodyType, Header, Properties, decode_message
 from shardbus.amqp.performatives import RECEIVER, Accepted, SndSettleMode, Source, Target
 from shardbus.amqp.transport import AmqpClient, AmqpProtocol, ClientReceiver, ClientSession, install_uvloop, serve
 from shardbus.amqp.types import Int, Long, Symbol, Timestamp
-from shardbus.endpoint import sas
 
 BODY_SIZE = 1024  # bytes of every message body (--body-size)
 BODY = os.urandom(BODY_SIZE)

@@ -101,7 +101,12 @@ def _namespace(data_dir: str) -> Any:
 def _connect(ns: Any) -> tuple[Any, KeepingTransport]:
     """A new in-process connection to ``ns``: its protocol and transport."""
     from shardbus.amqp.transport import AmqpProtocol
-    from shardbus.endpoint.connection import NamespaceDirectory, ServiceBusConnection
+    from shardbus.endpoint.connection import ServiceBusConnection
+
+    try:
+        from shardbus.access.directory import NamespaceDirectory
+    except ImportError:  # a --base revision from before access/ existed
+        from shardbus.endpoint.connection import NamespaceDirectory  # type: ignore[attr-defined,no-redef]
 
     handler = ServiceBusConnection(NamespaceDirectory({"ns": ns}, "ns", {"ns": {"K": "V"}}), asyncio.get_running_loop())
     protocol = AmqpProtocol(handler.amqp, handler)

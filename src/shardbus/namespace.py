@@ -61,6 +61,7 @@ from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
 from .model.tiers import MB, Quotas, Tier, TierRules
 from .partition.broker import PartitionBroker, PartitionConfig, SlotSettings
 from .partition.handle import PartitionFactory, PartitionHandle, PartitionSpec
+from .partition.handle import RemoteVerdict as RemoteVerdict  # offered to front ends: a remote partition's answer
 from .store.base import StoreError
 from .store.catalog import Catalog, CatalogSnapshot, Limit
 from .store.sqlite import SqliteStore

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .endpoint.connection import NamespaceDirectory
+from .access.directory import NamespaceDirectory
 from .endpoint.limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
 from .endpoint.listener import AmqpServer, new_event_loop
 from .http.app import HttpFrontend

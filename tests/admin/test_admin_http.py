@@ -19,8 +19,8 @@ import pytest
 from cryptography import x509
 
 from serve_process import ServeProcess
+from shardbus.access.sas import generate_token
 from shardbus.cli import main as cli_main
-from shardbus.endpoint.sas import generate_token
 from shardbus.http.tls import ensure_certificates
 from shardbus.http.xmlvalues import TIMESPAN_MAX_TEXT, format_duration, parse_duration
 from shardbus.model import errors

@@ -12,7 +12,7 @@ import pytest
 
 from shardbus import Message
 from shardbus.amqp.transport import AmqpProtocol
-from shardbus.endpoint import connection as endpoint
+from shardbus.endpoint import receiving as endpoint
 from shardbus.endpoint.connection import ServiceBusConnection
 
 REMOTE = bool(int(os.environ.get("SHARDBUS_TEST_WORKERS", "0")))  # tests/conftest.py

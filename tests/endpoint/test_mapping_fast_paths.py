@@ -220,7 +220,7 @@ def test_fast_uuids_equal_the_constructors() -> None:
 def test_observing_many_values_at_once_matches_observe() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from shardbus.endpoint.connection import _observe_all
+    from shardbus.endpoint.receiving import _observe_all
 
     values = [0.0, 0.0005, 0.0007, 0.001, 0.003, 0.5, 2.5, 3.0, 100.0, 0.0005]
     buckets = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

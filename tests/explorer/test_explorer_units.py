@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from shardbus.endpoint.connection import NamespaceDirectory
+from shardbus.access.directory import NamespaceDirectory
 from shardbus.http.explorer import actions, charts, history, signin
 from shardbus.http.protocol import HttpRequest
 from shardbus.model.authorization import AuthorizationRule

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from urllib.parse import unquote_plus
 
+from shardbus.access import sas
 from shardbus.amqp.framing import FrameReader
 from shardbus.amqp.message import AmqpMessage, decode_message
 from shardbus.amqp.performatives import Accepted, Close, Detach, End, Transfer, decode_performative
 from shardbus.amqp.transport import AmqpClient
-from shardbus.endpoint import sas
 
 CORPUS = Path(__file__).parent / "corpus"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"

@@ -13,7 +13,7 @@ from fuzz_wire import still_serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardbus.endpoint.sas import generate_token
+from shardbus.access.sas import generate_token
 from shardbus.http.atom import WRITABLE
 from shardbus.model.entities import EntityKind
 from shardbus.server import DEFAULT_KEY_NAME

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from ..access import sas
 from ..client import ConnectionSettings
-from ..endpoint import sas
 from ..http import atom
 from ..model.entities import EntityKind
 from ..model.filters import Rule

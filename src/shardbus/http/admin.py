@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..endpoint import sas
-from ..endpoint.authorization import MANAGE, Authority
-from ..endpoint.connection import NamespaceDirectory
+from ..access import sas
+from ..access.authority import MANAGE, Authority
+from ..access.directory import NamespaceDirectory
 from ..model.entities import DESCRIPTION_TYPES, EntityKind
 from ..model.errors import (
     ArgumentError,

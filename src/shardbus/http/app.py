@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..endpoint.connection import NamespaceDirectory
+from ..access.directory import NamespaceDirectory
 from ..metrics import CONTENT_TYPE, registry_for, render
 from .admin import AdminApi
 from .protocol import HttpRequest, HttpResponse

@@ -5,7 +5,7 @@ on queues and topics (their descriptions' ``authorization_rules``, set through t
 ``Send`` and ``Listen``, and a rule that has it must list them too (the service refuses it otherwise). A rule
 without keys gets random 256-bit keys, base64-encoded, as the service generates them.
 
-Pure values: which rule a token names, and whether its signature matches, is ``endpoint/authorization.py``'s work.
+Pure values: which rule a token names, and whether its signature matches, is ``access/authority.py``'s work.
 """
 
 from __future__ import annotations

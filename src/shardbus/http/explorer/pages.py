@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ...endpoint.connection import NamespaceDirectory
+from ...access.directory import NamespaceDirectory
 from ...model import ages
 from ...model.entities import EntityKind
 from ...model.errors import ArgumentError, ShardbusError, Unauthorized, http_status_of

@@ -1,6 +1,6 @@
 """Who may use the explorer: sign-in with the namespace's SAS key, the session cookie, and CSRF tokens.
 
-The session cookie *is* a SAS token (``endpoint.sas``) for the namespace, signed with the key the user signed in
+The session cookie *is* a SAS token (``access.sas``) for the namespace, signed with the key the user signed in
 with and valid ``SESSION_SECONDS``: every request checks it exactly as the admin API checks its Authorization
 header, so nothing is kept in memory per session (any front end of ``serve --frontends M`` accepts it), a wrong or
 rotated key ends it, and the key itself is never stored nor shown again. The cookie is HttpOnly, SameSite=Strict,
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+from ...access import sas
+from ...access.authority import MANAGE, Authority
+from ...access.directory import NamespaceDirectory
 from ...client import ConnectionSettings
-from ...endpoint import sas
-from ...endpoint.authorization import MANAGE, Authority
-from ...endpoint.connection import NamespaceDirectory
 from ...model.errors import Unauthorized
 from ...namespace import Namespace
 from ..protocol import HttpRequest

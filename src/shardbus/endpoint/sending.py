@@ -1,0 +1,104 @@
+"""Client senders: messages a client sends to a queue or topic, stored and then settled.
+
+``SendLinks`` is a part of ``ServiceBusConnection`` (connection.py): it owns the path from a transfer on a sender
+link to its disposition. A socket read's transfers are decoded as they come (``_on_send``), stored together when
+the read's events are done (``_flush_sends``: one store operation per partition), and settled accepted, or
+rejected with the domain error's condition, only once their store has them (``_acknowledge``). In memory: the
+sends of the socket read being handled (``_pending_sends``), bounded by what one read brings.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+from ..amqp import events as ev
+from ..amqp.codec import DecodeError
+from ..amqp.message import BATCH_MESSAGE_FORMAT
+from ..amqp.performatives import Error, Rejected
+from ..amqp.types import Symbol
+from ..entity.entity import QueueEntity, TopicEntity
+from ..metrics import SEND_SECONDS
+from ..model.message import Message
+from .links import _ACCEPTED, _SENDER_CREDIT_LOW, SENDER_CREDIT, _error, log
+from .mapping import decode_batch_to_messages, decode_to_message
+
+MESSAGE_SIZE_EXCEEDED = Symbol("amqp:link:message-size-exceeded")
+
+
+def _observe_repeated(histogram: Any, value: float, count: int) -> None:
+    """``histogram.observe(value)`` ``count`` times (a group of sends stored together took one time)."""
+    histogram._sum.inc(value * count)
+    histogram._buckets[bisect.bisect_left(histogram._upper_bounds, value)].inc(count)
+
+
+class SendLinks:
+    """The sender-link part of ``ServiceBusConnection`` (its state lives on the connection)."""
+
+    def _on_too_large(self, e: ev.DeliveryTooLarge) -> None:
+        """Refuse a delivery that passed its link's bound (the engine discards the rest of it); the link goes on."""
+        description = (
+            f"The received message (delivery-id:{int(e.delivery_id)}, size:{e.size} bytes) exceeds the limit "
+            f"({e.limit} bytes) currently allowed on the link."
+        )
+        log.info("refused: %s", description, extra=self._context(e.link))
+        if e.link.link_credit < _SENDER_CREDIT_LOW and e.link in self._senders:
+            self.amqp.flow(e.link, link_credit=SENDER_CREDIT)
+        if not e.settled:
+            self.amqp.settle(e.link, e.delivery_id, Rejected(error=Error(MESSAGE_SIZE_EXCEEDED, description)))
+
+    def _on_send(self, e: ev.DeliveryReceived, entity: QueueEntity | TopicEntity) -> None:
+        """Decode now; store together with everything else this socket read brought (see ``_flush_sends``)."""
+        try:
+            if e.message_format == BATCH_MESSAGE_FORMAT:
+                messages = decode_batch_to_messages(e.payload)
+            else:
+                messages = [decode_to_message(e.payload)]
+        except DecodeError as exc:
+            self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
+            return
+        # The messages have what they need of the payload: the event, kept until the store answers, need not keep
+        # it too (a 100 MB message would otherwise be held twice while it is written).
+        e.payload = b""
+        self._pending_sends.append((entity, e, messages))  # stored in ``events_done``
+
+    def _flush_sends(self) -> None:
+        """Hand all pending sends to the core at once: one store operation per partition, one callback each."""
+        pending, self._pending_sends = self._pending_sends, []
+        by_entity: dict[int, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
+        for entity, event, messages in pending:
+            group = by_entity.get(id(entity))
+            if group is None:
+                group = by_entity[id(entity)] = (entity, [], [])
+            group[1].append(event)
+            group[2].append(messages)
+        started = time.monotonic()
+        for entity, events, batches in by_entity.values():
+
+            def done(indices: list[int], outcomes: list[Any], events: list[ev.DeliveryReceived] = events) -> None:
+                settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
+                _observe_repeated(SEND_SECONDS, time.monotonic() - started, len(indices))
+                self._later(lambda: self._acknowledge(settled))
+
+            entity.submit_many(batches, done, owned=True)  # decoded here, for this send alone
+
+    def _acknowledge(self, results: list[tuple[ev.DeliveryReceived, BaseException | None]]) -> None:
+        """Settle stored sends: consecutive accepted deliveries of one link share a range disposition."""
+        link: Any = None  # the link of the run of accepted deliveries, and its first and last delivery ids
+        first = last = 0
+        for e, exc in results:
+            if e.settled:
+                continue
+            if exc is None and e.link is link and e.delivery_id == last + 1:
+                last = e.delivery_id  # the run goes on
+                continue
+            if link is not None:
+                self.amqp.disposition(link, first, last, state=_ACCEPTED)
+                link = None
+            if exc is None:
+                link, first, last = e.link, e.delivery_id, e.delivery_id
+            else:
+                self._settle(e, Rejected(error=_error(exc)))
+        if link is not None:
+            self.amqp.disposition(link, first, last, state=_ACCEPTED)
