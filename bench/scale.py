@@ -317,9 +317,9 @@ def tree_cpu(root: int) -> float:
 
 def process_roles(root: int) -> dict[int, str]:
     """What each process of a ``shardbus serve`` tree is: "front end", "worker N" (forked children), or with
-    ``--frontends``, "supervisor" and "front end N" (``python -m shardbus.cluster.frontend`` children)."""
+    ``--frontends``, "supervisor" and "front end N" (``python -m shardbus.frontends`` children)."""
     kids = sorted(pid for pid in process_cpu(root) if pid != root)
-    fronts = [pid for pid in kids if "shardbus.cluster.frontend" in _cmdline(pid)]
+    fronts = [pid for pid in kids if "shardbus.frontends" in _cmdline(pid)]
     workers = [pid for pid in kids if pid not in fronts]
     roles = {root: "supervisor" if fronts else "front end"}
     roles.update({pid: f"front end {i + 1}" for i, pid in enumerate(fronts)})

@@ -52,9 +52,9 @@ def _print_ready(args: argparse.Namespace, port: int, started: float, conn_str: 
 
 
 def _serve_frontends(args: argparse.Namespace) -> int:
-    """``--frontends M`` (M > 1): this process supervises workers and front-end processes (cluster/frontend.py)."""
+    """``--frontends M`` (M > 1): this process supervises workers and front-end processes (frontends.py)."""
     started = time.monotonic()
-    from .cluster.frontend import FrontendSupervisor
+    from .frontends import FrontendSupervisor
     from .http.tls import ensure_certificates, own_certificate
     from .namespace import remove_orphan_partitions
 

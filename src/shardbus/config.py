@@ -81,6 +81,7 @@ from .model.filters import (
 )
 from .model.tiers import Tier, TierRules
 from .namespace import Namespace
+from .registry.quotas import quota_breach
 
 __all__ = [
     "Config",
@@ -1103,7 +1104,7 @@ def _check_quotas(
     quotas = namespace.quotas
     created = [s for s in senders if s.create]
     total = len(namespace.list_queues()) + len(namespace.list_topics()) + len(created)
-    if total > quotas.max_entities:
+    if quota_breach(quotas, entities=total):
         raise ConfigError(
             config.path,
             f"the config would bring namespace '{namespace.name}' to {total} queues and topics; its quota is "
@@ -1113,7 +1114,7 @@ def _check_quotas(
         partitioned = sum(
             1 for d in [*namespace.list_queues(), *namespace.list_topics()] if d.enable_partitioning
         ) + sum(1 for s in created if s.item.description.enable_partitioning)
-        if partitioned > quotas.max_partitioned_entities:
+        if quota_breach(quotas, partitioned=partitioned):
             raise ConfigError(
                 config.path,
                 f"the config would bring namespace '{namespace.name}' to {partitioned} partitioned queues and "
@@ -1124,13 +1125,13 @@ def _check_quotas(
         exists = any(t.name.lower() == name.lower() for t in namespace.list_topics())
         have = {s.name.lower() for s in namespace.list_subscriptions(name)} if exists else set()
         count = len(have | {s.description.name.lower() for s in topic.subscriptions})
-        if count > quotas.max_subscriptions_per_topic:
+        if quota_breach(quotas, subscriptions=count):
             raise ConfigError(
                 topic.path,
                 f"topic '{name}' would have {count} subscriptions; the quota is {quotas.max_subscriptions_per_topic}",
             )
         for sub in topic.subscriptions:
-            if len(sub.rules) > quotas.max_rules_per_subscription:
+            if quota_breach(quotas, rules=len(sub.rules)):
                 raise ConfigError(
                     f"{sub.path}.Rules",
                     f"{len(sub.rules)} rules; the quota is {quotas.max_rules_per_subscription} per subscription",

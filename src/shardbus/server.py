@@ -12,7 +12,6 @@ namespace, which waits for queued writes: everything acknowledged is on disk whe
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import threading
@@ -22,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from .access.directory import NamespaceDirectory
 from .endpoint.limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
-from .endpoint.listener import AmqpServer, new_event_loop
 from .http.app import HttpFrontend
 from .http.tls import TlsFiles, ensure_certificates, own_certificate
+from .listener import AmqpServer
 from .model.authorization import AuthorizationRule
 from .namespace import DEFAULT_NAMESPACE, Namespace
+from .runtime import new_event_loop, tune_garbage_collector
 
 if TYPE_CHECKING:
     from .cluster.placement import MetadataCluster
@@ -60,18 +60,6 @@ def raise_file_limit(wanted: int) -> int:
             wanted,
         )
     return soft
-
-
-def tune_garbage_collector() -> None:
-    """Keep Python's cyclic collector from walking every stored message over and over.
-
-    The broker holds its messages in memory; with the default thresholds each full collection scans all of them,
-    which the AMQP benchmark measured at about half of the broker's CPU per message. Broker objects rarely form
-    cycles, so collections can be much rarer, and what start-up loaded is moved out of the collector's sight.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
 
 
 def connection_string(host: str, port: int, key: str) -> str:
@@ -112,7 +100,7 @@ class Broker:
         ``tls_cert``/``tls_key``: the HTTPS certificate chain and key to use instead of the local CA's;
         ``tls_hosts``: more host names for the local CA's server certificate. ``workers``: run the partition
         brokers in that many worker processes (0: in this process). ``cluster``: instead, workers another process
-        runs, already linked (``cluster.frontend.AttachedCluster``; closed with the broker). ``reuse_port``: share
+        runs, already linked (``cluster.attached.AttachedCluster``; closed with the broker). ``reuse_port``: share
         the port with other front ends (SO_REUSEPORT). ``fork_workers``: start the workers by forking this process
         (fast; only where nothing else is open yet: ``shardbus serve``). ``max_connections``: AMQP connections
         served at once; ``idle_timeout``: seconds of silence announced to clients (the broker closes after twice
@@ -135,7 +123,7 @@ class Broker:
 
             configs = load_config(config)  # validated whole before anything is opened
         try:
-            if cluster is not None:  # a front end of ``serve --frontends M`` (cluster/frontend.py)
+            if cluster is not None:  # a front end of ``serve --frontends M`` (frontends.py)
                 self.cluster = cluster
                 namespace_options["partition_factory"] = cluster.partition
             elif workers > 0:

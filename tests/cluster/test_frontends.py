@@ -49,11 +49,11 @@ class Served(ServeProcess):
 
     def frontend_pids(self) -> list[int]:
         """The live front-end children of the serve process."""
-        return self._children(lambda cmdline: b"shardbus.cluster.frontend" in cmdline)
+        return self._children(lambda cmdline: b"shardbus.frontends" in cmdline)
 
     def worker_pids(self) -> list[int]:
         """The live worker children (first started by forking the serve process, so named like it)."""
-        return self._children(lambda cmdline: b"shardbus.cluster.frontend" not in cmdline)
+        return self._children(lambda cmdline: b"shardbus.frontends" not in cmdline)
 
     def _children(self, wanted: Callable[[bytes], bool]) -> list[int]:
         pids = []

@@ -92,7 +92,7 @@ def test_every_module_imports_or_names_its_extra(no_extras):
         assert f"pip install 'shardbus[{extra}]'" in missing[name]
     ok = {line.split()[1] for line in lines if line.startswith("OK")}
     for needed in ("shardbus.cli", "shardbus.server", "shardbus.cluster.worker", "shardbus.cluster.supervisor",
-                   "shardbus.cluster.frontend", "shardbus.cli_commands", "shardbus.client"):
+                   "shardbus.frontends", "shardbus.cli_commands", "shardbus.client"):
         assert needed in ok
 
 

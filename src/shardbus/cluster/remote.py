@@ -296,7 +296,7 @@ class ClusterClient:
         self.clock = clock
         self.links: dict[str, WorkerLink] = {}
         self.closing = False
-        from ..endpoint.listener import new_event_loop
+        from ..runtime import new_event_loop
 
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="shardbus-cluster", daemon=True)

@@ -8,7 +8,7 @@ partition where it was (with another N, partitions move; on one host their store
 
 A worker that exits unexpectedly (a crash, SIGKILL) is started again at once, on the port it first got;
 meanwhile its partitions are unavailable, and every front end's link (in this process, or in the front-end
-processes of ``serve --frontends M``, ``cluster/frontend.py``) reconnects to the new process and restores them
+processes of ``serve --frontends M``, ``frontends.py``) reconnects to the new process and restores them
 (``remote.WorkerLink``).
 """
 

@@ -560,8 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     from ..endpoint import mapping  # noqa: F401  - registers the AMQP value types messages may carry
-    from ..endpoint.listener import new_event_loop
-    from ..server import tune_garbage_collector
+    from ..runtime import new_event_loop, tune_garbage_collector
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s worker %(levelname)s %(message)s")
     tune_garbage_collector()

@@ -12,7 +12,9 @@ One connection's failure never reaches another: the engine turns a peer's protoc
 with an AMQP error for that connection only, and a bug while handling one connection's event closes that
 connection with ``amqp:internal-error``.
 
-Limits (``limits.ConnectionLimits``, where they are explained): AMQP connections beyond ``max_connections`` are
+It sits above both front ends (``endpoint/`` and ``http/``), which know nothing of each other.
+
+Limits (``endpoint/limits.ConnectionLimits``, where they are explained): AMQP connections beyond ``max_connections`` are
 refused with ``amqp:resource-limit-exceeded`` once they open; sockets beyond that plus ``ACCEPT_SLACK`` are
 dropped unread; a socket that has not opened its AMQP connection (or sent its first bytes) within
 ``handshake_timeout`` is dropped. What is kept per connection is its protocol object, in ``connections``.
@@ -26,11 +28,12 @@ import socket
 import ssl
 from typing import Any
 
-from ..amqp.transport import AmqpProtocol
-from ..http.protocol import HttpProtocol
-from ..metrics import CONNECTIONS
-from .connection import NamespaceDirectory, ServiceBusConnection
-from .limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
+from .access.directory import NamespaceDirectory
+from .amqp.transport import AmqpProtocol
+from .endpoint.connection import ServiceBusConnection
+from .endpoint.limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
+from .http.protocol import HttpProtocol
+from .metrics import CONNECTIONS
 
 log = logging.getLogger("shardbus.listener")
 
@@ -199,13 +202,3 @@ class AmqpServer:
                 if conn.transport is not None:
                     conn.transport.abort()
             await self._server.wait_closed()
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when available (faster I/O), else asyncio's."""
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
-        return asyncio.new_event_loop()

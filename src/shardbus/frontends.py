@@ -6,12 +6,12 @@ Theory of operation. The ``serve`` process is the supervisor and serves no clien
    (``LocalCluster(connect=False)``, forked), then binds the port without listening (``--port 0`` becomes a
    real port; nobody else can take it while front ends restart; a socket that does not listen gets none of the
    connections);
-2. it starts the front ends (``python -m shardbus.cluster.frontend``) with the worker addresses and waits for
+2. it starts the front ends (``python -m shardbus.frontends``) with the worker addresses and waits for
    each one's ``READY`` line: all at once, or front end 0 first when it must apply ``--config`` before the
    others open the namespaces (two front ends creating the config's entities at once would collide);
 3. each front end is a whole ``server.Broker``: its own namespaces over the shared catalogs, its own receive
-   caches, its own ``ClusterClient`` (``AttachedCluster``), and a listener bound with SO_REUSEPORT, so the
-   kernel spreads new connections over the front ends;
+   caches, its own ``ClusterClient`` (``cluster/attached.AttachedCluster``), and a listener bound with
+   SO_REUSEPORT, so the kernel spreads new connections over the front ends;
 4. a child that dies is started again: a front end on the shared port, a worker on the port it first got, so
    the front ends' links simply reconnect;
 5. SIGTERM or SIGINT: the front ends stop first (each closes its namespaces: everything acknowledged is in the
@@ -20,6 +20,9 @@ Theory of operation. The ``serve`` process is the supervisor and serves no clien
 The children run in sessions of their own, so a terminal's Ctrl-C reaches only the supervisor, which stops them in
 that order; each child also stops by itself when the supervisor is gone (``--exit-with-parent``). The cluster key
 (also the SAS key, as with ``--workers``) reaches children in the environment, never on a command line.
+
+This module sits above ``server.py`` (a front end runs a whole broker); what a front end uses to reach the workers
+is in ``cluster/``. In memory: one ``FrontendProcess`` per front end (M, fixed).
 """
 
 from __future__ import annotations
@@ -32,46 +35,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..partition.handle import PartitionHandle, PartitionSpec
-from .lifeline import end_with_parent
-from .remote import ClusterClient
-from .supervisor import READY_TIMEOUT, LocalCluster, _read_line, remote_partition, stop_child
+from .cluster.attached import AttachedCluster
+from .cluster.lifeline import end_with_parent
+from .cluster.supervisor import READY_TIMEOUT, LocalCluster, _read_line, stop_child
 
 KEY_VARIABLE = "SHARDBUS_CLUSTER_KEY"
 METADATA_VARIABLE = "SHARDBUS_METADATA_DSN"
 WATCH_INTERVAL = 0.1
 RETRY_DELAY = 0.5
-
-
-class AttachedCluster:
-    """A front end's client for workers another process runs: ``LocalCluster``'s placement, fixed addresses."""
-
-    def __init__(
-        self, data_dir: Path | str, addresses: list[tuple[str, int]], key: str, clock: Callable[[], float] = time.time
-    ) -> None:
-        if not addresses:
-            raise ValueError("a front end needs at least one worker")
-        self.data_dir = Path(data_dir)
-        self.workers = len(addresses)
-        self.client = ClusterClient(key, clock)
-        for index, address in enumerate(addresses):
-            self.client.link(str(index), address)
-        self._closed = False
-
-    def wait_connected(self, timeout: float = READY_TIMEOUT) -> bool:
-        return self.client.wait_connected(timeout)
-
-    def partition(self, spec: PartitionSpec) -> PartitionHandle:
-        return remote_partition(self.client, self.data_dir, self.workers, spec)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.client.close()
 
 
 class FrontendProcess:
@@ -161,7 +135,7 @@ class FrontendSupervisor:
         try:
             self._reserved = _reserve_port(self.host, self.port)
             self.port = self._reserved.getsockname()[1]
-            command = [sys.executable, "-m", "shardbus.cluster.frontend", "--host", self.host]
+            command = [sys.executable, "-m", "shardbus.frontends", "--host", self.host]
             command += ["--data-dir", str(self.data_dir), "--exit-with-parent", *self._extra]
             env = dict(os.environ, **{KEY_VARIABLE: self._key})
             if self.cluster is not None:
@@ -262,7 +236,7 @@ def _limit_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """One front end: a ``Broker`` on a shared port over workers at the given addresses."""
-    parser = argparse.ArgumentParser(prog="python -m shardbus.cluster.frontend", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m shardbus.frontends", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5672)
     parser.add_argument("--data-dir", required=True)
@@ -279,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-format", choices=("auto", "json", "text"), default="auto")
     args = parser.parse_args(argv)
 
-    from ..logs import configure as configure_logs
-    from ..model.errors import ShardbusError
-    from ..server import DEFAULT_KEY, Broker
+    from .logs import configure as configure_logs
+    from .model.errors import ShardbusError
+    from .server import DEFAULT_KEY, Broker
 
     configure_logs(args.log_level, None if args.log_format == "auto" else args.log_format == "json")
     key = os.environ.get(KEY_VARIABLE, DEFAULT_KEY)

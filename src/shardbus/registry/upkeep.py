@@ -1,0 +1,81 @@
+"""The namespace's upkeep thread: every ``MAINTENANCE_INTERVAL`` (or at once when a target gains messages) it
+catches up with the catalog, ticks every partition (lock expiry, scheduled messages), prunes duplicate detection
+once a minute, and forwards what auto-forwarding sources hold.
+
+``Upkeep`` is a part of ``Namespace``. It keeps nothing of its own; the forwarder it drives keeps one cursor per
+forwarding source (entity/forwarding.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..entity.entity import QueueEntity, Target
+from ..model.errors import ShardbusError
+from ..model.message import SubQueue
+
+MAINTENANCE_INTERVAL = 0.1
+log = logging.getLogger("shardbus.namespace")
+
+
+class Upkeep:
+    """The upkeep-thread part of ``Namespace``."""
+
+    def _maintain(self) -> None:
+        """Upkeep thread: lock expiry, scheduled messages, duplicate-detection pruning, auto-forwarding."""
+        last_prune = 0.0
+        while not self._maintenance_stop.is_set():
+            self._wake.wait(MAINTENANCE_INTERVAL)
+            self._wake.clear()
+            if self._maintenance_stop.is_set():
+                return
+            try:
+                self._refresh()  # another front end's deletions stop here within a tick
+            except Exception:  # upkeep must never stop; the next lookup tries again
+                log.exception("reading the catalog failed")
+            now = time.monotonic()
+            prune = now - last_prune > 60
+            for entity in list(self._entities.values()):
+                for p in entity.partitions:
+                    try:
+                        p.tick()
+                        if prune:
+                            p.prune_dedup()
+                    except Exception:  # upkeep must never stop; the partition reports its own health
+                        pass
+            if prune:
+                last_prune = now
+            self._forward_all()
+
+    def _forwarding_sources(self) -> list[tuple[int, Target, SubQueue, str]]:
+        sources = []
+        for entity in list(self._entities.values()):
+            targets = [entity] if isinstance(entity, QueueEntity) else list(entity.subscriptions.values())
+            for target in targets:
+                desc = target.description
+                source_id = target.entity_id if isinstance(target, QueueEntity) else target.slot
+                if desc.forward_to:
+                    sources.append((source_id, target, SubQueue.MAIN, desc.forward_to))
+                if desc.forward_dead_lettered_messages_to:
+                    sources.append((source_id, target, SubQueue.DEAD_LETTER, desc.forward_dead_lettered_messages_to))
+        return sources
+
+    def _forward_all(self, rounds: int = 8) -> None:
+        for _ in range(rounds):
+            moved = 0
+            for source_id, target, sub_queue, destination in self._forwarding_sources():
+                if not all(p.healthy for p in target.partitions):
+                    continue  # an unavailable partition forwards once it is back
+                try:
+                    moved += self._forwarder.forward(source_id, target, sub_queue, destination)
+                except ShardbusError as exc:
+                    log.debug("forwarding from '%s' paused: %s", target.path, exc)
+                except Exception:  # forwarding must never stop the upkeep thread
+                    log.exception("forwarding from '%s' failed", target.path)
+            if not moved:
+                return
+
+    def _watch(self, target: Target) -> None:
+        """Wake the upkeep thread when a target gains messages (forwarding acts at once, not on the next tick)."""
+        target.add_listener(self._wake.set)
