@@ -2,7 +2,7 @@
 
 Theory of operation. The ``serve`` process is the supervisor and serves no client itself:
 
-1. it creates the TLS files and removes orphan partition folders once (``cli.py``), starts the N workers
+1. it creates the TLS files and removes orphan partition folders once (``serve_command.py``), starts the N workers
    (``LocalCluster(connect=False)``, forked), then binds the port without listening (``--port 0`` becomes a
    real port; nobody else can take it while front ends restart; a socket that does not listen gets none of the
    connections);

@@ -32,17 +32,22 @@ from .model.errors import ArgumentError
 from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
 from .model.tiers import Quotas, Tier, TierRules
 from .partition.handle import PartitionFactory, PartitionHandle
-from .partition.handle import RemoteVerdict as RemoteVerdict  # offered to front ends: a remote partition's answer
+from .partition.handle import RemoteVerdict as RemoteVerdict  # offered to front ends (see OFFERED)
 from .registry.lookups import Lookups
 from .registry.management import Management
 from .registry.partitions import PartitionMaking
 from .registry.quotas import QuotaChecks
 from .registry.sync import CatalogSync
-from .registry.sync import remove_orphan_partitions as remove_orphan_partitions  # for the supervisor (cli.py)
+from .registry.sync import remove_orphan_partitions as remove_orphan_partitions  # for serve_command.py
 from .registry.upkeep import Upkeep
 from .store.catalog import Catalog
+from .store.committer import hurry as hurry  # offered to front ends (see OFFERED)
 
 DEFAULT_NAMESPACE = "sbemulatorns"
+# What front ends (endpoint/, http/) use of what lies below the namespace, offered here so that they import the
+# namespace and entity API only: ``RemoteVerdict``, a remote partition's answer to a settlement (the echo waits for
+# it), and ``hurry(future)``: a caller waits for that write through a callback, so it need not linger for company.
+OFFERED = ("RemoteVerdict", "hurry")
 
 
 class FaultInjector:

@@ -1,4 +1,4 @@
-"""The ``shardbus`` subcommands for people at a terminal (everything but ``serve``, which stays in ``cli.py``).
+"""The ``shardbus`` subcommands for people at a terminal (everything but ``serve``: serve_command.py).
 
 They talk to a running broker only as any client would: entities and rules over the HTTPS management API
 (``admin_http``), messages over AMQP with ``shardbus.client.ShardbusClient``. Modules: ``context`` (options,
@@ -53,7 +53,7 @@ def app(ctx: click.Context, connection_string: str, ca: str | None, timeout: flo
 def serve(ctx: click.Context) -> Any:
     # `shardbus serve` normally never reaches click (cli.main hands it to its own parser); this entry only lists
     # it in `shardbus --help` and serves callers that go through the group.
-    from ..cli import serve_main
+    from ..serve_command import serve_main
 
     ctx.exit(serve_main(["serve", *ctx.args]))
 

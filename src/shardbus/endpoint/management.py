@@ -20,8 +20,7 @@ from ..entity.sessions import SessionReceiver, list_sessions
 from ..model.errors import ArgumentError, SessionLockLost
 from ..model.message import Message, SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
-from ..namespace import Namespace
-from ..store.committer import hurry
+from ..namespace import Namespace, hurry
 from . import rules
 from .conditions import condition_of
 from .mapping import decode_to_message, encode_delivery
