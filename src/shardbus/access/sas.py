@@ -3,6 +3,7 @@
 A token is ``SharedAccessSignature sr=<url-encoded resource>&sig=<url-encoded base64 HMAC>&se=<expiry>&skn=<key
 name>``. The signature is HMAC-SHA256, keyed with the key text itself (UTF-8, not base64-decoded), over
 ``quote_plus(resource) + "\\n" + expiry``. A token grants access to its resource and everything below it.
+Pure functions and values: keeps nothing.
 """
 
 from __future__ import annotations
