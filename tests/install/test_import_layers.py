@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-CORE = ("shardbus.namespace", "shardbus.entity", "shardbus.partition", "shardbus.store", "shardbus.endpoint",
-        "shardbus.http", "shardbus.cluster", "shardbus.server")
+CORE = ("shardbus.namespace", "shardbus.registry", "shardbus.entity", "shardbus.partition", "shardbus.store",
+        "shardbus.access", "shardbus.endpoint", "shardbus.http", "shardbus.listener", "shardbus.cluster",
+        "shardbus.server", "shardbus.frontends", "shardbus.serve_command")
 
 
 def loaded_by(statement: str) -> set[str]:
