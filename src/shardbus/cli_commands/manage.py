@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import click
 
 from ..http import atom
-from ..http.xmlvalues import format_duration, parse_duration
+from ..model.durations import format_duration, parse_duration
 from ..model.entities import DEFAULT_RULE_NAME, TIMESPAN_MAX, EntityKind, EntityStatus
 from ..model.errors import ShardbusError
 from ..model.filters import (

@@ -1,0 +1,64 @@
+"""The one-table-per-concern modules of ``shardbus.model``: the error table, the duration parser."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from shardbus.model import errors
+from shardbus.model.durations import TIMESPAN_MAX_TEXT, format_duration, parse_duration
+from shardbus.model.entities import TIMESPAN_MAX
+
+
+def test_every_error_has_one_row_with_its_condition_and_status() -> None:
+    assert set(errors.ALL_ERRORS) == set(errors.ERROR_TABLE)
+    for cls, (condition, status) in errors.ERROR_TABLE.items():
+        assert isinstance(condition, str) and ":" in condition, cls
+        assert 400 <= status < 600, cls
+        assert errors.error_mapping_of(cls("x")) == (condition, status)
+        assert errors.http_status_of(cls("x")) == status
+    assert errors.error_mapping_of(KeyError("x")) == ("amqp:internal-error", 500)
+
+
+def test_a_subclass_outside_the_table_maps_as_its_nearest_base() -> None:
+    class Mine(errors.ArgumentOutOfRange):
+        pass
+
+    assert errors.error_mapping_of(Mine("x")) == ("com.microsoft:argument-out-of-range", 400)
+    assert errors.error_mapping_of(errors.PartitionFull("x")) == ("com.microsoft:server-busy", 503)
+
+
+def test_the_amqp_front_end_reads_the_same_table() -> None:
+    from shardbus.endpoint.conditions import condition_of
+
+    for cls, (condition, status) in errors.ERROR_TABLE.items():
+        symbol, code = condition_of(cls("x"))
+        assert (str(symbol), code) == (condition, status)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("PT45S", timedelta(seconds=45)),
+        ("P1DT2H3M4.5S", timedelta(days=1, hours=2, minutes=3, seconds=4.5)),
+        ("1.02:03:04.5", timedelta(days=1, hours=2, minutes=3, seconds=4.5)),  # the TimeSpan form
+        ("-PT1M", timedelta(minutes=-1)),
+        ("PT0.00000015S", timedelta(0)),  # below a tick: truncated, as .NET does
+        (TIMESPAN_MAX_TEXT, TIMESPAN_MAX),
+        ("10675199.02:48:05.4775807", TIMESPAN_MAX),
+    ],
+)
+def test_durations_parse(text: str, value: timedelta) -> None:
+    assert parse_duration(text) == value
+
+
+def test_durations_format_back() -> None:
+    for value in (timedelta(seconds=45), timedelta(days=1, microseconds=500), TIMESPAN_MAX, timedelta(0)):
+        assert parse_duration(format_duration(value)) == value
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "30", "25:00:00", "P10675200D", None, 30])
+def test_durations_refused_name_what(text: object) -> None:
+    with pytest.raises(errors.ArgumentError, match=r"^LockDuration: "):
+        parse_duration(text, "LockDuration")  # type: ignore[arg-type]
