@@ -26,7 +26,7 @@ from typing import IO, Any
 from ..amqp import types as t
 from ..amqp.message import AmqpMessage, Header, encode_message
 from ..client import OutgoingMessage, ReceivedMessage
-from ..endpoint.mapping import BROKER_OWNED, DEAD_LETTER_DESCRIPTION, DEAD_LETTER_REASON
+from ..message_wire import BROKER_OWNED, DEAD_LETTER_DESCRIPTION, DEAD_LETTER_REASON
 from ..model.routing import decode_sequence_number
 
 # Record fields a sender sets, and the AMQP properties field each comes from on the way out.
