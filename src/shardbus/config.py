@@ -68,15 +68,14 @@ from .model.entities import (
 )
 from .model.errors import ArgumentError, PartitionUnavailable, ShardbusError
 from .model.filters import (
-    CorrelationFilter,
+    CORRELATION_FIELDS,
     EmptyRuleAction,
-    FalseFilter,
     Rule,
     RuleAction,
     RuleFilter,
-    SqlFilter,
-    SqlRuleAction,
-    TrueFilter,
+    build_action,
+    build_filter,
+    sql_filter,
 )
 from .model.tiers import Tier, TierRules
 from .namespace import Namespace
@@ -593,17 +592,8 @@ def _check_self_forwarding(desc: Any, settings: dict[str, Setting], path: str, o
 
 # --- rules -------------------------------------------------------------------------------------------------
 
-# CorrelationFilter JSON name -> CorrelationFilter argument ("Label" is the service's old name for Subject).
-_CORRELATION_FIELDS = {
-    "ContentType": "content_type",
-    "CorrelationId": "correlation_id",
-    "Label": "subject",
-    "MessageId": "message_id",
-    "ReplyTo": "reply_to",
-    "ReplyToSessionId": "reply_to_session_id",
-    "SessionId": "session_id",
-    "To": "to",
-}
+# CorrelationFilter JSON name -> CorrelationFilter argument, in alphabetical order (as error messages list them).
+_CORRELATION_FIELDS = {f.service: f.attr for f in sorted(CORRELATION_FIELDS, key=lambda f: f.service)}
 
 
 def _parse_rule(raw: Any, path: str) -> Rule:
@@ -641,18 +631,19 @@ def _parse_rule(raw: Any, path: str) -> Rule:
     return Rule(name, rule_filter, action)
 
 
-def _correlation_filter(raw: Any, path: str) -> CorrelationFilter:
+def _correlation_filter(raw: Any, path: str) -> RuleFilter:
     members = _members(raw, path, (*_CORRELATION_FIELDS, "Properties"), "CorrelationFilter")
-    args: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
+    properties = None
     for canonical, (key, value) in members.items():
         if value is None:
             continue
         if canonical == "Properties":
-            args["properties"] = _user_properties(value, f"{path}.{key}")
+            properties = _user_properties(value, f"{path}.{key}")
         else:
-            args[_CORRELATION_FIELDS[canonical]] = _string(value, f"{path}.{key}")
+            fields[_CORRELATION_FIELDS[canonical]] = _string(value, f"{path}.{key}")
     try:
-        return CorrelationFilter(**args)
+        return build_filter("correlation", fields=fields, properties=properties)
     except ArgumentError as exc:
         raise ConfigError(path, str(exc)) from None
 
@@ -678,13 +669,8 @@ def _sql_filter(raw: Any, path: str) -> RuleFilter:
         raise ConfigError(path, "'SqlExpression' is required")
     key, value = members["SqlExpression"]
     expression = _string(value, f"{path}.{key}")
-    compact = re.sub(r"\s+", "", expression)
-    if compact == "1=1":
-        return TrueFilter()  # the service's own spelling of the true/false filters; both route faster
-    if compact == "1=0":
-        return FalseFilter()
     try:
-        return SqlFilter(expression)
+        return sql_filter(expression)  # "1=1" / "1=0" are the true and false filters: both route faster
     except ArgumentError as exc:
         raise ConfigError(f"{path}.{key}", f"{expression!r} is not a valid SQL filter: {exc}") from None
 
@@ -698,7 +684,7 @@ def _sql_action(raw: Any, path: str) -> RuleAction:
     if not expression.strip():
         return EmptyRuleAction()
     try:
-        return SqlRuleAction(expression)
+        return build_action(expression)
     except ArgumentError as exc:
         raise ConfigError(f"{path}.{key}", f"{expression!r} is not a valid SQL rule action: {exc}") from None
 
