@@ -62,3 +62,51 @@ def test_durations_format_back() -> None:
 def test_durations_refused_name_what(text: object) -> None:
     with pytest.raises(errors.ArgumentError, match=r"^LockDuration: "):
         parse_duration(text, "LockDuration")  # type: ignore[arg-type]
+
+
+def test_the_stored_amqp_types_are_registered_by_a_call_not_an_import() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "from shardbus.store import records; import shardbus.endpoint.mapping as m; "
+        "print(len(records._registered)); m.register_stored_types(); m.register_stored_types(); "
+        "print(len(records._registered))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    from shardbus.endpoint.mapping import STORED_TYPES
+
+    assert done.stdout.split() == ["0", str(len(STORED_TYPES))]
+
+
+def test_the_client_and_the_endpoint_map_a_message_alike() -> None:
+    """What the client encodes, the endpoint reads back field for field (both through ``message_wire``)."""
+    import uuid
+
+    from shardbus.amqp.message import decode_message
+    from shardbus.client import OutgoingMessage
+    from shardbus.endpoint.mapping import decode_to_message, to_message
+
+    sent = OutgoingMessage(
+        body=b"x",
+        message_id="m",
+        partition_key="pk",
+        session_id="s",
+        correlation_id=uuid.UUID(int=7),
+        subject="subj",
+        content_type="text/plain",
+        to="to",
+        reply_to="rt",
+        reply_to_session_id="rts",
+        time_to_live_ms=5000,
+        application_properties={"a": 1},
+    )
+    payload = sent.encode()
+    for got in (decode_to_message(payload), to_message(decode_message(payload))):
+        for name in ("message_id", "session_id", "correlation_id", "subject", "content_type", "to", "reply_to"):
+            assert getattr(got, name) == getattr(sent, name), name
+        assert got.reply_to_session_id == "rts"
+        assert got.partition_key == "pk"
+        assert got.time_to_live == timedelta(seconds=5)
+        assert got.application_properties == {"a": 1}
+        assert got.body == b"x"
