@@ -110,3 +110,27 @@ def test_the_client_and_the_endpoint_map_a_message_alike() -> None:
         assert got.time_to_live == timedelta(seconds=5)
         assert got.application_properties == {"a": 1}
         assert got.body == b"x"
+
+
+def test_properties_of_spells_out_the_property_fields_table() -> None:
+    from shardbus.client import OutgoingMessage
+    from shardbus.message_wire import PROPERTY_FIELDS, properties_of
+
+    m = OutgoingMessage(**{name: f"v-{name}" for name, _field in PROPERTY_FIELDS})
+    p = properties_of(m)
+    assert {name: getattr(p, field) for name, field in PROPERTY_FIELDS} == {
+        name: f"v-{name}" for name, _field in PROPERTY_FIELDS
+    }
+
+
+def test_read_properties_spells_out_the_property_fields_table() -> None:
+    from shardbus.amqp.message import Properties
+    from shardbus.client import OutgoingMessage
+    from shardbus.message_wire import PROPERTY_FIELDS, read_properties
+
+    p = Properties(**{field: f"v-{field}" for _name, field in PROPERTY_FIELDS})
+    m = OutgoingMessage()
+    read_properties(m, p)
+    assert {name: getattr(m, name) for name, _field in PROPERTY_FIELDS} == {
+        name: f"v-{field}" for name, field in PROPERTY_FIELDS
+    }
