@@ -134,3 +134,94 @@ def test_read_properties_spells_out_the_property_fields_table() -> None:
     assert {name: getattr(m, name) for name, _field in PROPERTY_FIELDS} == {
         name: f"v-{field}" for name, field in PROPERTY_FIELDS
     }
+
+
+# --- one rule translation: every form reads back what it (or the model) writes ---------------------------------
+
+
+def _rules() -> list:
+    from datetime import UTC, datetime
+
+    from shardbus.model.filters import (
+        CorrelationFilter,
+        FalseFilter,
+        Rule,
+        SqlFilter,
+        SqlRuleAction,
+        TrueFilter,
+    )
+
+    return [
+        Rule("t", TrueFilter()),
+        Rule("f", FalseFilter(), SqlRuleAction("SET a = 1")),
+        Rule("s", SqlFilter("color = @c", {"@c": "red", "@n": 3}), SqlRuleAction("SET b = @x", {"@x": 2.5})),
+        Rule("c", CorrelationFilter(correlation_id="id", subject="label", content_type="ct", properties={"p": 1})),
+        Rule("c2", CorrelationFilter(reply_to_session_id="r", properties={"when": datetime(2030, 1, 1, tzinfo=UTC)})),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_each_form_of_a_rule_reads_back_what_it_writes(index: int) -> None:
+    from shardbus.endpoint import rules as amqp
+    from shardbus.http import atom
+    from shardbus.model.filters import Rule, filter_from_dict
+
+    rule = _rules()[index]
+    xml = f'<entry xmlns="{atom.ATOM_NS}"><content type="application/xml">{atom.rule_xml(rule, 0.0)}</content></entry>'
+    assert atom.parse_rule(xml.encode(), rule.name) == rule
+    assert amqp.decode_rule(amqp.encode_rule(rule)) == rule
+    assert amqp.decode_rule(amqp.encode_rule_map(rule)) == rule
+    assert Rule.from_dict(rule.to_dict()) == rule
+    assert filter_from_dict(rule.filter.to_dict()).kind == rule.filter.kind
+
+
+def test_the_forms_share_the_true_and_false_spelling_and_the_field_names() -> None:
+    from shardbus.config import read_config
+    from shardbus.model.filters import CORRELATION_FIELDS, FalseFilter, SqlFilter, TrueFilter, build_filter, sql_filter
+
+    assert sql_filter(" 1 = 1 ") == TrueFilter() and sql_filter("1=0") == FalseFilter()
+    assert isinstance(sql_filter("1=1", {"@a": 1}), SqlFilter)  # with parameters it is a SQL filter as written
+    assert build_filter("sql", "1=1").kind == "sql"
+    with pytest.raises(errors.ArgumentError):
+        build_filter("mystery")
+    correlation = {f.service: f"v{i}" for i, f in enumerate(CORRELATION_FIELDS)}
+    config = read_config(
+        {
+            "UserConfig": {
+                "Namespaces": [
+                    {
+                        "Name": "ns",
+                        "Topics": [
+                            {
+                                "Name": "t",
+                                "Subscriptions": [
+                                    {
+                                        "Name": "s",
+                                        "Rules": [
+                                            {
+                                                "Name": "c",
+                                                "Properties": {
+                                                    "FilterType": "Correlation",
+                                                    "CorrelationFilter": correlation,
+                                                },
+                                            },
+                                            {
+                                                "Name": "f",
+                                                "Properties": {
+                                                    "FilterType": "Sql",
+                                                    "SqlFilter": {"SqlExpression": "1 = 0"},
+                                                },
+                                            },
+                                        ],
+                                    }
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            }
+        }
+    )
+    parsed = config.namespaces[0].topics[0].subscriptions[0].rules
+    assert parsed[0].filter.fields() == {f.attr: f"v{i}" for i, f in enumerate(CORRELATION_FIELDS)}
+    assert parsed[1].filter == FalseFilter()

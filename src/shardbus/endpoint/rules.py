@@ -325,7 +325,7 @@ def decode_filter(value: Any) -> RuleFilter:
     system = {
         f.attr: _from_wire(_field(fields, i), f"correlation filter {f.amqp}") for i, f in enumerate(CORRELATION_FIELDS)
     }
-    properties = _values_from_wire(_field(fields, 8), "correlation filter property")
+    properties = _values_from_wire(_field(fields, len(CORRELATION_FIELDS)), "correlation filter property")
     return build_filter(kind, fields=system, properties=properties)
 
 
