@@ -42,6 +42,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "embedded_only: reaches into an in-process partition broker's internals (skipped with workers)"
     )
+    from shardbus.endpoint.mapping import register_stored_types
+
+    # Fixtures open namespaces in this process (``open_ns``), as a broker process does; it registers the AMQP value
+    # types messages may carry where it starts (``server.Broker``, the worker), and so does this test process.
+    register_stored_types()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 from .amqp import codec
 from .amqp import types as t
-from .amqp.message import AmqpMessage, BodyType, Header, Properties, decode_message, encode_message
+from .amqp.message import AmqpMessage, BodyType, Header, Properties, decode_message
 from .amqp.performatives import (
     RECEIVER,
     Accepted,
@@ -37,10 +37,10 @@ from .amqp.performatives import (
     Target,
 )
 from .amqp.transport import AmqpClient, ClientReceiver, ClientSender, ClientSession
+from .message_wire import ENQUEUED_TIME, PARTITION_KEY, SEQUENCE_NUMBER, encode_sections
 
 T = TypeVar("T")
 
-PARTITION_KEY = t.Symbol("x-opt-partition-key")
 SEND_WINDOW = 512  # transfers in flight per send() call
 
 
@@ -121,28 +121,17 @@ class OutgoingMessage:
     durable: bool = False
 
     def encode(self) -> bytes:
+        """The message as the SDK encodes it (``message_wire``: the mapping the broker reads it back with)."""
         annotations = None if self.partition_key is None else {PARTITION_KEY: self.partition_key}
         header = None
         if self.time_to_live_ms is not None or self.durable:
             header = Header(durable=self.durable, ttl=self.time_to_live_ms)
-        return encode_message(
-            AmqpMessage(
-                header=header,
-                message_annotations=annotations,
-                properties=Properties(
-                    message_id=self.message_id,
-                    to=self.to,
-                    subject=self.subject,
-                    reply_to=self.reply_to,
-                    correlation_id=self.correlation_id,
-                    content_type=None if self.content_type is None else t.Symbol(self.content_type),
-                    group_id=self.session_id,
-                    reply_to_group_id=self.reply_to_session_id,
-                ),
-                application_properties=self.application_properties,
-                body=[self.body],
-                body_type=BodyType.DATA,
-            )
+        return encode_sections(
+            self,
+            header=header,
+            annotations=annotations,
+            application_properties=self.application_properties,
+            body=[self.body],
         )
 
 
@@ -160,8 +149,6 @@ def body_bytes(body: bytes, body_type: int) -> bytes:
     return body
 
 
-SEQUENCE_NUMBER = "x-opt-sequence-number"
-ENQUEUED_TIME = "x-opt-enqueued-time"
 SESSION_FILTER = "com.microsoft:session-filter"  # a receiver's source filter: which session (null: any)
 
 

@@ -53,13 +53,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .model import durations
 from .model.authorization import AuthorizationRule
 from .model.entities import (
-    TIMESPAN_MAX,
     EntityStatus,
     QueueDescription,
     SubscriptionDescription,
@@ -69,15 +68,14 @@ from .model.entities import (
 )
 from .model.errors import ArgumentError, PartitionUnavailable, ShardbusError
 from .model.filters import (
-    CorrelationFilter,
+    CORRELATION_FIELDS,
     EmptyRuleAction,
-    FalseFilter,
     Rule,
     RuleAction,
     RuleFilter,
-    SqlFilter,
-    SqlRuleAction,
-    TrueFilter,
+    build_action,
+    build_filter,
+    sql_filter,
 )
 from .model.tiers import Tier, TierRules
 from .namespace import Namespace
@@ -118,89 +116,17 @@ class ConfigError(ArgumentError):
 # Durations
 # ---------------------------------------------------------------------------------------------------------
 
-_TICKS_PER_SECOND = 10_000_000  # .NET TimeSpan ticks are 100 ns
-_TIMESPAN_MAX_TICKS = 2**63 - 1  # TimeSpan.MaxValue, "P10675199DT2H48M5.4775807S"
-_CLAMP_TICKS = (TIMESPAN_MAX // timedelta(microseconds=1)) * 10  # TIMESPAN_MAX is MaxValue truncated to µs
-_NUMBER = r"\d+(?:[.,]\d+)?"
-_ISO_DURATION = re.compile(
-    rf"(?P<sign>[-+])?P(?:(?P<Y>{_NUMBER})Y)?(?:(?P<Mo>{_NUMBER})M)?(?:(?P<W>{_NUMBER})W)?(?:(?P<D>{_NUMBER})D)?"
-    rf"(?:T(?:(?P<H>{_NUMBER})H)?(?:(?P<Mi>{_NUMBER})M)?(?:(?P<S>{_NUMBER})S)?)?"
-)
-# .NET XmlConvert.ToTimeSpan (what the emulator and ARM use) counts a year as 365 days and a month as 30.
-_ISO_UNITS = {
-    "Y": 365 * 86400,
-    "Mo": 30 * 86400,
-    "W": 7 * 86400,
-    "D": 86400,
-    "H": 3600,
-    "Mi": 60,
-    "S": 1,
-}
-_DOTNET_TIMESPAN = re.compile(
-    r"(?P<sign>-)?(?:(?P<d>\d+)\.)?(?P<h>\d{1,2}):(?P<m>\d{1,2})(?::(?P<s>\d{1,2})(?:\.(?P<f>\d{1,7}))?)?"
-)
-
 
 def parse_duration(text: str) -> timedelta:
-    """An ISO-8601 duration (``PT1M``, ``P1D``, ``P1DT2H30M``, ``PT0.5S``) or a .NET TimeSpan string
-    (``00:01:00``, ``1.00:00:00``, ``00:00:00.5``) as a timedelta.
-
-    Both forms appear in real files: the emulator documents ISO-8601, while configs written from .NET code or
-    ``az`` output use TimeSpan strings. TimeSpan.MaxValue (``P10675199DT2H48M5.4775807S`` or
-    ``10675199.02:48:05.4775807``), the service's "never", is finer than a timedelta can hold, so it becomes
-    ``TIMESPAN_MAX``, the core's "never"; anything longer cannot exist in .NET and is refused. Years count
-    365 days and months 30, as in .NET's ``XmlConvert``; a bare number is refused because .NET would read
-    ``"30"`` as 30 *days*, rarely what was meant.
+    """An ISO-8601 duration (``PT1M``, ``P1D``) or a .NET TimeSpan string (``00:01:00``, ``1.00:00:00``) as a
+    timedelta: ``model.durations.parse_duration``, its refusal a ConfigError (and a non-string named in JSON's words).
     """
     if not isinstance(text, str):
         raise ConfigError("", f"a duration must be a string such as 'PT1M', not {_type_name(text)}")
-    raw = text.strip()
-    ticks = _iso_ticks(raw.upper())
-    if ticks is None:
-        ticks = _dotnet_ticks(raw)
-    if ticks is None:
-        hint = " (a bare number is ambiguous: write 'PT30S' or 'P30D')" if raw.isdigit() else ""
-        raise ConfigError(
-            "",
-            f"{text!r} is not a duration: use ISO 8601 ('PT1M', 'P1D', 'P1DT2H') or a .NET TimeSpan "
-            f"('00:01:00', '1.00:00:00'){hint}",
-        )
-    if abs(ticks) > _TIMESPAN_MAX_TICKS:
-        raise ConfigError(
-            "", f"{text!r} is longer than TimeSpan.MaxValue (P10675199DT2H48M5.4775807S), the longest duration"
-        )
-    if ticks >= _CLAMP_TICKS:
-        return TIMESPAN_MAX
-    if ticks <= -_CLAMP_TICKS:
-        return -TIMESPAN_MAX
-    sign = -1 if ticks < 0 else 1
-    return sign * timedelta(microseconds=abs(ticks) // 10)
-
-
-def _iso_ticks(text: str) -> int | None:
-    match = _ISO_DURATION.fullmatch(text)
-    if match is None:
-        return None
-    parts = {k: v for k, v in match.groupdict().items() if k != "sign" and v is not None}
-    if not parts or (text.endswith("T")):
-        return None  # "P" and "PT" name no component
-    total = Decimal(0)
-    for unit, value in parts.items():
-        total += Decimal(value.replace(",", ".")) * _ISO_UNITS[unit] * _TICKS_PER_SECOND
-    ticks = int(total)  # truncates below 100 ns, as .NET does
-    return -ticks if match.group("sign") == "-" else ticks
-
-
-def _dotnet_ticks(text: str) -> int | None:
-    match = _DOTNET_TIMESPAN.fullmatch(text)
-    if match is None:
-        return None
-    hours, minutes, seconds = int(match["h"]), int(match["m"]), int(match["s"] or 0)
-    if hours > 23 or minutes > 59 or seconds > 59:
-        return None  # .NET refuses these too ("25:00:00" is not 25 hours)
-    total = ((int(match["d"] or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    ticks = total * _TICKS_PER_SECOND + int((match["f"] or "0").ljust(7, "0"))
-    return -ticks if match["sign"] else ticks
+    try:
+        return durations.parse_duration(text)
+    except ArgumentError as exc:
+        raise ConfigError("", str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -667,17 +593,8 @@ def _check_self_forwarding(desc: Any, settings: dict[str, Setting], path: str, o
 
 # --- rules -------------------------------------------------------------------------------------------------
 
-# CorrelationFilter JSON name -> CorrelationFilter argument ("Label" is the service's old name for Subject).
-_CORRELATION_FIELDS = {
-    "ContentType": "content_type",
-    "CorrelationId": "correlation_id",
-    "Label": "subject",
-    "MessageId": "message_id",
-    "ReplyTo": "reply_to",
-    "ReplyToSessionId": "reply_to_session_id",
-    "SessionId": "session_id",
-    "To": "to",
-}
+# CorrelationFilter JSON name -> CorrelationFilter argument, in alphabetical order (as error messages list them).
+_CORRELATION_FIELDS = {f.service: f.attr for f in sorted(CORRELATION_FIELDS, key=lambda f: f.service)}
 
 
 def _parse_rule(raw: Any, path: str) -> Rule:
@@ -715,18 +632,19 @@ def _parse_rule(raw: Any, path: str) -> Rule:
     return Rule(name, rule_filter, action)
 
 
-def _correlation_filter(raw: Any, path: str) -> CorrelationFilter:
+def _correlation_filter(raw: Any, path: str) -> RuleFilter:
     members = _members(raw, path, (*_CORRELATION_FIELDS, "Properties"), "CorrelationFilter")
-    args: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
+    properties = None
     for canonical, (key, value) in members.items():
         if value is None:
             continue
         if canonical == "Properties":
-            args["properties"] = _user_properties(value, f"{path}.{key}")
+            properties = _user_properties(value, f"{path}.{key}")
         else:
-            args[_CORRELATION_FIELDS[canonical]] = _string(value, f"{path}.{key}")
+            fields[_CORRELATION_FIELDS[canonical]] = _string(value, f"{path}.{key}")
     try:
-        return CorrelationFilter(**args)
+        return build_filter("correlation", fields=fields, properties=properties)
     except ArgumentError as exc:
         raise ConfigError(path, str(exc)) from None
 
@@ -752,13 +670,8 @@ def _sql_filter(raw: Any, path: str) -> RuleFilter:
         raise ConfigError(path, "'SqlExpression' is required")
     key, value = members["SqlExpression"]
     expression = _string(value, f"{path}.{key}")
-    compact = re.sub(r"\s+", "", expression)
-    if compact == "1=1":
-        return TrueFilter()  # the service's own spelling of the true/false filters; both route faster
-    if compact == "1=0":
-        return FalseFilter()
     try:
-        return SqlFilter(expression)
+        return sql_filter(expression)  # "1=1" / "1=0" are the true and false filters: both route faster
     except ArgumentError as exc:
         raise ConfigError(f"{path}.{key}", f"{expression!r} is not a valid SQL filter: {exc}") from None
 
@@ -772,7 +685,7 @@ def _sql_action(raw: Any, path: str) -> RuleAction:
     if not expression.strip():
         return EmptyRuleAction()
     try:
-        return SqlRuleAction(expression)
+        return build_action(expression)
     except ArgumentError as exc:
         raise ConfigError(f"{path}.{key}", f"{expression!r} is not a valid SQL rule action: {exc}") from None
 

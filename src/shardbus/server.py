@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .access.directory import NamespaceDirectory
 from .endpoint.limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
+from .endpoint.mapping import register_stored_types
 from .http.app import HttpFrontend
 from .http.tls import TlsFiles, ensure_certificates, own_certificate
 from .listener import AmqpServer
@@ -107,6 +108,7 @@ class Broker:
         that; None: never); ``limits``: every connection limit at once (endpoint/limits.py), instead of those."""
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("give both tls_cert and tls_key, or neither")
+        register_stored_types()  # before any store opens or worker forks: messages' AMQP value types
         if limits is None:
             limits = ConnectionLimits(max_connections=max_connections, idle_timeout=idle_timeout or None)
         self.limits = limits

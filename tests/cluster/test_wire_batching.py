@@ -82,7 +82,9 @@ def _full_message(i: int) -> Message:
     from datetime import UTC, datetime, timedelta
 
     from shardbus.amqp import types as t
-    from shardbus.endpoint import mapping  # noqa: F401 - registers the AMQP value types
+    from shardbus.endpoint.mapping import register_stored_types
+
+    register_stored_types()  # what a worker does where it starts
 
     m = _message(i)
     m.session_id, m.partition_key, m.correlation_id, m.subject = "s", "pk", uuid.uuid4(), "subj"

@@ -21,19 +21,20 @@ from urllib.parse import urlsplit
 import click
 
 from ..http import atom
-from ..http.xmlvalues import format_duration, parse_duration
+from ..model.durations import format_duration, parse_duration
 from ..model.entities import DEFAULT_RULE_NAME, TIMESPAN_MAX, EntityKind, EntityStatus
 from ..model.errors import ShardbusError
 from ..model.filters import (
+    CORRELATION_FIELDS,
     CorrelationFilter,
     EmptyRuleAction,
-    FalseFilter,
     Rule,
     RuleAction,
     RuleFilter,
     SqlFilter,
     SqlRuleAction,
-    TrueFilter,
+    build_action,
+    build_filter,
 )
 from .admin_http import AdminError, EntityInfo
 from .context import CliError, Session, connection_options, pass_session
@@ -374,21 +375,13 @@ def filter_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-CORRELATION_OPTIONS = (
-    "correlation_id",
-    "message_id",
-    "subject",
-    "session_id",
-    "to",
-    "reply_to",
-    "reply_to_session_id",
-    "content_type",
-)
+CORRELATION_OPTIONS = tuple(f.attr for f in CORRELATION_FIELDS)  # the options are named as the model's fields
 
 
-def _sql_filter(expression: str, parameters: dict[str, Any]) -> SqlFilter:
+def _sql_filter(expression: str, parameters: dict[str, Any]) -> RuleFilter:
     try:
-        return SqlFilter(expression, parameters)  # compiled here: a syntax error is reported before any request
+        # compiled here: a syntax error is reported before any request
+        return build_filter("sql", expression, parameters)
     except ShardbusError as exc:
         raise click.BadParameter(str(exc), param_hint="--sql") from None
 
@@ -404,32 +397,29 @@ def build_rule(name: str, o: dict[str, Any]) -> Rule:
         rule_filter = _sql_filter(o["sql"], parse_pairs(o["param"], "--param"))
     elif correlation or properties:
         try:
-            rule_filter = CorrelationFilter(**correlation, properties=properties)
+            rule_filter = build_filter("correlation", fields=correlation, properties=properties)
         except ShardbusError as exc:
             raise click.UsageError(str(exc)) from None
-    elif o["false_"]:
-        rule_filter = FalseFilter()
     else:
-        rule_filter = TrueFilter()
+        rule_filter = build_filter("false" if o["false_"] else "true")
     action: RuleAction = EmptyRuleAction()
     if o["action"]:
         try:
-            action = SqlRuleAction(o["action"], parse_pairs(o["action_param"], "--action-param"))
+            action = build_action(o["action"], parse_pairs(o["action_param"], "--action-param"))
         except ShardbusError as exc:
             raise click.BadParameter(str(exc), param_hint="--action") from None
     return Rule(name, rule_filter, action)
 
 
 def describe_filter(rule_filter: RuleFilter) -> str:
-    if isinstance(rule_filter, TrueFilter):
-        return "true"
-    if isinstance(rule_filter, FalseFilter):
-        return "false"
+    kind = rule_filter.kind
+    if kind == "true" or kind == "false":
+        return kind
     if isinstance(rule_filter, SqlFilter):
         params = f"  {json.dumps(rule_filter.parameters, default=str)}" if rule_filter.parameters else ""
         return f"sql: {rule_filter.expression}{params}"
     if isinstance(rule_filter, CorrelationFilter):
-        parts = [f"{k}={getattr(rule_filter, k)}" for k in CORRELATION_OPTIONS if getattr(rule_filter, k) is not None]
+        parts = [f"{k}={v}" for k, v in rule_filter.fields().items()]
         parts += [f"{k}={v}" for k, v in rule_filter.properties.items()]
         return "correlation: " + ", ".join(parts)
     return repr(rule_filter)

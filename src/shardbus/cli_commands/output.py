@@ -189,7 +189,7 @@ def json_default(value: Any) -> Any:
     import uuid
     from datetime import datetime, timedelta
 
-    from ..http.xmlvalues import format_duration
+    from ..model.durations import format_duration
 
     if isinstance(value, datetime):
         return value.isoformat()

@@ -26,20 +26,11 @@ from typing import IO, Any
 from ..amqp import types as t
 from ..amqp.message import AmqpMessage, Header, encode_message
 from ..client import OutgoingMessage, ReceivedMessage
-from ..endpoint.mapping import BROKER_OWNED, DEAD_LETTER_DESCRIPTION, DEAD_LETTER_REASON
+from ..message_wire import BROKER_OWNED, DEAD_LETTER_DESCRIPTION, DEAD_LETTER_REASON, PROPERTY_FIELDS
 from ..model.routing import decode_sequence_number
 
-# Record fields a sender sets, and the AMQP properties field each comes from on the way out.
-SENDER_FIELDS: tuple[tuple[str, str], ...] = (
-    ("message_id", "message_id"),
-    ("correlation_id", "correlation_id"),
-    ("subject", "subject"),
-    ("content_type", "content_type"),
-    ("to", "to"),
-    ("reply_to", "reply_to"),
-    ("session_id", "group_id"),
-    ("reply_to_session_id", "reply_to_group_id"),
-)
+# Record fields a sender sets, and the AMQP properties field each comes from on the way out (message_wire's mapping).
+SENDER_FIELDS: tuple[tuple[str, str], ...] = PROPERTY_FIELDS
 BROKER_FIELDS = frozenset(
     {
         "sequence_number",

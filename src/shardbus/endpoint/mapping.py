@@ -6,8 +6,11 @@ scheduled time only when it is an AMQP timestamp, the one type the service honou
 Outbound, the broker's annotations are stamped: sequence number, enqueued time, locked-until, partition key,
 state (for peek), and dead-letter reason and description become application properties, as the service does.
 
-AMQP value types without a Python counterpart (symbol, long, timestamp, char, array, described, ...) are
-registered with the store's packer, so application properties keep their exact AMQP types across storage.
+The mapping of a message's fields to sections and the annotation names are ``message_wire``'s, which the client
+shares; this module adds the broker's side (what is dropped, what is stamped) and the fast paths every message takes.
+AMQP value types without a Python counterpart (symbol, long, timestamp, char, array, described, ...) are listed in
+``STORED_TYPES``; ``register_stored_types()`` registers them with the store's packer where a process starts, so
+application properties keep their exact AMQP types across storage.
 """
 
 from __future__ import annotations
@@ -36,52 +39,71 @@ from ..amqp.message import (
     split_batch,
 )
 from ..amqp.message import BodyType as WireBody
+from ..message_wire import (
+    BROKER_OWNED,
+    DEAD_LETTER_DESCRIPTION,
+    DEAD_LETTER_REASON,
+    DEAD_LETTER_SOURCE,
+    ENQUEUE_SEQUENCE,
+    ENQUEUED_TIME,
+    LOCK_TOKEN,
+    LOCKED_UNTIL,
+    MESSAGE_STATE,
+    PARTITION_KEY,
+    SCHEDULED_TIME,
+    SEQUENCE_NUMBER,
+    encode_sections,
+    read_properties,
+)
 from ..model.message import BodyType, Message, MessageState, datetime_to_ms, new_message
 from ..store.records import register_type
 
-PARTITION_KEY = t.Symbol("x-opt-partition-key")
-SCHEDULED_TIME = t.Symbol("x-opt-scheduled-enqueue-time")
-SEQUENCE_NUMBER = t.Symbol("x-opt-sequence-number")
-ENQUEUED_TIME = t.Symbol("x-opt-enqueued-time")
-LOCKED_UNTIL = t.Symbol("x-opt-locked-until")
-ENQUEUE_SEQUENCE = t.Symbol("x-opt-enqueue-sequence-number")
-MESSAGE_STATE = t.Symbol("x-opt-message-state")
-DEAD_LETTER_SOURCE = t.Symbol("x-opt-deadletter-source")
-LOCK_TOKEN = t.Symbol("x-opt-lock-token")
-BROKER_OWNED = frozenset(
-    {
-        "x-opt-sequence-number",
-        "x-opt-enqueued-time",
-        "x-opt-locked-until",
-        "x-opt-lock-token",
-        "x-opt-message-state",
-        "x-opt-enqueue-sequence-number",
-        "x-opt-deadletter-source",
-        "x-opt-partition-id",
-        "x-opt-via-partition-key",
-    }
-)
-DEAD_LETTER_REASON = "DeadLetterReason"
-DEAD_LETTER_DESCRIPTION = "DeadLetterErrorDescription"
+__all__ = [
+    "BROKER_OWNED",
+    "DEAD_LETTER_DESCRIPTION",
+    "DEAD_LETTER_REASON",
+    "LOCK_TOKEN",
+    "PARTITION_KEY",
+    "SCHEDULED_TIME",
+    "STORED_TYPES",
+    "decode_batch_to_messages",
+    "decode_to_message",
+    "encode_delivery",
+    "register_stored_types",
+    "to_message",
+]
 
+# AMQP value types without a Python counterpart, as the store keeps them: (tag, class, to plain, from plain). A tag is
+# part of the stored format: never reuse one. Tags 1-11 are the numeric and symbol types; a described value (the
+# service's own uri, datetime-offset and timespan among them) is kept as it came, its descriptor and value stored like
+# any other values; an array keeps its element type, by name.
 _TYPES = (t.Symbol, t.UByte, t.UShort, t.UInt, t.ULong, t.Byte, t.Short, t.Int, t.Long, t.Timestamp, t.Float)
-for _tag, _cls in enumerate(_TYPES, start=1):
-    register_type(_tag, _cls, (float if _cls is t.Float else str if _cls is t.Symbol else int), _cls)
-# Tags 12 on (a tag is part of the stored format: never reuse one). A described value (the service's own uri,
-# datetime-offset and timespan among them) is kept as it came, its descriptor and value stored like any other
-# values; an array keeps its element type, by name.
 _ARRAY_ITEM_TYPES = (*_TYPES, t.Char, t.Decimal32, t.Decimal64, t.Decimal128, t.Described, t.Array, uuid.UUID)
 _ARRAY_TYPES = {cls.__name__: cls for cls in (*_ARRAY_ITEM_TYPES, str, bytes, int, float, bool, list, dict)}
-register_type(12, t.Described, lambda d: [d.descriptor, d.value], lambda plain: t.Described(*plain))
-register_type(13, t.Char, str, t.Char)
-for _tag, _cls in enumerate((t.Decimal32, t.Decimal64, t.Decimal128), start=14):
-    register_type(_tag, _cls, bytes, _cls)
-register_type(
-    17,
-    t.Array,
-    lambda a: [a.element_type.__name__, list(a)],
-    lambda plain: t.Array(_ARRAY_TYPES[plain[0]], plain[1]),
+STORED_TYPES: tuple[tuple[int, type, Any, Any], ...] = (
+    *(
+        (tag, cls, (float if cls is t.Float else str if cls is t.Symbol else int), cls)
+        for tag, cls in enumerate(_TYPES, start=1)
+    ),
+    (12, t.Described, lambda d: [d.descriptor, d.value], lambda plain: t.Described(*plain)),
+    (13, t.Char, str, t.Char),
+    *((tag, cls, bytes, cls) for tag, cls in enumerate((t.Decimal32, t.Decimal64, t.Decimal128), start=14)),
+    (
+        17,
+        t.Array,
+        lambda a: [a.element_type.__name__, list(a)],
+        lambda plain: t.Array(_ARRAY_TYPES[plain[0]], plain[1]),
+    ),
 )
+
+
+def register_stored_types() -> None:
+    """Let the store keep the AMQP value types messages may carry (``STORED_TYPES``), so application properties keep
+    their exact AMQP types across storage and the wire between processes. Called where a process that stores,
+    reads or forwards messages starts (``server.Broker``, the partition worker, the CLI's record reader); calling
+    it again changes nothing."""
+    for tag, cls, to_plain, from_plain in STORED_TYPES:
+        register_type(tag, cls, to_plain, from_plain)
 
 
 # The milliseconds a ``datetime`` can hold (years 1 to 9999)
@@ -113,14 +135,7 @@ def to_message(amqp: AmqpMessage) -> Message:
         m.body_type = BodyType.NONE
     p = amqp.properties
     if p is not None:
-        m.message_id = p.message_id
-        m.to = p.to
-        m.subject = p.subject
-        m.reply_to = p.reply_to
-        m.correlation_id = p.correlation_id
-        m.content_type = None if p.content_type is None else str(p.content_type)
-        m.session_id = p.group_id
-        m.reply_to_session_id = p.reply_to_group_id
+        read_properties(m, p)
     h = amqp.header
     if h is not None and h.ttl:
         m.time_to_live = timedelta(milliseconds=h.ttl)
@@ -480,24 +495,13 @@ def encode_delivery(m: Message, *, peek: bool = False) -> bytes:
         body, wire_body = codec.decode(m.body), WireBody.SEQUENCE
     else:
         body, wire_body = None, WireBody.NONE
-    return encode_message(
-        AmqpMessage(
-            header=header,
-            message_annotations=annotations,
-            properties=Properties(
-                message_id=m.message_id,
-                to=m.to,
-                subject=m.subject,
-                reply_to=m.reply_to,
-                correlation_id=m.correlation_id,
-                content_type=None if m.content_type is None else t.Symbol(m.content_type),
-                absolute_expiry_time=None if m.expires_at_ms is None or ttl is None else t.Timestamp(m.expires_at_ms),
-                creation_time=t.Timestamp(m.enqueued_time_ms),
-                group_id=m.session_id,
-                reply_to_group_id=m.reply_to_session_id,
-            ),
-            application_properties=app,
-            body=body,
-            body_type=wire_body,
-        )
+    return encode_sections(
+        m,
+        header=header,
+        annotations=annotations,
+        application_properties=app,
+        body=body,
+        body_type=wire_body,
+        absolute_expiry_time=None if m.expires_at_ms is None or ttl is None else m.expires_at_ms,
+        creation_time=m.enqueued_time_ms,
     )

@@ -5,6 +5,9 @@ Azure Service Bus: request-response operations" page (Rule operations), Azure.Me
 ``Amqp/AmqpRuleManager.cs``, ``AmqpMessageConverter.GetRuleDescriptionMap`` and ``Amqp/Framing/*Codec.cs``,
 azure-messaging-servicebus ``ManagementChannel`` / ``MessageUtils`` / ``ServiceBusConstants``:
 
+Filters and actions are told apart by their ``kind`` and built from their parts by ``model.filters`` (the one
+translation every form of a rule shares, correlation field names included); this module holds the AMQP form.
+
 **add-rule request** (amqp-value map): ``rule-name`` (string) and ``rule-description``, a *map* holding exactly
 one of ``sql-filter`` (map ``{expression}``) or ``correlation-filter`` (map ``{correlation-id, message-id, to,
 reply-to, label, session-id, reply-to-session-id, content-type, properties}``), plus ``sql-rule-action``
@@ -46,7 +49,6 @@ Values in correlation properties and SQL parameters map as the .NET client maps 
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -56,15 +58,17 @@ from ..amqp.types import Decimal32, Decimal64, Decimal128, Described, Int, Long,
 from ..entity.entity import SubscriptionEntity
 from ..model.errors import ArgumentError, ArgumentOutOfRange, EntityNotFound, InvalidOperation
 from ..model.filters import (
+    CORRELATION_FIELDS,
     CorrelationFilter,
     EmptyRuleAction,
-    FalseFilter,
     Rule,
     RuleAction,
     RuleFilter,
     SqlFilter,
     SqlRuleAction,
-    TrueFilter,
+    build_action,
+    build_filter,
+    sql_filter,
 )
 from ..model.message import SubQueue
 
@@ -113,18 +117,6 @@ TIMESPAN = "com.microsoft:timespan"  # .NET TimeSpan: described long, 100 ns tic
 DATETIME_OFFSET = "com.microsoft:datetime-offset"  # .NET DateTimeOffset: described long, UTC ticks since 0001
 URI = "com.microsoft:uri"
 
-# Correlation filter: wire field (list position = index here) -> model attribute.
-CORRELATION_FIELDS: tuple[tuple[str, str], ...] = (
-    ("correlation-id", "correlation_id"),
-    ("message-id", "message_id"),
-    ("to", "to"),
-    ("reply-to", "reply_to"),
-    ("label", "subject"),
-    ("session-id", "session_id"),
-    ("reply-to-session-id", "reply_to_session_id"),
-    ("content-type", "content_type"),
-)
-
 # descriptor (code or name) -> filter kind; the filter position also accepts the 0x00000137:0000000N spelling.
 _FILTER_KINDS: dict[int | str, str] = {
     SQL_FILTER_CODE: "sql",
@@ -140,6 +132,7 @@ _FILTER_KINDS: dict[int | str, str] = {
     FALSE_FILTER_NAME: "false",
     CORRELATION_FILTER_NAME: "correlation",
 }
+_FILTER_CODES = {"sql": SQL_FILTER_CODE, "true": TRUE_FILTER_CODE, "false": FALSE_FILTER_CODE}
 _ACTION_KINDS: dict[int | str, str] = {
     EMPTY_RULE_ACTION_CODE: "empty",
     SQL_RULE_ACTION_CODE: "sql",
@@ -150,8 +143,6 @@ _ACTION_KINDS: dict[int | str, str] = {
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 _TICKS_AT_EPOCH = 621355968000000000  # .NET ticks of 1970-01-01T00:00:00Z
-_TRUE_SQL = re.compile(r"\s*1\s*=\s*1\s*")
-_FALSE_SQL = re.compile(r"\s*1\s*=\s*0\s*")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -238,17 +229,16 @@ def _descriptor_key(descriptor: int | str) -> int | str:
 
 def encode_filter(rule_filter: RuleFilter) -> Described:
     """The described list the service sends for a filter."""
-    if isinstance(rule_filter, TrueFilter):
-        return Described(TRUE_FILTER_CODE, [])
-    if isinstance(rule_filter, FalseFilter):
-        return Described(FALSE_FILTER_CODE, [])
+    kind = rule_filter.kind
+    if kind == "true" or kind == "false":
+        return Described(_FILTER_CODES[kind], [])
     if isinstance(rule_filter, SqlFilter):
         fields: list[Any] = [rule_filter.expression, Int(SQL_COMPATIBILITY_LEVEL)]
         if rule_filter.parameters:
             fields.append(_values_to_wire(rule_filter.parameters))
         return Described(SQL_FILTER_CODE, fields)
     if isinstance(rule_filter, CorrelationFilter):
-        fields = [_to_wire(getattr(rule_filter, attr)) for _key, attr in CORRELATION_FIELDS]
+        fields = [_to_wire(getattr(rule_filter, f.attr)) for f in CORRELATION_FIELDS]
         fields.append(_values_to_wire(rule_filter.properties))
         return Described(CORRELATION_FILTER_CODE, fields)
     raise ArgumentError(f"Cannot describe a rule filter of type {type(rule_filter).__name__} on the wire.")
@@ -256,7 +246,7 @@ def encode_filter(rule_filter: RuleFilter) -> Described:
 
 def encode_action(action: RuleAction | None) -> Described:
     """The described list the service sends for an action."""
-    if action is None or isinstance(action, EmptyRuleAction):
+    if action is None or action.kind == "empty":
         return Described(EMPTY_RULE_ACTION_CODE, [])
     if isinstance(action, SqlRuleAction):
         fields: list[Any] = [action.expression, Int(SQL_COMPATIBILITY_LEVEL)]
@@ -286,15 +276,15 @@ def encode_rule_map(rule: Rule) -> dict[str, Any]:
     """
     description: dict[str, Any] = {}
     f = rule.filter
-    if isinstance(f, TrueFilter | FalseFilter):
-        description["sql-filter"] = {"expression": "1=1" if isinstance(f, TrueFilter) else "1=0"}
+    if f.kind == "true" or f.kind == "false":
+        description["sql-filter"] = {"expression": "1=1" if f.kind == "true" else "1=0"}
     elif isinstance(f, SqlFilter):
         sql: dict[str, Any] = {"expression": f.expression}
         if f.parameters:
             sql["parameters"] = _values_to_wire(f.parameters)
         description["sql-filter"] = sql
     elif isinstance(f, CorrelationFilter):
-        correlation = {key: _to_wire(getattr(f, attr)) for key, attr in CORRELATION_FIELDS}
+        correlation = {c.amqp: _to_wire(getattr(f, c.attr)) for c in CORRELATION_FIELDS}
         correlation["properties"] = _values_to_wire(f.properties)
         description["correlation-filter"] = correlation
     else:
@@ -326,19 +316,17 @@ def decode_filter(value: Any) -> RuleFilter:
             f"Unknown rule filter type {value.descriptor!r}: expected com.microsoft:sql-filter:list, "
             "correlation-filter:list, true-filter:list or false-filter:list."
         )
-    if kind == "true":
-        return TrueFilter()
-    if kind == "false":
-        return FalseFilter()
+    if kind == "true" or kind == "false":
+        return build_filter(kind)
     fields = _fields(value.value, f"{kind} filter")
     if kind == "sql":
         expression = _string(_field(fields, 0), "SQL filter expression")
-        return SqlFilter(expression, _values_from_wire(_field(fields, 2), "SQL filter parameter"))  # type: ignore[arg-type]
+        return build_filter(kind, expression, _values_from_wire(_field(fields, 2), "SQL filter parameter"))
     system = {
-        attr: _from_wire(_field(fields, i), f"correlation filter {key}")
-        for i, (key, attr) in enumerate(CORRELATION_FIELDS)
+        f.attr: _from_wire(_field(fields, i), f"correlation filter {f.amqp}") for i, f in enumerate(CORRELATION_FIELDS)
     }
-    return CorrelationFilter(**system, properties=_values_from_wire(_field(fields, 8), "correlation filter property"))
+    properties = _values_from_wire(_field(fields, len(CORRELATION_FIELDS)), "correlation filter property")
+    return build_filter(kind, fields=system, properties=properties)
 
 
 def decode_action(value: Any) -> RuleAction:
@@ -357,7 +345,7 @@ def decode_action(value: Any) -> RuleAction:
         return EmptyRuleAction()
     fields = _fields(value.value, "SQL rule action")
     expression = _string(_field(fields, 0), "SQL rule action expression")
-    return SqlRuleAction(expression, _values_from_wire(_field(fields, 2), "SQL rule action parameter"))  # type: ignore[arg-type]
+    return build_action(expression, _values_from_wire(_field(fields, 2), "SQL rule action parameter"))
 
 
 def _sql_filter_from_map(value: Any) -> RuleFilter:
@@ -366,20 +354,16 @@ def _sql_filter_from_map(value: Any) -> RuleFilter:
     sql = _string_keys(value, "sql-filter")
     expression = _string(sql.get("expression"), "sql-filter expression")
     parameters = _values_from_wire(sql.get("parameters"), "SQL filter parameter")
-    if not parameters and _TRUE_SQL.fullmatch(expression or ""):
-        return TrueFilter()
-    if not parameters and _FALSE_SQL.fullmatch(expression or ""):
-        return FalseFilter()
-    return SqlFilter(expression, parameters)  # type: ignore[arg-type]
+    return sql_filter(expression, parameters)  # type: ignore[arg-type]
 
 
 def _correlation_filter_from_map(value: Any) -> RuleFilter:
     if isinstance(value, Described):
         return decode_filter(value)
     correlation = _string_keys(value, "correlation-filter")
-    system = {attr: _from_wire(correlation.get(key), f"correlation filter {key}") for key, attr in CORRELATION_FIELDS}
+    system = {f.attr: _from_wire(correlation.get(f.amqp), f"correlation filter {f.amqp}") for f in CORRELATION_FIELDS}
     properties = _values_from_wire(correlation.get("properties"), "correlation filter property")
-    return CorrelationFilter(**system, properties=properties)
+    return build_filter("correlation", fields=system, properties=properties)
 
 
 def _action_from_map(value: Any) -> RuleAction:
@@ -392,7 +376,7 @@ def _action_from_map(value: Any) -> RuleAction:
     if expression is None:
         return EmptyRuleAction()  # null or {} is "no action" (the Rust crate sends {})
     expression = _string(expression, "sql-rule-action expression")
-    return SqlRuleAction(expression, _values_from_wire(action.get("parameters"), "SQL rule action parameter"))  # type: ignore[arg-type]
+    return build_action(expression, _values_from_wire(action.get("parameters"), "SQL rule action parameter"))
 
 
 def _string_keys(value: Any, what: str) -> dict[str, Any]:

@@ -23,15 +23,17 @@ from ..model.authorization import CLAIM_TYPE, AuthorizationRule
 from ..model.entities import DEFAULT_RULE_NAME, EntityKind, EntityStatus, RuntimeProperties
 from ..model.errors import ArgumentError
 from ..model.filters import (
+    CORRELATION_FIELDS,
     CorrelationFilter,
     EmptyRuleAction,
-    FalseFilter,
     Rule,
     RuleAction,
     RuleFilter,
     SqlFilter,
     SqlRuleAction,
     TrueFilter,
+    build_action,
+    build_filter,
 )
 from .xmlvalues import (
     XSD_NS,
@@ -348,50 +350,34 @@ def _text(element: ET.Element, name: str) -> str | None:
     return None if child is None else (child.text or "")
 
 
-# CorrelationFilter element → keyword of shardbus' CorrelationFilter.
-CORRELATION_FIELDS: tuple[tuple[str, str], ...] = (
-    ("CorrelationId", "correlation_id"),
-    ("MessageId", "message_id"),
-    ("To", "to"),
-    ("ReplyTo", "reply_to"),
-    ("Label", "subject"),
-    ("SessionId", "session_id"),
-    ("ReplyToSessionId", "reply_to_session_id"),
-    ("ContentType", "content_type"),
-)
+# The ATOM API's filter and action types (the element's i:type) -> the model's kind, and back.
+FILTER_KINDS = {"SqlFilter": "sql", "TrueFilter": "true", "FalseFilter": "false", "CorrelationFilter": "correlation"}
+ACTION_KINDS = {"EmptyRuleAction": "empty", "SqlRuleAction": "sql"}
+_FILTER_TYPES = {kind: name for name, kind in FILTER_KINDS.items()}
+CORRELATION_SERVICE_NAMES = {f.attr: f.service for f in CORRELATION_FIELDS}
 
 
-def _sql_filter(element: ET.Element) -> RuleFilter:
-    expression = _text(element, "SqlExpression")
-    if not expression:
-        raise ArgumentError("A SqlFilter needs a SqlExpression.")
-    return SqlFilter(expression, _key_values(_child(element, "Parameters")))
+def _filter_from_element(element: ET.Element, kind: str) -> RuleFilter:
+    if kind == "sql":
+        expression = _text(element, "SqlExpression")
+        if not expression:
+            raise ArgumentError("A SqlFilter needs a SqlExpression.")
+        return build_filter(kind, expression, _key_values(_child(element, "Parameters")))
+    if kind == "correlation":
+        fields = {
+            f.attr: _text(element, f.service) for f in CORRELATION_FIELDS if _child(element, f.service) is not None
+        }
+        return build_filter(kind, fields=fields, properties=_key_values(_child(element, "Properties")))
+    return build_filter(kind)
 
 
-def _correlation_filter(element: ET.Element) -> RuleFilter:
-    values = {kw: _text(element, name) for name, kw in CORRELATION_FIELDS if _child(element, name) is not None}
-    return CorrelationFilter(**values, properties=_key_values(_child(element, "Properties")))
-
-
-FILTER_PARSERS: dict[str, Callable[[ET.Element], RuleFilter]] = {
-    "SqlFilter": _sql_filter,
-    "TrueFilter": lambda element: TrueFilter(),
-    "FalseFilter": lambda element: FalseFilter(),
-    "CorrelationFilter": _correlation_filter,
-}
-
-
-def _sql_action(element: ET.Element) -> RuleAction:
+def _action_from_element(element: ET.Element, kind: str) -> RuleAction:
+    if kind == "empty":
+        return build_action(None)
     expression = _text(element, "SqlExpression")
     if not expression:
         raise ArgumentError("A SqlRuleAction needs a SqlExpression.")
-    return SqlRuleAction(expression, _key_values(_child(element, "Parameters")))
-
-
-ACTION_PARSERS: dict[str, Callable[[ET.Element], RuleAction]] = {
-    "EmptyRuleAction": lambda element: EmptyRuleAction(),
-    "SqlRuleAction": _sql_action,
-}
+    return build_action(expression, _key_values(_child(element, "Parameters")))
 
 
 def _xsi_type(element: ET.Element) -> str | None:
@@ -404,21 +390,23 @@ def rule_from_element(element: ET.Element, name: str) -> Rule:
     filter_element = _child(element, "Filter")
     rule_filter: RuleFilter = TrueFilter()
     if filter_element is not None:
-        kind = _xsi_type(filter_element) or ("SqlFilter" if _child(filter_element, "SqlExpression") else "TrueFilter")
-        parser = FILTER_PARSERS.get(kind)
-        if parser is None:
+        name_of_type = _xsi_type(filter_element) or (
+            "SqlFilter" if _child(filter_element, "SqlExpression") else "TrueFilter"
+        )
+        kind = FILTER_KINDS.get(name_of_type)
+        if kind is None:
             raise ArgumentError(
-                f"Unknown filter type '{kind}': use SqlFilter, CorrelationFilter, TrueFilter or FalseFilter."
+                f"Unknown filter type '{name_of_type}': use SqlFilter, CorrelationFilter, TrueFilter or FalseFilter."
             )
-        rule_filter = parser(filter_element)
+        rule_filter = _filter_from_element(filter_element, kind)
     action_element = _child(element, "Action")
     action: RuleAction = EmptyRuleAction()
     if action_element is not None and action_element.get(f"{{{XSI_NS}}}nil") != "true":
-        kind = _xsi_type(action_element) or "EmptyRuleAction"
-        action_parser = ACTION_PARSERS.get(kind)
-        if action_parser is None:
-            raise ArgumentError(f"Unknown rule action type '{kind}': use SqlRuleAction or EmptyRuleAction.")
-        action = action_parser(action_element)
+        name_of_type = _xsi_type(action_element) or "EmptyRuleAction"
+        kind = ACTION_KINDS.get(name_of_type)
+        if kind is None:
+            raise ArgumentError(f"Unknown rule action type '{name_of_type}': use SqlRuleAction or EmptyRuleAction.")
+        action = _action_from_element(action_element, kind)
     return Rule(name, rule_filter, action)
 
 
@@ -453,19 +441,18 @@ def _sql_xml(tag: str, type_name: str, expression: str, parameters: Mapping[str,
 
 
 def filter_xml(rule_filter: RuleFilter) -> str:
-    if isinstance(rule_filter, TrueFilter):
-        return _sql_xml("Filter", "TrueFilter", "1=1", None)
-    if isinstance(rule_filter, FalseFilter):
-        return _sql_xml("Filter", "FalseFilter", "1=0", None)
+    kind = rule_filter.kind
+    if kind == "true" or kind == "false":
+        return _sql_xml("Filter", _FILTER_TYPES[kind], "1=1" if kind == "true" else "1=0", None)
     if isinstance(rule_filter, SqlFilter):
         return _sql_xml("Filter", "SqlFilter", rule_filter.expression, rule_filter.parameters)
     if not isinstance(rule_filter, CorrelationFilter):
         raise ArgumentError(f"Unknown filter {rule_filter!r}")
-    inner = []
-    for name, attr in CORRELATION_FIELDS:
-        value = getattr(rule_filter, attr)
-        if value is not None:
-            inner.append(_element(name, str(value)))
+    inner = [
+        _element(f.service, str(value))
+        for f in CORRELATION_FIELDS
+        if (value := getattr(rule_filter, f.attr)) is not None
+    ]
     inner.append(_key_values_xml("Properties", rule_filter.properties))
     return f'<Filter i:type="CorrelationFilter">{"".join(inner)}</Filter>'
 

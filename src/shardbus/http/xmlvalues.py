@@ -1,4 +1,5 @@
-"""Scalar values as the service's XML writes them: ISO-8601 durations, booleans, timestamps, typed rule values.
+"""Scalar values as the service's XML writes them: durations (``model.durations``), booleans, timestamps, typed rule
+values.
 
 Parsing raises ``ArgumentError`` with the offending text, which the ATOM API answers with 400 and that reason.
 """
@@ -7,73 +8,30 @@ from __future__ import annotations
 
 import base64
 import math
-import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..model.entities import TIMESPAN_MAX
+from ..model.durations import TIMESPAN_MAX_TEXT, format_duration, parse_duration
 from ..model.errors import ArgumentError
+
+__all__ = [
+    "INT32_MAX",
+    "TIMESPAN_MAX_TEXT",
+    "XSD_NS",
+    "format_bool",
+    "format_duration",
+    "format_timestamp",
+    "format_typed_value",
+    "parse_bool",
+    "parse_datetime",
+    "parse_duration",
+    "parse_int",
+    "parse_typed_value",
+]
 
 XSD_NS = "http://www.w3.org/2001/XMLSchema"
 INT32_MAX = 2**31 - 1
-TIMESPAN_MAX_TEXT = "P10675199DT2H48M5.4775807S"  # .NET TimeSpan.MaxValue: the service's "never"
-
-_DURATION = re.compile(
-    r"(?P<sign>-)?P(?:(?P<years>\d+)Y)?(?:(?P<months>\d+)M)?(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
-    r"(?:T(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+)(?:\.(?P<fraction>\d+))?S)?)?"
-)
-
-
-def parse_duration(text: str | None, what: str = "duration") -> timedelta:
-    """``PT1M``, ``P1D``, ``P10675199DT2H48M5.4775807S`` (TimeSpan.MaxValue, kept as shardbus' TIMESPAN_MAX)."""
-    raw = (text or "").strip()
-    match = _DURATION.fullmatch(raw)
-    if not match or raw in ("P", "-P") or raw.endswith("T"):
-        raise ArgumentError(f"{what}: '{text}' is not an ISO-8601 duration such as PT30S or P1D.")
-    parts = {k: int(v) for k, v in match.groupdict().items() if v and k not in ("sign", "fraction")}
-    fraction = (match.group("fraction") or "")[:6].ljust(6, "0")
-    days = parts.get("years", 0) * 365 + parts.get("months", 0) * 30 + parts.get("weeks", 0) * 7 + parts.get("days", 0)
-    try:
-        value = timedelta(
-            days=days,
-            hours=parts.get("hours", 0),
-            minutes=parts.get("minutes", 0),
-            seconds=parts.get("seconds", 0),
-            microseconds=int(fraction),
-        )
-    except OverflowError:
-        value = TIMESPAN_MAX
-    if match.group("sign"):
-        value = -value
-    return min(value, TIMESPAN_MAX)
-
-
-def format_duration(value: timedelta) -> str:
-    """A timedelta as .NET's XmlConvert writes a TimeSpan: ``PT45S``, ``P1D``, ``P1DT2H3M4.5S``."""
-    if value >= TIMESPAN_MAX:
-        return TIMESPAN_MAX_TEXT
-    sign = "-" if value < timedelta(0) else ""
-    value = abs(value)
-    days, rest = value.days, value.seconds
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    out = f"{sign}P"
-    if days:
-        out += f"{days}D"
-    time = ""
-    if hours:
-        time += f"{hours}H"
-    if minutes:
-        time += f"{minutes}M"
-    if seconds or value.microseconds:
-        frac = f".{value.microseconds:06d}".rstrip("0") if value.microseconds else ""
-        time += f"{seconds}{frac}S"
-    if time:
-        out += "T" + time
-    elif not days:
-        out += "T0S"
-    return out
 
 
 def parse_bool(text: str | None, what: str = "value") -> bool:

@@ -1,7 +1,8 @@
 """The domain error table.
 
-Every failure the core can report is one of these classes. Front ends map them once: the AMQP endpoint to an
-AMQP error condition (``shardbus.amqp.errors``), the HTTP endpoint to a status code. Messages follow the real
+Every failure the core can report is one of these classes, and ``ERROR_TABLE`` gives each its AMQP error condition and
+its status code side by side: both front ends read that one table (no protocol is imported here: a condition is a
+string). Messages follow the real
 service's wording where users are likely to search for it.
 """
 
@@ -97,59 +98,50 @@ class InternalError(ShardbusError):
     """An unexpected failure inside the broker."""
 
 
-ALL_ERRORS: tuple[type[ShardbusError], ...] = (
-    EntityNotFound,
-    EntityAlreadyExists,
-    EntityDisabled,
-    InvalidOperation,
-    ArgumentError,
-    ArgumentOutOfRange,
-    MessageSizeExceeded,
-    QuotaExceeded,
-    ServerBusy,
-    PartitionUnavailable,
-    PartitionFull,
-    MessageLockLost,
-    MessageNotFound,
-    SessionLockLost,
-    SessionCannotBeLocked,
-    OperationTimeout,
-    Unauthorized,
-    PreconditionFailed,
-    InternalError,
-)
-
-
-# The HTTP status of every domain error, as the service's ATOM API answers it (``shardbus.http`` uses it;
-# most specific classes first: lookup walks the exception's MRO). 412 is also what an update of a missing entity
-# gets (the SDK sends If-Match: *), which the HTTP layer decides, not this table.
-HTTP_STATUS: dict[type[ShardbusError], int] = {
-    EntityNotFound: 404,
-    EntityAlreadyExists: 409,
-    EntityDisabled: 400,
-    InvalidOperation: 400,
-    ArgumentOutOfRange: 400,
-    ArgumentError: 400,
-    MessageSizeExceeded: 413,
-    QuotaExceeded: 403,
-    PartitionFull: 503,
-    PartitionUnavailable: 503,
-    ServerBusy: 503,
-    MessageLockLost: 410,
-    MessageNotFound: 404,
-    SessionLockLost: 410,
-    SessionCannotBeLocked: 409,
-    OperationTimeout: 408,
-    Unauthorized: 401,
-    PreconditionFailed: 412,
-    InternalError: 500,
+# The one error table: each domain error's AMQP error condition (what the real service sends, so the official SDK
+# raises the matching exception, SERVICEBUS_AMQP.md §8: ``com.microsoft:server-busy`` → ServiceBusServerBusyError,
+# ``amqp:not-allowed`` → the service's InvalidOperationException) beside its status code, which is both the ATOM
+# API's HTTP status and the ``$management`` status-code. Conditions are plain strings: the AMQP endpoint makes them
+# symbols (``endpoint/conditions.py``), the HTTP endpoint reads the status (``http_status_of``). Most specific
+# classes first: lookup walks the exception's MRO. 412 is also what an update of a missing entity gets (the SDK
+# sends If-Match: *), which the HTTP layer decides, not this table. A new error is one class and one row here.
+ERROR_TABLE: dict[type[ShardbusError], tuple[str, int]] = {
+    EntityNotFound: ("amqp:not-found", 404),
+    EntityAlreadyExists: ("com.microsoft:entity-already-exists", 409),
+    EntityDisabled: ("com.microsoft:entity-disabled", 400),
+    InvalidOperation: ("amqp:not-allowed", 400),
+    ArgumentOutOfRange: ("com.microsoft:argument-out-of-range", 400),
+    ArgumentError: ("com.microsoft:argument-error", 400),
+    MessageSizeExceeded: ("amqp:link:message-size-exceeded", 413),
+    QuotaExceeded: ("amqp:resource-limit-exceeded", 403),
+    PartitionFull: ("com.microsoft:server-busy", 503),
+    PartitionUnavailable: ("com.microsoft:server-busy", 503),
+    ServerBusy: ("com.microsoft:server-busy", 503),
+    MessageLockLost: ("com.microsoft:message-lock-lost", 410),
+    MessageNotFound: ("com.microsoft:message-not-found", 404),
+    SessionLockLost: ("com.microsoft:session-lock-lost", 410),
+    SessionCannotBeLocked: ("com.microsoft:session-cannot-be-locked", 409),
+    OperationTimeout: ("com.microsoft:timeout", 408),
+    Unauthorized: ("amqp:unauthorized-access", 401),
+    PreconditionFailed: ("com.microsoft:precondition-failed", 412),
+    InternalError: ("amqp:internal-error", 500),
 }
+INTERNAL_ERROR: tuple[str, int] = ERROR_TABLE[InternalError]  # what any exception outside the table maps to
+
+ALL_ERRORS: tuple[type[ShardbusError], ...] = tuple(ERROR_TABLE)
+HTTP_STATUS: dict[type[ShardbusError], int] = {cls: status for cls, (_condition, status) in ERROR_TABLE.items()}
+
+
+def error_mapping_of(error: BaseException) -> tuple[str, int]:
+    """(AMQP condition, status code) for any exception; unknown ones are internal errors."""
+    table = ERROR_TABLE
+    for cls in type(error).__mro__:
+        mapped = table.get(cls)  # type: ignore[arg-type]
+        if mapped is not None:
+            return mapped
+    return INTERNAL_ERROR
 
 
 def http_status_of(error: BaseException) -> int:
     """The HTTP status for any exception; unknown ones are internal errors (500)."""
-    for cls in type(error).__mro__:
-        status = HTTP_STATUS.get(cls)  # type: ignore[arg-type]
-        if status is not None:
-            return status
-    return 500
+    return error_mapping_of(error)[1]

@@ -13,6 +13,13 @@ parses and validates at construction (raising ArgumentError), so evaluation is o
 
 Rules persist as JSON-safe dicts (``to_dict`` / ``*_from_dict``); parameter and property values that JSON
 lacks (datetime, timedelta, UUID, bytes, non-finite floats) are written as ``{"$type": ..., "value": ...}``.
+
+Every outside form of a rule (Config.json in ``config.py``, the ATOM API's XML in ``http/atom.py``, ``$management``'s
+AMQP in ``endpoint/rules.py``, the CLI's options in ``cli_commands/manage.py``) translates through what is here, each
+with one reader and one writer: a filter's ``kind`` and an action's ``kind`` (what each form dispatches on, instead of
+a chain of isinstance checks), ``CORRELATION_FIELDS`` (each correlation field's name in every form), and
+:func:`build_filter`, :func:`sql_filter` and :func:`build_action` (parts back to a filter or action, the service's
+``1=1`` / ``1=0`` spelling of the true and false filters included).
 """
 
 from __future__ import annotations
@@ -20,18 +27,21 @@ from __future__ import annotations
 import base64
 import math
 import operator
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import ArgumentError
 from .message import Message
 from .sqlfilter import EvaluationError, compile_action, compile_filter, find_user_key, values_equal
 
 __all__ = [
+    "CORRELATION_FIELDS",
     "RULE_NAME_PROPERTY",
+    "CorrelationField",
     "CorrelationFilter",
     "EmptyRuleAction",
     "EvaluationError",
@@ -44,11 +54,14 @@ __all__ = [
     "SqlRuleAction",
     "TrueFilter",
     "action_from_dict",
+    "build_action",
+    "build_filter",
     "decode_value",
     "encode_value",
     "filter_from_dict",
     "route",
     "route_detailed",
+    "sql_filter",
 ]
 
 RULE_NAME_PROPERTY = "RuleName"  # set on every copy produced by a rule with an action
@@ -133,7 +146,10 @@ def _decode_map(values: Any) -> dict[str, Any]:
 
 
 class RuleFilter:
-    """Base of the filters: ``matches`` never raises, ``evaluate`` raises EvaluationError on failure."""
+    """Base of the filters: ``matches`` never raises, ``evaluate`` raises EvaluationError on failure. ``kind``
+    names the filter in every outside form: "sql", "true", "false" or "correlation"."""
+
+    kind = ""
 
     def matches(self, message: Message) -> bool:
         try:
@@ -160,6 +176,8 @@ class RuleFilter:
 class SqlFilter(RuleFilter):
     """A SQL-92-subset condition over system (``sys.``) and user properties; parsed once, here."""
 
+    kind = "sql"
+
     def __init__(self, expression: str, parameters: Mapping[str, Any] | None = None) -> None:
         self.parameters = _check_values(parameters, "SQL filter parameter")
         self._evaluate = compile_filter(expression, self.parameters)
@@ -181,6 +199,8 @@ class SqlFilter(RuleFilter):
 class TrueFilter(SqlFilter):
     """Selects every message (the ``$Default`` rule's filter); the service models it as SQL ``1=1``."""
 
+    kind = "true"
+
     def __init__(self) -> None:
         super().__init__("1=1")
 
@@ -197,6 +217,8 @@ class TrueFilter(SqlFilter):
 class FalseFilter(SqlFilter):
     """Selects no message; the service models it as SQL ``1=0``."""
 
+    kind = "false"
+
     def __init__(self) -> None:
         super().__init__("1=0")
 
@@ -210,16 +232,24 @@ class FalseFilter(SqlFilter):
         return {"type": "false"}
 
 
-# CorrelationFilter field -> the Message attribute it is matched against.
-_CORRELATION_FIELDS: tuple[tuple[str, str], ...] = (
-    ("correlation_id", "correlation_id"),
-    ("message_id", "message_id"),
-    ("to", "to"),
-    ("reply_to", "reply_to"),
-    ("subject", "subject"),
-    ("session_id", "session_id"),
-    ("reply_to_session_id", "reply_to_session_id"),
-    ("content_type", "content_type"),
+class CorrelationField(NamedTuple):
+    """One system field a correlation filter compares, named as each form of a rule names it."""
+
+    attr: str  # the CorrelationFilter keyword, the Message attribute it is matched against, the CLI option
+    service: str  # the service's name: Config.json's and the ATOM API's element ("Label" is the old Subject)
+    amqp: str  # the $management map key; the position here is its index in the described filter list
+
+
+# In the service's order (the described correlation filter list's).
+CORRELATION_FIELDS: tuple[CorrelationField, ...] = (
+    CorrelationField("correlation_id", "CorrelationId", "correlation-id"),
+    CorrelationField("message_id", "MessageId", "message-id"),
+    CorrelationField("to", "To", "to"),
+    CorrelationField("reply_to", "ReplyTo", "reply-to"),
+    CorrelationField("subject", "Label", "label"),
+    CorrelationField("session_id", "SessionId", "session-id"),
+    CorrelationField("reply_to_session_id", "ReplyToSessionId", "reply-to-session-id"),
+    CorrelationField("content_type", "ContentType", "content-type"),
 )
 
 
@@ -229,6 +259,8 @@ class CorrelationFilter(RuleFilter):
     String values compare case-sensitively; user property names match case-insensitively (as in SQL
     filters); a field left as None is not checked. At least one condition is required.
     """
+
+    kind = "correlation"
 
     def __init__(
         self,
@@ -252,13 +284,13 @@ class CorrelationFilter(RuleFilter):
         self.content_type = content_type
         self.properties = _check_values(properties, "Correlation filter property")
         checks: list[tuple[Callable[[Message], Any], Any]] = []
-        for name, attr in _CORRELATION_FIELDS:
+        for name, _service, _amqp in CORRELATION_FIELDS:
             want = getattr(self, name)
             if want is None:
                 continue
             if not isinstance(want, _SCALARS):
                 raise ArgumentError(f"Correlation filter {name} has unsupported type {type(want).__name__}")
-            checks.append((operator.attrgetter(attr), want))
+            checks.append((operator.attrgetter(name), want))
         if not checks and not self.properties:
             raise ArgumentError("A correlation filter needs at least one system property or user property")
         self._checks = tuple(checks)
@@ -289,29 +321,65 @@ class CorrelationFilter(RuleFilter):
 
     matches = evaluate  # cannot fail, so skip the error guard
 
+    def fields(self) -> dict[str, Any]:
+        """The system fields this filter checks (attr -> value), in ``CORRELATION_FIELDS`` order."""
+        return {f.attr: value for f in CORRELATION_FIELDS if (value := getattr(self, f.attr)) is not None}
+
     def to_dict(self) -> dict[str, Any]:
         result: dict[str, Any] = {"type": "correlation"}
-        for name, _attr in _CORRELATION_FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                result[name] = encode_value(value)
+        result.update((name, encode_value(value)) for name, value in self.fields().items())
         result["properties"] = _encode_map(self.properties)
         return result
 
 
-def filter_from_dict(data: Mapping[str, Any]) -> RuleFilter:
-    """Rebuild a filter from :meth:`RuleFilter.to_dict` output."""
-    kind = data.get("type") if isinstance(data, Mapping) else None
+_TRUE_SQL = re.compile(r"\s*1\s*=\s*1\s*")
+_FALSE_SQL = re.compile(r"\s*1\s*=\s*0\s*")
+
+
+def sql_filter(expression: str, parameters: Mapping[str, Any] | None = None) -> RuleFilter:
+    """A SQL filter, or the true or false filter when it is the service's own spelling of one (``1=1`` / ``1=0``,
+    spaces allowed, no parameters): both route without evaluating anything."""
+    if not parameters and isinstance(expression, str):
+        if _TRUE_SQL.fullmatch(expression):
+            return TrueFilter()
+        if _FALSE_SQL.fullmatch(expression):
+            return FalseFilter()
+    return SqlFilter(expression, parameters)
+
+
+def build_filter(
+    kind: str,
+    expression: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+    properties: Mapping[str, Any] | None = None,
+) -> RuleFilter:
+    """A filter from its parts: ``kind`` ("sql", "true", "false", "correlation"); a SQL filter's ``expression`` and
+    ``parameters`` (taken as written: :func:`sql_filter` recognises ``1=1``); a correlation filter's system
+    ``fields`` (``CorrelationField.attr`` -> value) and user ``properties``."""
     if kind == "true":
         return TrueFilter()
     if kind == "false":
         return FalseFilter()
     if kind == "sql":
-        return SqlFilter(data.get("expression"), _decode_map(data.get("parameters")))  # type: ignore[arg-type]
+        return SqlFilter(expression, parameters)  # type: ignore[arg-type]
     if kind == "correlation":
-        fields = {name: decode_value(data[name]) for name, _attr in _CORRELATION_FIELDS if name in data}
-        return CorrelationFilter(**fields, properties=_decode_map(data.get("properties")))
-    raise ArgumentError(f"Unknown rule filter {data!r}")
+        return CorrelationFilter(**(fields or {}), properties=properties)
+    raise ArgumentError(f"Unknown rule filter type {kind!r}: use sql, correlation, true or false")
+
+
+def filter_from_dict(data: Mapping[str, Any]) -> RuleFilter:
+    """Rebuild a filter from :meth:`RuleFilter.to_dict` output."""
+    kind = data.get("type") if isinstance(data, Mapping) else None
+    if kind not in ("true", "false", "sql", "correlation"):
+        raise ArgumentError(f"Unknown rule filter {data!r}")
+    return build_filter(
+        kind,  # type: ignore[arg-type]
+        data.get("expression"),
+        _decode_map(data.get("parameters")) if kind == "sql" else None,
+        {f.attr: decode_value(data[f.attr]) for f in CORRELATION_FIELDS if f.attr in data},
+        _decode_map(data.get("properties")),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -320,7 +388,10 @@ def filter_from_dict(data: Mapping[str, Any]) -> RuleFilter:
 
 
 class RuleAction:
-    """Base of the actions; ``apply`` mutates the copy it is given (never the topic's original)."""
+    """Base of the actions; ``apply`` mutates the copy it is given (never the topic's original). ``kind`` names
+    the action in every outside form: "empty" or "sql"."""
+
+    kind = ""
 
     def apply(self, message: Message) -> None:
         raise NotImplementedError
@@ -341,6 +412,8 @@ class RuleAction:
 class EmptyRuleAction(RuleAction):
     """No action: the rule joins the OR-ed group that yields a single shared copy."""
 
+    kind = "empty"
+
     def apply(self, message: Message) -> None:
         return None
 
@@ -355,6 +428,8 @@ class SqlRuleAction(RuleAction):
     fails to evaluate, leaves the property as it was; the other statements still run.
     """
 
+    kind = "sql"
+
     def __init__(self, expression: str, parameters: Mapping[str, Any] | None = None) -> None:
         self.parameters = _check_values(parameters, "SQL rule action parameter")
         self._apply = compile_action(expression, self.parameters)
@@ -365,6 +440,13 @@ class SqlRuleAction(RuleAction):
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "sql", "expression": self.expression, "parameters": _encode_map(self.parameters)}
+
+
+def build_action(expression: str | None, parameters: Mapping[str, Any] | None = None) -> RuleAction:
+    """An action from its parts: a SQL rule action, or no action when there is no ``expression``."""
+    if expression is None:
+        return EmptyRuleAction()
+    return SqlRuleAction(expression, parameters)
 
 
 def action_from_dict(data: Mapping[str, Any] | None) -> RuleAction:
