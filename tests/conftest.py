@@ -42,7 +42,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "embedded_only: reaches into an in-process partition broker's internals (skipped with workers)"
     )
-    from shardbus.endpoint.mapping import register_stored_types
+    from shardbus.store.amqp_values import register_stored_types
 
     # Fixtures open namespaces in this process (``open_ns``), as a broker process does; it registers the AMQP value
     # types messages may carry where it starts (``server.Broker``, the worker), and so does this test process.

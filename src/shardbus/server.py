@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from .access.directory import NamespaceDirectory
 from .endpoint.limits import ACCEPT_SLACK, DEFAULT_LIMITS, ConnectionLimits
-from .endpoint.mapping import register_stored_types
 from .http.app import HttpFrontend
 from .http.tls import TlsFiles, ensure_certificates, own_certificate
 from .listener import AmqpServer
 from .model.authorization import AuthorizationRule
 from .namespace import DEFAULT_NAMESPACE, Namespace
 from .runtime import new_event_loop, tune_garbage_collector
+from .store.amqp_values import register_stored_types
 
 if TYPE_CHECKING:
     from .cluster.placement import MetadataCluster

@@ -82,7 +82,7 @@ def _full_message(i: int) -> Message:
     from datetime import UTC, datetime, timedelta
 
     from shardbus.amqp import types as t
-    from shardbus.endpoint.mapping import register_stored_types
+    from shardbus.store.amqp_values import register_stored_types
 
     register_stored_types()  # what a worker does where it starts
 

@@ -69,12 +69,12 @@ def test_the_stored_amqp_types_are_registered_by_a_call_not_an_import() -> None:
     import sys
 
     script = (
-        "from shardbus.store import records; import shardbus.endpoint.mapping as m; "
+        "from shardbus.store import records; import shardbus.store.amqp_values as m; "
         "print(len(records._registered)); m.register_stored_types(); m.register_stored_types(); "
         "print(len(records._registered))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    from shardbus.endpoint.mapping import STORED_TYPES
+    from shardbus.store.amqp_values import STORED_TYPES
 
     assert done.stdout.split() == ["0", str(len(STORED_TYPES))]
 

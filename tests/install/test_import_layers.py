@@ -48,6 +48,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "shardbus"
 FLOORS: list[tuple[str, ...]] = [
     ("model",),  # pure values and rules
     ("amqp", "metrics", "logs", "extras", "runtime"),  # the sans-IO engine; what every process sets up
+    ("message_wire",),  # a message's AMQP sections, shared by the client and the endpoint
     ("store",),
     ("partition",),
     ("entity", "cluster"),  # entities over partitions; partitions in workers (neither imports the other)
@@ -62,13 +63,6 @@ FLOORS: list[tuple[str, ...]] = [
     ("cli",),
 ]
 SAME_FLOOR_ALLOWED = {("http", "client"), ("spark", "client"), ("cli_commands", "serve_command")}
-# Arrows the layers forbid that another change in flight removes (issue #29 point 3, housetables): the AMQP mapping
-# of a message registers its value types in store/records by an import's side effect, which the worker relies on.
-# The registration becomes an explicit call where a process starts; then these two go.
-PENDING = {
-    ("shardbus.cluster.worker", "shardbus.endpoint.mapping"),
-    ("shardbus.endpoint.mapping", "shardbus.store.records"),
-}
 # Room-level arrows that skip the floors but are fine: the CLI's client side reads the HTTP side's ATOM mapping and
 # the endpoint's mapping constants (both are values, not servers).
 LATERAL_ALLOWED = {("cli_commands", "http"), ("cli_commands", "endpoint"), ("cli_commands", "access")}
@@ -180,7 +174,7 @@ def test_no_room_imports_itself_round_a_loop():
         if room(module) in ("", "amqp"):
             continue
         rooms.setdefault(room(module), set()).update(
-            room(t) for t in targets if room(t) not in ("", "amqp", room(module)) and (module, t) not in PENDING
+            room(t) for t in targets if room(t) not in ("", "amqp", room(module))
         )
     assert cycles(rooms) == []
 
@@ -196,7 +190,7 @@ def test_arrows_point_down():
             continue
         for target in targets:
             there = room(target)
-            if there in ("", here) or (module, target) in PENDING or (here, there) in LATERAL_ALLOWED:
+            if there in ("", here) or (here, there) in LATERAL_ALLOWED:
                 continue
             if floor[there] < floor[here] or (here, there) in SAME_FLOOR_ALLOWED:
                 continue
@@ -213,6 +207,6 @@ def test_front_ends_talk_to_the_namespace_and_entities_only():
         for module, targets in import_graph().items()
         if room(module) in ("endpoint", "http")
         for target in targets
-        if room(target) in below_the_namespace and (module, target) not in PENDING
+        if room(target) in below_the_namespace
     ]
     assert wrong == []

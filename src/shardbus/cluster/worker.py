@@ -559,8 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # serve --workers
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
-    from ..endpoint.mapping import register_stored_types
     from ..runtime import new_event_loop, tune_garbage_collector
+    from ..store.amqp_values import register_stored_types
 
     register_stored_types()  # the AMQP value types messages may carry, before any store opens
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s worker %(levelname)s %(message)s")

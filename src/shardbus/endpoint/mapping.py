@@ -8,15 +8,13 @@ state (for peek), and dead-letter reason and description become application prop
 
 The mapping of a message's fields to sections and the annotation names are ``message_wire``'s, which the client
 shares; this module adds the broker's side (what is dropped, what is stamped) and the fast paths every message takes.
-AMQP value types without a Python counterpart (symbol, long, timestamp, char, array, described, ...) are listed in
-``STORED_TYPES``; ``register_stored_types()`` registers them with the store's packer where a process starts, so
-application properties keep their exact AMQP types across storage.
+AMQP value types without a Python counterpart (symbol, long, timestamp, char, array, described, ...) are kept by the
+store through ``store/amqp_values.py``, registered where a process starts.
 """
 
 from __future__ import annotations
 
 import struct
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -56,7 +54,6 @@ from ..message_wire import (
     read_properties,
 )
 from ..model.message import BodyType, Message, MessageState, datetime_to_ms, new_message
-from ..store.records import register_type
 
 __all__ = [
     "BROKER_OWNED",
@@ -65,46 +62,11 @@ __all__ = [
     "LOCK_TOKEN",
     "PARTITION_KEY",
     "SCHEDULED_TIME",
-    "STORED_TYPES",
     "decode_batch_to_messages",
     "decode_to_message",
     "encode_delivery",
-    "register_stored_types",
     "to_message",
 ]
-
-# AMQP value types without a Python counterpart, as the store keeps them: (tag, class, to plain, from plain). A tag is
-# part of the stored format: never reuse one. Tags 1-11 are the numeric and symbol types; a described value (the
-# service's own uri, datetime-offset and timespan among them) is kept as it came, its descriptor and value stored like
-# any other values; an array keeps its element type, by name.
-_TYPES = (t.Symbol, t.UByte, t.UShort, t.UInt, t.ULong, t.Byte, t.Short, t.Int, t.Long, t.Timestamp, t.Float)
-_ARRAY_ITEM_TYPES = (*_TYPES, t.Char, t.Decimal32, t.Decimal64, t.Decimal128, t.Described, t.Array, uuid.UUID)
-_ARRAY_TYPES = {cls.__name__: cls for cls in (*_ARRAY_ITEM_TYPES, str, bytes, int, float, bool, list, dict)}
-STORED_TYPES: tuple[tuple[int, type, Any, Any], ...] = (
-    *(
-        (tag, cls, (float if cls is t.Float else str if cls is t.Symbol else int), cls)
-        for tag, cls in enumerate(_TYPES, start=1)
-    ),
-    (12, t.Described, lambda d: [d.descriptor, d.value], lambda plain: t.Described(*plain)),
-    (13, t.Char, str, t.Char),
-    *((tag, cls, bytes, cls) for tag, cls in enumerate((t.Decimal32, t.Decimal64, t.Decimal128), start=14)),
-    (
-        17,
-        t.Array,
-        lambda a: [a.element_type.__name__, list(a)],
-        lambda plain: t.Array(_ARRAY_TYPES[plain[0]], plain[1]),
-    ),
-)
-
-
-def register_stored_types() -> None:
-    """Let the store keep the AMQP value types messages may carry (``STORED_TYPES``), so application properties keep
-    their exact AMQP types across storage and the wire between processes. Called where a process that stores,
-    reads or forwards messages starts (``server.Broker``, the partition worker, the CLI's record reader); calling
-    it again changes nothing."""
-    for tag, cls, to_plain, from_plain in STORED_TYPES:
-        register_type(tag, cls, to_plain, from_plain)
-
 
 # The milliseconds a ``datetime`` can hold (years 1 to 9999)
 _MIN_MS = int(datetime(1, 1, 1, tzinfo=UTC).timestamp() * 1000)
