@@ -1,8 +1,9 @@
 """The front end's side of the cluster: partitions in worker processes that look exactly like local ones.
 
-``RemotePartition`` has ``PartitionBroker``'s methods (the ``PartitionHandle`` surface): each one is a request
-to the worker that serves the partition (``wire.py`` frames on an AMQP connection) and waits for the answer;
-methods that return a store-write ``Future`` return one here too, completed when the worker's write is durable.
+``RemotePartition`` has every operation of the partition interface (the table in ``partition/handle.py``): each
+one is a request to the worker that serves the partition (``wire.py`` frames on an AMQP connection) and waits for
+the answer; operations that return a store-write ``Future`` return one here too, completed when the worker's write
+is durable. Only the methods with behaviour of their own are written here; the rest are generated from the table.
 All connections to workers share one event-loop thread (``ClusterClient``); callers may be on any other thread.
 
 Health: a partition is healthy while its worker's connection is up and the worker says so (every reply and the
