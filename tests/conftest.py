@@ -64,8 +64,15 @@ def cluster(tmp_path_factory):
         yield None
         return
     from shardbus.cluster.supervisor import LocalCluster
+    from support.faults import FAULTY_WORKER  # workers that also take fault plans (tests/support/faults.py)
 
-    c = LocalCluster(tmp_path_factory.getbasetemp(), WORKERS, "test-cluster-key", follow_caller_clock=True).start()
+    c = LocalCluster(
+        tmp_path_factory.getbasetemp(),
+        WORKERS,
+        "test-cluster-key",
+        follow_caller_clock=True,
+        worker_command=FAULTY_WORKER,
+    ).start()
     yield c
     c.close()
 

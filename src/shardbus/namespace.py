@@ -51,7 +51,9 @@ OFFERED = ("RemoteVerdict", "hurry")
 
 
 class FaultInjector:
-    """Test hooks that make partitions unavailable the ways real ones become so."""
+    """Test hooks that make partitions unavailable the ways real ones become so, through the partition interface
+    only (stop, start, a store that cannot open). Faults inside a partition (failing or full store writes, busy
+    sends, failing reads) are the test suite's own (tests/support/faults.py): no production code carries them."""
 
     def __init__(self, namespace: Namespace) -> None:
         self._ns = namespace
@@ -70,22 +72,6 @@ class FaultInjector:
     def stop_partition(self, entity: str, partition: int) -> None:
         """The partition broker stops: everything it held stays in its store."""
         self._partition(entity, partition).stop("the partition broker was stopped")
-
-    def fail_next_write(self, entity: str, partition: int) -> None:
-        """The partition's next store write fails like a disk error, making the partition unavailable."""
-        self._partition(entity, partition).inject_store_failure()
-
-    def fill_store(self, entity: str, partition: int, writes: int) -> None:
-        """The partition's next ``writes`` store writes find its store full (as SQLITE_FULL: nothing written)."""
-        self._partition(entity, partition).inject_store_full(writes)
-
-    def busy_sends(self, entity: str, partition: int, count: int = 1) -> None:
-        """The partition's next ``count`` sends are refused with ServerBusy; it stays healthy."""
-        self._partition(entity, partition).inject_busy_sends(count)
-
-    def fail_reads(self, entity: str, partition: int, count: int = 1) -> None:
-        """The partition's next ``count`` range reads (``browse_range``) fail as if it were briefly down."""
-        self._partition(entity, partition).inject_read_failures(count)
 
     def restore_partition(self, entity: str, partition: int) -> None:
         """Bring a stopped or failed partition back: it reloads from its store (locks are lost)."""

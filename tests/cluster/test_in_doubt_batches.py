@@ -30,6 +30,7 @@ from shardbus.partition.broker import (
 from shardbus.store.base import MessageStore
 from shardbus.store.postgres import drop_partition_schema, partition_schema, postgres_store_factory
 from shardbus.store.sqlite import SqliteStore
+from support.faults import FAULTY_WORKER, inject
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +55,7 @@ def _keyless_over_a_failing_partition(ns: Namespace, pid: int) -> list[str]:
     """One keyless send per partition: round-robin brings one to ``pid``, whose write lands and then 'fails';
     the send fails over to the next partition and succeeds."""
     ns.create_queue("q", enable_partitioning=True)
-    ns._queue("q").partitions[pid].inject_store_failure(after_write=True)
+    inject(ns._queue("q").partitions[pid], fail_write="after")
     sent = [f"m{i}" for i in range(16)]
     for message_id in sent:
         ns.send("q", shardbus.Message(b"x", message_id=message_id))
@@ -76,7 +77,7 @@ def test_in_process_a_keyed_send_that_failed_is_not_stored_and_its_id_is_not_rem
     with Namespace.open(tmp_path / "data") as ns:
         ns.create_queue("d", enable_partitioning=True, requires_duplicate_detection=True)
         pid = partition_for_key("order-1", 16)  # duplicate detection routes by MessageId
-        ns._queue("d").partitions[pid].inject_store_failure(after_write=True)
+        inject(ns._queue("d").partitions[pid], fail_write="after")
         with pytest.raises(shardbus.ServerBusy):
             ns.send("d", shardbus.Message(b"first try", message_id="order-1"))
         ns.faults.restore_partition("d", pid)
@@ -147,7 +148,7 @@ def test_batch_records_survive_a_restart_and_revoke_is_idempotent(store_factory)
 
 @pytest.fixture
 def cluster(tmp_path):
-    with LocalCluster(tmp_path / "data", 2, "k").start() as c:
+    with LocalCluster(tmp_path / "data", 2, "k", worker_command=FAULTY_WORKER).start() as c:
         yield c
 
 

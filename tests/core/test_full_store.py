@@ -1,7 +1,7 @@
 """A full store (SQLITE_FULL: the write stored nothing) is transient: sends are refused with PartitionFull
 (ServerBusy), the partition stays available and consistent, receives and settlements go on, and everything
 catches up once writes succeed again, without a restart. The real thing, a full file system under the SDK, is
-tests/endpoint/test_full_disk.py; here the store is made full by fault injection (``FaultInjector.fill_store``)."""
+tests/endpoint/test_full_disk.py; here the store is made full by fault injection (``tests/support/faults.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import shardbus
 from shardbus import Message
 from shardbus.store import committer
+from support.faults import Faults
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +36,7 @@ def test_refused_sends_leave_nothing_behind_and_the_partition_keeps_serving(ns) 
     for i in range(5):
         ns.send("q", Message(f"m{i}", message_id=f"id{i}"))
     size = ns.get_runtime_properties("q").size_in_bytes
-    ns.faults.fill_store("q", 0, writes=3)
+    Faults(ns).fill_store("q", 0, writes=3)
     with pytest.raises(shardbus.ServerBusy) as info:
         ns.send("q", Message(b"refused", message_id="again"))
     assert isinstance(info.value, shardbus.PartitionFull) and "full" in str(info.value)
@@ -59,7 +60,7 @@ def test_settlements_made_while_full_reach_the_store(open_ns) -> None:
     ns.create_queue("q")
     for i in range(4):
         ns.send("q", Message(f"m{i}"))
-    ns.faults.fill_store("q", 0, writes=2)
+    Faults(ns).fill_store("q", 0, writes=2)
     with ns.receiver("q") as r:
         got = r.receive(4, max_wait=1)
         r.complete(*got[:2])
@@ -75,8 +76,8 @@ def test_settlements_made_while_full_reach_the_store(open_ns) -> None:
 
 def test_keyless_sends_go_to_a_partition_with_space(ns) -> None:
     ns.create_queue("q", enable_partitioning=True)
-    ns.faults.fill_store("q", 0, writes=1)
-    ns.faults.fill_store("q", 1, writes=1)
+    Faults(ns).fill_store("q", 0, writes=1)
+    Faults(ns).fill_store("q", 1, writes=1)
     for i in range(20):
         ns.send("q", Message(f"m{i}"))  # partitions 0 and 1 refuse once each; the next partition takes it
     assert len(list(ns.browse("q"))) == 20
@@ -87,7 +88,7 @@ def test_a_partition_whose_writes_cannot_wait_reloads_by_itself(ns, monkeypatch:
     ns.create_queue("q")
     for i in range(3):
         ns.send("q", Message(f"m{i}"))
-    ns.faults.fill_store("q", 0, writes=3)
+    Faults(ns).fill_store("q", 0, writes=3)
     with ns.receiver("q") as r:
         got = r.receive(3, max_wait=1)
         r.complete(*got)  # more than may wait: the partition gives up on them and reloads from its store

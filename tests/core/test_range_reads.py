@@ -15,6 +15,7 @@ import pytest
 import shardbus
 from shardbus import Message
 from shardbus.model.routing import decode_sequence_number, partition_for_key
+from support.faults import Faults
 
 
 @pytest.fixture
@@ -132,7 +133,7 @@ def test_end_only_covers_messages_whose_store_write_committed(ns):
     ns.create_queue("q")
     send_n(ns, "q", 2)
     partition = ns._queue("q").partitions[0]
-    store = partition._committer.store._store
+    store = partition._committer.store
     gate, entered = threading.Event(), threading.Event()
     real_apply = store.apply
 
@@ -256,7 +257,7 @@ def test_fail_reads_fails_the_next_range_reads_only(ns):
     ns.create_queue("q", enable_partitioning=True)
     p = partition_for_key("k", 16)
     send_n(ns, "q", 3, partition_key="k")
-    ns.faults.fail_reads("q", p, count=2)
+    Faults(ns).fail_reads("q", p, count=2)
     for _ in range(2):
         with pytest.raises(shardbus.PartitionUnavailable):
             ns.browse_range("q", p, 1, 100, 100)
@@ -267,7 +268,7 @@ def test_fail_reads_fails_the_next_range_reads_only(ns):
 
 def test_busy_sends_refuses_the_next_sends_and_stays_healthy(ns):
     ns.create_queue("q")
-    ns.faults.busy_sends("q", 0, count=2)
+    Faults(ns).busy_sends("q", 0, count=2)
     for _ in range(2):
         with pytest.raises(shardbus.ServerBusy):
             ns.send("q", Message(b"refused"))

@@ -17,6 +17,7 @@ from shardbus.model.routing import (
     partition_for_key,
     partition_key_of,
 )
+from support.faults import Faults
 
 
 def partitions_holding(ns, path: str) -> Counter:
@@ -160,7 +161,7 @@ def test_store_failure_while_writing_fails_over_and_loses_nothing(ns):
     for i in range(16):
         ns.send("q", Message(f"before-{i}"))
     # The next keyless send goes to partition 0 (round-robin wrapped around): make its write fail.
-    ns.faults.fail_next_write("q", 0)
+    Faults(ns).fail_next_write("q", 0)
     ns.send("q", Message(b"rescued"))
     p0 = ns._queue("q").partitions[0]
     assert not p0.healthy and "store error" in p0.failure
@@ -187,7 +188,7 @@ def test_all_partitions_down_is_server_busy(ns):
 def test_concurrent_sends_share_commits(ns):
     ns.create_queue("q")
     partition = ns._queue("q").partitions[0]
-    store = partition._committer.store._store
+    store = partition._committer.store
     commits = 0
     real_apply = store.apply
 

@@ -14,6 +14,7 @@ import pytest
 import shardbus
 from shardbus import Message
 from shardbus.model.routing import partition_for_key
+from support.faults import Faults
 
 
 @pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partitioned"])
@@ -77,7 +78,7 @@ def test_a_failed_write_applies_nothing(ns):
     tx = ns.transaction()
     tx.complete(r, m)
     tx.send("q", Message(b"y", partition_key="k"))
-    ns.faults.fail_next_write("q", pid)
+    Faults(ns).fail_next_write("q", pid)
     with pytest.raises(shardbus.PartitionUnavailable):
         tx.commit()
     ns.faults.restore_partition("q", pid)

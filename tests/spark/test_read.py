@@ -9,6 +9,7 @@ from pyspark.errors import StreamingQueryException
 
 from shardbus.client import OutgoingMessage
 from shardbus.model.routing import decode_sequence_number
+from support.faults import Faults
 
 
 def read(spark, conn_str, entity, **options):
@@ -117,7 +118,7 @@ def test_failed_read_replays_with_no_loss_and_no_duplicates(spark, ns, client, f
     ns.create_queue(name, enable_partitioning=True)
     ids = fill(name, 2000)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    ns.faults.fail_reads(name, 3, count=2)  # the task reading partition 3 fails, and so does its retry
+    Faults(ns).fail_reads(name, 3, count=2)  # the task reading partition 3 fails, and so does its retry
     with pytest.raises(StreamingQueryException):
         run_to_parquet(stream(spark, conn_str, name, retries="0"), out, checkpoint)
     assert ns.get_runtime_properties(name).active_message_count == 2000  # nothing completed

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from support.faults import Faults
+
 
 def write(df, conn_str, entity, **options):
     writer = df.write.format("shardbus").mode("append").option("connectionString", conn_str)
@@ -53,7 +55,7 @@ def test_retried_write_task_sends_no_duplicates(spark, ns, conn_str, name, dedup
     ns.create_queue(entity, enable_partitioning=True, requires_duplicate_detection=dedup)
     # Partition 3 refuses the first send that reaches it (the broker refuses the socket read's group, then that
     # send alone): its task fails after its other sends were stored, and Spark (local[2,2]) runs it again.
-    ns.faults.busy_sends(entity, 3, count=2)
+    Faults(ns).busy_sends(entity, 3, count=2)
     df = spark.range(0, 12000, numPartitions=2).selectExpr(
         "cast(id as string) as body", "cast(id % 64 as string) as partition_key"
     )

@@ -1,8 +1,9 @@
 """The front end's side of the cluster: partitions in worker processes that look exactly like local ones.
 
-``RemotePartition`` has ``PartitionBroker``'s methods (the ``PartitionHandle`` surface): each one is a request
-to the worker that serves the partition (``wire.py`` frames on an AMQP connection) and waits for the answer;
-methods that return a store-write ``Future`` return one here too, completed when the worker's write is durable.
+``RemotePartition`` has every operation of the partition interface (the table in ``partition/handle.py``): each
+one is a request to the worker that serves the partition (``wire.py`` frames on an AMQP connection) and waits for
+the answer; operations that return a store-write ``Future`` return one here too, completed when the worker's write
+is durable. Only the methods with behaviour of their own are written here; the rest are generated from the table.
 All connections to workers share one event-loop thread (``ClusterClient``); callers may be on any other thread.
 
 Health: a partition is healthy while its worker's connection is up and the worker says so (every reply and the
@@ -24,6 +25,7 @@ with ``--follow-caller-clock`` lives on the front end's (possibly fake) time.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import threading
@@ -36,11 +38,9 @@ from typing import Any
 
 from ..amqp import events as E
 from ..amqp.transport import AmqpClient, ClientReceiver, ClientSender
-from ..model.entities import RuntimeProperties
 from ..model.errors import ArgumentError, PartitionFull, PartitionUnavailable, ShardbusError
-from ..model.message import Message, SubQueue
-from ..partition.broker import Settle, SlotSettings, SlotStats
-from ..partition.handle import PartitionSpec, RemoteVerdict
+from ..partition.handle import OPERATIONS, Items, Kind, Operation, PartitionSpec, RemoteVerdict
+from ..partition.values import SlotSettings
 from ..store import records
 from . import wire
 from .worker import CLUSTER_USER, CREDIT
@@ -371,7 +371,9 @@ def _apply_health(link: WorkerLink, f: Future) -> None:
 
 
 class RemotePartition:
-    """A partition served by a worker: ``PartitionBroker``'s interface, one request per call."""
+    """A partition served by a worker: the partition interface (``partition/handle.py``), one request per call.
+    The methods below have behaviour of their own; every other operation is derived from the table
+    (``_derive_calls``)."""
 
     answers_at_once = False
 
@@ -502,18 +504,6 @@ class RemotePartition:
         self.link.partitions.pop(self.key, None)
         self.failure = "the namespace is closed"
 
-    def inject_store_failure(self, after_write: bool = False) -> None:
-        self._sync("inject_store_failure", after_write)
-
-    def inject_store_full(self, writes: int) -> None:
-        self._sync("inject_store_full", writes)
-
-    def inject_busy_sends(self, count: int) -> None:
-        self._sync("inject_busy_sends", count)
-
-    def inject_read_failures(self, count: int) -> None:
-        self._sync("inject_read_failures", count)
-
     # --- slots ---------------------------------------------------------------------------------------
     def configure_slot(self, slot: int, settings: SlotSettings) -> None:
         self.slots[slot] = settings
@@ -529,139 +519,69 @@ class RemotePartition:
         return self._call("drop_slot", slot)
 
     # --- messages -----------------------------------------------------------------------------------
-    def enqueue(self, items: list[tuple[str | None, list[tuple[int, Message]]]]) -> Future:
+    def enqueue(self, items: Items, batch_id: str | None = None) -> Future:
         if not self.healthy:  # down, or not restored yet (its worker may not even have opened it again)
             refused: Future = RemoteVerdict()
             refused.set_exception(PartitionUnavailable(self._unavailable_text()))
             return refused
-        batch_id = uuid.uuid4().hex
+        batch_id = batch_id or uuid.uuid4().hex  # what ``revoke_in_doubt`` names if the send fails in flight
         future = self._call("enqueue", wire.Items(items), batch_id)
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
         future.add_done_callback(partial(self._note_in_doubt, batch_id))
         return future
 
-    def cancel_scheduled(self, local_seqs: list[int]) -> Future:
-        return self._call("cancel_scheduled", local_seqs)
-
-    def lock_messages(self, slot: int, queue: int, max_count: int) -> list[Message]:
-        self._check_readable()
-        return self._sync("lock_messages", slot, queue, max_count)
-
     def submit_lock_messages(self, slot: int, queue: int, max_count: int) -> Future:
         """``lock_messages`` without waiting: the future completes (on the cluster loop) with the reply."""
         return self._call("lock_messages", slot, queue, max_count)
 
-    def next_due_ms(self, slot: int, queue: int) -> int | None:
-        return self._sync("next_due_ms", slot, queue)
-
-    def settle(self, slot: int, settles: list[Settle]) -> Future:
-        return self._call("settle", slot, settles)
-
-    def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future:
-        return self._call("complete", slot, wire.Tokens(tokens))
-
-    def abandon(self, slot: int, token: uuid.UUID) -> Future:
-        return self._call("abandon", slot, token)
-
-    def release(self, slot: int, token: uuid.UUID) -> None:
-        self._sync("release", slot, token)
-
-    def defer(self, slot: int, token: uuid.UUID) -> Future:
-        return self._call("defer", slot, token)
-
-    def dead_letter(
-        self,
-        slot: int,
-        token: uuid.UUID,
-        reason: str | None,
-        description: str | None,
-        sub_queue: SubQueue = SubQueue.DEAD_LETTER,
-    ) -> Future:
-        return self._call("dead_letter", slot, token, reason, description, sub_queue)
-
-    def transact(
-        self, items: list[tuple[str | None, list[tuple[int, Message]]]], settles: list[tuple[int, Settle]]
-    ) -> Future:
-        return self._call("transact", wire.Items(items), settles)
-
-    def renew_lock(self, slot: int, token: uuid.UUID) -> int:
-        return self._sync("renew_lock", slot, token)
-
-    def receive_deferred(
-        self,
-        slot: int,
-        queue: int,
-        local_seqs: list[int],
-        lock: bool,
-        session: tuple[str, uuid.UUID] | None = None,
-    ) -> tuple[list[Message], Future | None]:
-        messages, _ = self._sync("receive_deferred", slot, queue, local_seqs, lock, session)
-        return messages, _done(None)
-
-    # --- sessions ------------------------------------------------------------------------------------
-    def accept_session(self, slot: int, session_id: str | None) -> tuple[str, uuid.UUID, int] | None:
-        found = self._sync("accept_session", slot, session_id)
-        return None if found is None else tuple(found)  # type: ignore[return-value]
-
-    def lock_session_messages(self, slot: int, session_id: str, token: uuid.UUID, max_count: int) -> list[Message]:
-        return self._sync("lock_session_messages", slot, session_id, token, max_count)
-
-    def renew_session_lock(self, slot: int, session_id: str, token: uuid.UUID) -> int:
-        return self._sync("renew_session_lock", slot, session_id, token)
-
-    def release_session(self, slot: int, session_id: str, token: uuid.UUID) -> None:
-        self._sync("release_session", slot, session_id, token)
-
-    def session_lock_holder(self, slot: int, session_id: str) -> tuple[uuid.UUID, int] | None:
-        found = self._sync("session_lock_holder", slot, session_id)
-        return None if found is None else tuple(found)  # type: ignore[return-value]
-
-    def get_session_state(self, slot: int, session_id: str) -> bytes | None:
-        return self._sync("get_session_state", slot, session_id)
-
-    def set_session_state(self, slot: int, session_id: str, token: uuid.UUID, state: bytes | None) -> Future:
-        return self._call("set_session_state", slot, session_id, token, state)
-
-    def list_sessions(self, slot: int, updated_after_ms: int | None = None) -> list[str]:
-        return self._sync("list_sessions", slot, updated_after_ms)
-
-    # --- browsing and counts -------------------------------------------------------------------------
-    def peek(
-        self, slot: int, queue: int, from_local_seq: int, max_count: int, session_id: str | None = None
-    ) -> list[Message]:
-        self._check_readable()
-        return self._sync("peek", slot, queue, from_local_seq, max_count, session_id)
-
-    def last_sequence(self) -> int:
-        return self._sync("last_sequence")
-
-    def range_offsets(self, slot: int, queue: int, count_from: int = 0) -> tuple[int, int, int, int]:
-        return tuple(self._sync("range_offsets", slot, queue, count_from))  # type: ignore[return-value]
-
-    def completed_mark(self, slot: int, queue: int) -> int:
-        return self._sync("completed_mark", slot, queue)
-
-    def browse_range(self, slot: int, queue: int, start: int, end: int, max_count: int) -> list[Message]:
-        self._check_readable()
-        return self._sync("browse_range", slot, queue, start, end, max_count)
-
-    def complete_below(self, slot: int, queue: int, mark: int) -> Future:
-        return self._call("complete_below", slot, queue, mark)
-
-    def stats(self, slot: int) -> SlotStats:
-        return self._sync("stats", slot)
-
-    def runtime(self, slot: int) -> RuntimeProperties:
-        return self._sync("runtime", slot)
-
-    def scheduled_count(self) -> int:
-        return self._sync("scheduled_count")
-
-    def size_bytes(self) -> int:
-        return self._sync("size_bytes")
-
-    def prune_dedup(self) -> None:
-        self._sync("prune_dedup")
-
     def tick(self) -> None:
         """Nothing to do: the cluster client ticks every worker once per interval (``tick_all``)."""
+
+
+def _derive_calls(cls: type) -> type:
+    """Give ``cls`` a method for every operation of the partition interface it does not define itself: one
+    request named for the operation, its arguments in order (``handle.py`` says how each one travels and is
+    answered). Generated as source, as ``dataclasses`` does, so a call costs what a hand-written one would."""
+    for op in OPERATIONS.values():
+        if op.name in cls.__dict__:
+            continue  # behaviour of its own, written above
+        if op.kind in (Kind.LOCAL, Kind.LIFECYCLE):
+            raise TypeError(f"RemotePartition must define {op.name} itself (a {op.kind.value} operation)")
+        setattr(cls, op.name, _remote_call(op))
+    return cls
+
+
+def _remote_call(op: Operation) -> Callable[..., Any]:
+    params = list(op.signature.parameters.values())[1:]  # without self
+    env: dict[str, Any] = {"_done": _done, "_wait": RemotePartition._wait}
+    signature, values = [], []
+    for i, param in enumerate(params):
+        if param.default is inspect.Parameter.empty:
+            signature.append(param.name)
+        else:
+            env[f"_d{i}"] = param.default
+            signature.append(f"{param.name}=_d{i}")
+        values.append(param.name)
+    for i, (argument, encoding) in enumerate(op.compact):
+        env[f"_c{i}"] = wire.COMPACT[encoding]
+        values[values.index(argument)] = f"_c{i}({argument})"
+    request = f"self.link.call(self, self.key, {op.name!r}, [{', '.join(values)}], self.clock())"
+    body = ["    self._check_readable()"] if op.reads else []
+    if op.kind is Kind.WRITE:
+        body.append(f"    return {request}")
+    elif op.kind is Kind.QUERY_WRITE:  # the worker answers once the write is durable
+        body += [f"    value, _ = _wait({request})", "    return value, _done(None)"]
+    elif op.result is not None:
+        env["_result"] = op.result
+        body += [f"    found = _wait({request})", "    return None if found is None else _result(found)"]
+    else:
+        body.append(f"    return _wait({request})")
+    source = f"def {op.name}(self, {', '.join(signature)}):\n" + "\n".join(body) + "\n"
+    exec(source, env)
+    method = env[op.name]
+    method.__qualname__ = f"RemotePartition.{op.name}"
+    method.__doc__ = f"``{op.name}`` on the partition's worker (a {op.kind.value} operation, ``handle.py``)."
+    return method
+
+
+_derive_calls(RemotePartition)

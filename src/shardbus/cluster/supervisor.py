@@ -34,13 +34,23 @@ READY_TIMEOUT = 30.0
 class WorkerProcess:
     """One worker child process."""
 
-    def __init__(self, index: int, data_dir: Path, key: str, follow_caller_clock: bool, fork: bool = False) -> None:
-        """``fork``: the first start forks this process (see ``ForkedWorker``) when it can."""
+    def __init__(
+        self,
+        index: int,
+        data_dir: Path,
+        key: str,
+        follow_caller_clock: bool,
+        fork: bool = False,
+        command: list[str] | None = None,
+    ) -> None:
+        """``fork``: the first start forks this process (see ``ForkedWorker``) when it can. ``command``: how to
+        start a worker, before its arguments (tests start one with fault injection, tests/support/faults.py)."""
         self.index = index
+        self.command = command or [sys.executable, "-m", "shardbus.cluster.worker"]
         self.data_dir = data_dir
         self.key = key
         self.follow_caller_clock = follow_caller_clock
-        self.fork = fork
+        self.fork = fork and command is None  # a fork runs this package's worker
         self.process: subprocess.Popen[str] | ForkedWorker | None = None
         self.address: tuple[str, int] | None = None
 
@@ -63,7 +73,7 @@ class WorkerProcess:
         env = dict(os.environ, SHARDBUS_CLUSTER_KEY=self.key)
         # a session of its own: a terminal's Ctrl-C reaches only the supervisor, which stops it after the front ends
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "shardbus.cluster.worker", *args],
+            [*self.command, *args],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -210,16 +220,20 @@ class LocalCluster:
         restart: bool = True,
         connect: bool = True,
         fork: bool = False,
+        worker_command: list[str] | None = None,
     ) -> None:
         """``connect=False``: only run the workers (``serve --frontends M``: front-end processes connect to
         ``addresses``); there is no client here then. ``fork``: first start the workers by forking this process
-        (``ForkedWorker``; ``shardbus serve`` does, where nothing else is open yet)."""
+        (``ForkedWorker``; ``shardbus serve`` does, where nothing else is open yet). ``worker_command``: see
+        ``WorkerProcess``."""
         if workers < 1:
             raise ValueError("a cluster needs at least one worker")
         self.data_dir = Path(data_dir)
         self.key = key
         self.restart = restart
-        self.workers = [WorkerProcess(i, self.data_dir, key, follow_caller_clock, fork) for i in range(workers)]
+        self.workers = [
+            WorkerProcess(i, self.data_dir, key, follow_caller_clock, fork, worker_command) for i in range(workers)
+        ]
         self.client: ClusterClient | None = None  # created by start, after the workers (its thread would stop a fork)
         self._connect = connect
         self._clock = clock

@@ -36,7 +36,7 @@ from ..model.entities import RuntimeProperties
 from ..model.errors import InternalError, ShardbusError
 from ..model.message import BodyType, Message, MessageState, SubQueue
 from ..model.routing import uuid_of_int
-from ..partition.broker import PartitionConfig, Settle, SlotSettings, SlotStats
+from ..partition.values import PartitionConfig, Settle, SlotSettings, SlotStats
 from ..store import records
 
 _EXT_MESSAGE = 20  # a message as every field's value (peers before the compact record; still read)
@@ -102,6 +102,10 @@ class Items(list):  # type: ignore[type-arg]
 
 class Tokens(list):  # type: ignore[type-arg]
     """Lock tokens (UUIDs) as one bytes value: 16 bytes each, in order (a ``complete``)."""
+
+
+# The batching hints of the partition interface (``compact`` in partition/handle.py): encoding -> its wrapper.
+COMPACT: dict[str, type] = {"items": Items, "tokens": Tokens}
 
 
 def _pack_items(items: Items) -> bytes:

@@ -1,10 +1,12 @@
 """A worker: partition brokers in their own process, served to front ends over AMQP 1.0 (see ``wire.py``).
 
 A front end opens a partition (``open``: its settings and where its store lives under the worker's data
-directory), starts it, and then calls ``PartitionBroker`` methods by name; the worker runs each call on its event
-loop thread (they are in-memory decisions that queue store writes) and answers when the call's store write, if
-any, is durable. Starting and stopping load or flush a store, so they run on a thread of their own. A partition's
-listeners become ``event`` frames to every front end that opened it, coalesced per loop iteration.
+directory), starts it, and then calls the operations of the partition interface by name (the table in
+``partition/handle.py``: QUERY, WRITE and QUERY_WRITE ones call the partition's broker); the worker runs each call
+on its event loop thread (they are in-memory decisions that queue store writes) and answers when the call's store
+write, if any, is durable. LIFECYCLE operations (start, stop) load or flush a store, so they run on a thread of
+their own. A partition's listeners become ``event`` frames to every front end that opened it, coalesced per loop
+iteration.
 
 Run one with ``shardbus worker --listen HOST:PORT --data-dir DIR --key KEY``; ``shardbus serve --workers N``
 starts N of them itself. The key is the cluster's secret: front ends sign in with SASL PLAIN as ``cluster``.
@@ -39,7 +41,9 @@ from ..amqp.performatives import Error
 from ..amqp.transport import AmqpProtocol
 from ..extras import MissingExtra
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
-from ..partition.broker import PartitionBroker, PartitionConfig
+from ..partition.broker import PartitionBroker
+from ..partition.handle import OPERATIONS, Kind
+from ..partition.values import PartitionConfig
 from ..store.base import MessageStore, StoreError
 from ..store.committer import hurry
 from ..store.sqlite import SqliteStore
@@ -55,52 +59,11 @@ CLUSTER_USER = "cluster"
 DEFAULT_LEASE_TTL = 10.0  # seconds a dead worker keeps its partitions (cluster mode)
 CREDIT = 10_000  # requests a front end may have in flight per connection before it waits for more credit
 
-# PartitionBroker methods a front end may call by name (the PartitionHandle surface, partition/handle.py).
-CALLS = frozenset(
-    {
-        "inject_store_failure",
-        "inject_busy_sends",
-        "inject_store_full",
-        "inject_read_failures",
-        "configure_slot",
-        "create_slot",
-        "drop_slot",
-        "enqueue",
-        "revoke_batches",
-        "cancel_scheduled",
-        "lock_messages",
-        "next_due_ms",
-        "settle",
-        "complete",
-        "abandon",
-        "release",
-        "defer",
-        "dead_letter",
-        "transact",
-        "renew_lock",
-        "receive_deferred",
-        "accept_session",
-        "lock_session_messages",
-        "renew_session_lock",
-        "release_session",
-        "session_lock_holder",
-        "get_session_state",
-        "set_session_state",
-        "list_sessions",
-        "peek",
-        "last_sequence",
-        "range_offsets",
-        "completed_mark",
-        "browse_range",
-        "complete_below",
-        "stats",
-        "runtime",
-        "scheduled_count",
-        "size_bytes",
-        "prune_dedup",
-        "tick",
-    }
-)
+# Operations of the partition interface (partition/handle.py) the worker answers by calling the partition's
+# broker; the LIFECYCLE ones and the worker's own (``open``, ``tick_all``...) are handlers (``HANDLERS``).
+BROKER_CALLS = frozenset(op.name for op in OPERATIONS.values() if op.kind in (Kind.QUERY, Kind.WRITE, Kind.QUERY_WRITE))
+# A handler: (the front end's connection, partition key, *the request's arguments) -> the result to answer.
+Handler = Callable[..., Any]
 
 
 class CallerClock:
@@ -305,11 +268,11 @@ class WorkerConnection:
         if clock is not None:
             clock.advance(now)
         self._now = now
-        handler = SPECIAL.get(operation)
+        handler = self.worker.handlers.get(operation)
         try:
             if handler is not None:
                 result = handler(self, key, *args)
-            elif operation in CALLS:
+            elif operation in BROKER_CALLS:
                 result = getattr(self.host.get(key), operation)(*args)
             else:
                 raise InvalidOperation(f"unknown partition operation {operation!r}")
@@ -376,17 +339,15 @@ class WorkerConnection:
         if self.protocol is not None:
             self.protocol.flush_now()  # already at the end of a loop turn (or in a flow's handling)
 
-    # --- special operations (not PartitionBroker methods) ------------------------------------------
+    # --- handlers: the life cycle, and the worker's own operations ---------------------------------
     def _open(self, key: str, config: PartitionConfig) -> None:
         self.host.open(key, config)
         self.opened.add(key)
         self.host.clocks[key].advance(self._now)
 
-    def _start(self, key: str) -> Future:
-        return self.worker.in_thread(self.host.get(key).start)
-
-    def _stop(self, key: str, reason: str) -> Future:
-        return self.worker.in_thread(self.host.get(key).stop, reason)
+    def _in_thread(self, key: str, name: str, *args: Any) -> Future:
+        """A LIFECYCLE operation of the partition: it loads or flushes the store, so not on the loop."""
+        return self.worker.in_thread(getattr(self.host.get(key), name), *args)
 
     def _delete(self, key: str) -> Future:
         self.opened.discard(key)
@@ -406,12 +367,15 @@ class WorkerConnection:
         return self.host.health()
 
 
-SPECIAL: dict[str, Callable[..., Any]] = {
+def _lifecycle(name: str) -> Handler:
+    return lambda conn, key, *args: conn._in_thread(key, name, *args)
+
+
+HANDLERS: dict[str, Handler] = {
+    **{op.name: _lifecycle(op.name) for op in OPERATIONS.values() if op.kind is Kind.LIFECYCLE},
     "open": WorkerConnection._open,
-    "start": WorkerConnection._start,
-    "stop": WorkerConnection._stop,
-    "delete": WorkerConnection._delete,
-    "close": WorkerConnection._close,
+    "delete": WorkerConnection._delete,  # the host's: it also removes the store
+    "close": WorkerConnection._close,  # the host's: other front ends may still use the partition
     "tick_all": WorkerConnection._tick,
     "health": WorkerConnection._health,
 }
@@ -428,7 +392,10 @@ class Worker:
         follow_caller_clock: bool = False,
         membership: WorkerMembership | None = None,
         dsn: str | None = None,
+        handlers: dict[str, Handler] | None = None,
     ) -> None:
+        """``handlers``: operations this worker answers besides the partition interface's (test support serves
+        its fault plans this way, ``tests/support/faulty_worker.py``); they cannot replace one of ``HANDLERS``."""
         self.data_dir = Path(data_dir)
         if membership is None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -438,6 +405,10 @@ class Worker:
             membership.on_lost = lambda partition_key: self.host.fence(partition_key)
         self.host = PartitionHost(self.data_dir, follow_caller_clock, membership, dsn)
         self.host.on_available = self._on_available
+        clash = set(handlers or ()) & (set(HANDLERS) | BROKER_CALLS)
+        if clash:
+            raise ValueError(f"the worker already answers {sorted(clash)}")
+        self.handlers = {**HANDLERS, **(handlers or {})}
         self.connections: set[WorkerConnection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._threads = ThreadPoolExecutor(4, thread_name_prefix="shardbus-worker-store")
@@ -538,8 +509,8 @@ def _advertised_host(listen_host: str) -> str:
     return listen_host
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``shardbus worker``: serve partition brokers to front ends."""
+def main(argv: list[str] | None = None, handlers: dict[str, Handler] | None = None) -> int:
+    """``shardbus worker``: serve partition brokers to front ends (``handlers``: see ``Worker``)."""
     parser = argparse.ArgumentParser(prog="shardbus worker", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free port)")
     parser.add_argument("--data-dir", default="./shardbus-data", help="where this worker's partition stores live")
@@ -577,7 +548,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         membership = WorkerMembership(metadata, name, "", args.lease_ttl, lambda key: None)
     worker = Worker(
-        args.data_dir, args.key, follow_caller_clock=args.follow_caller_clock, membership=membership, dsn=args.metadata
+        args.data_dir,
+        args.key,
+        follow_caller_clock=args.follow_caller_clock,
+        membership=membership,
+        dsn=args.metadata,
+        handlers=handlers,
     )
 
     def ready(bound: int) -> None:

@@ -48,7 +48,7 @@ from ..model.routing import (
     partition_for_key,
     partition_key_of,
 )
-from ..partition.broker import PartitionBroker
+from ..partition.handle import PartitionHandle
 
 QUEUE_SLOT = 0
 
@@ -63,7 +63,7 @@ def _dedup_id(message: Message) -> str | None:
 class Target:
     """Something receivers read from: a queue, or one subscription of a topic."""
 
-    def __init__(self, path: str, partitions: list[PartitionBroker], slot: int) -> None:
+    def __init__(self, path: str, partitions: list[PartitionHandle], slot: int) -> None:
         self.path = path
         self.partitions = partitions
         self.slot = slot
@@ -191,7 +191,7 @@ class Target:
         """``complete_below`` in each named partition (partition -> mark)."""
         return [self._partition(pid).complete_below(self.slot, sub_queue, mark) for pid, mark in marks.items()]
 
-    def _partition(self, partition: int) -> PartitionBroker:
+    def _partition(self, partition: int) -> PartitionHandle:
         if not 0 <= partition < len(self.partitions):
             raise InvalidOperation(
                 f"'{self.path}' has {len(self.partitions)} partitions; partition {partition} does not exist."
@@ -225,7 +225,7 @@ def _counts(props: RuntimeProperties) -> dict[str, int]:
 class _Sender:
     """Send routing shared by queues and topics."""
 
-    partitions: list[PartitionBroker]
+    partitions: list[PartitionHandle]
     path: str
 
     def __init__(self) -> None:
@@ -427,7 +427,7 @@ class _Sender:
 
 
 class QueueEntity(_Sender, Target):
-    def __init__(self, description: QueueDescription, partitions: list[PartitionBroker]) -> None:
+    def __init__(self, description: QueueDescription, partitions: list[PartitionHandle]) -> None:
         _Sender.__init__(self)
         Target.__init__(self, description.name, partitions, QUEUE_SLOT)
         self._description = description
@@ -470,7 +470,7 @@ class SubscriptionEntity(Target):
 
 
 class TopicEntity(_Sender):
-    def __init__(self, description: TopicDescription, partitions: list[PartitionBroker]) -> None:
+    def __init__(self, description: TopicDescription, partitions: list[PartitionHandle]) -> None:
         super().__init__()
         self.description_ = description
         self.path = description.name

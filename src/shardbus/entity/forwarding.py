@@ -30,7 +30,7 @@ from typing import Any
 from ..model.errors import ServerBusy, ShardbusError
 from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number
-from ..partition.broker import TRANSFER_ID_PREFIX
+from ..partition.values import TRANSFER_ID_PREFIX
 from .entity import Target
 from .receiver import Receiver
 from .sessions import SessionReceiver, accept_session

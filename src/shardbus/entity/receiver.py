@@ -51,7 +51,8 @@ from functools import partial
 from ..model.errors import InvalidOperation, MessageLockLost, MessageNotFound, PartitionUnavailable
 from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number, partition_of_lock_token
-from ..partition.broker import PartitionBroker, Settle
+from ..partition.handle import PartitionHandle
+from ..partition.values import Settle
 from .entity import Target
 
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
@@ -417,7 +418,7 @@ class Receiver(Settling):
         return self.target.peek(from_sequence_number, max_count, self.sub_queue)
 
     # --- settling ------------------------------------------------------------------------------------------
-    def _partition(self, token: uuid.UUID) -> PartitionBroker:
+    def _partition(self, token: uuid.UUID) -> PartitionHandle:
         pid = partition_of_lock_token(token)
         if pid >= len(self.target.partitions):
             raise MessageLockLost("The lock supplied is invalid for this entity.")
@@ -470,7 +471,7 @@ class Receiver(Settling):
 
 
 def settle(
-    partition: PartitionBroker,
+    partition: PartitionHandle,
     slot: int,
     outcome: str,
     token: uuid.UUID,
@@ -482,7 +483,7 @@ def settle(
     return None if outcome == "release" else future
 
 
-def _release_each(group: Future, partition: PartitionBroker, slot: int, tokens: list[uuid.UUID]) -> None:
+def _release_each(group: Future, partition: PartitionHandle, slot: int, tokens: list[uuid.UUID]) -> None:
     """A grouped release was refused (one of its locks was lost): release the others one by one."""
     if group.cancelled() or group.exception() is None:
         return

@@ -25,15 +25,14 @@ from ..model.errors import (
 )
 from ..model.message import Message, ReceiveMode, SubQueue
 from ..model.routing import decode_sequence_number, partition_for_key
-from ..partition.broker import PartitionBroker
-from ..partition.handle import RemoteVerdict
+from ..partition.handle import PartitionHandle, RemoteVerdict
 from .entity import Target
 from .receiver import LockRef, Settling, _token, settle
 
 _rotation = itertools.count()
 
 
-def accept_session(target: Target, session_id: str | None) -> tuple[PartitionBroker, str, uuid.UUID, int] | None:
+def accept_session(target: Target, session_id: str | None) -> tuple[PartitionHandle, str, uuid.UUID, int] | None:
     """Lock ``session_id`` (or the next free session, asking every partition) without waiting."""
     target.check_receive(session=True)
     if not target.description.requires_session:
@@ -92,7 +91,7 @@ class SessionReceiver(Settling):
     def holding(
         cls,
         target: Target,
-        accepted: tuple[PartitionBroker, str, uuid.UUID, int],
+        accepted: tuple[PartitionHandle, str, uuid.UUID, int],
         mode: ReceiveMode,
         clock: Callable[[], float] = time.time,
     ) -> SessionReceiver:
@@ -106,7 +105,7 @@ class SessionReceiver(Settling):
     def slot(self) -> int:
         return self.target.slot
 
-    def _partition(self, token: uuid.UUID) -> PartitionBroker:
+    def _partition(self, token: uuid.UUID) -> PartitionHandle:
         return self.partition
 
     # --- receiving -------------------------------------------------------------------------------------------

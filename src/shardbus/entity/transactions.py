@@ -23,7 +23,8 @@ from typing import Any
 from ..model.errors import InvalidOperation
 from ..model.message import Message
 from ..model.routing import partition_for_key, partition_key_of, partition_of_lock_token
-from ..partition.broker import PartitionBroker, Settle
+from ..partition.handle import PartitionHandle
+from ..partition.values import Settle
 from .entity import QueueEntity, TopicEntity
 from .receiver import LockRef, Receiver, _token
 from .sessions import SessionReceiver
@@ -35,7 +36,7 @@ class Transaction:
 
     def __init__(self, resolve_sender: Any) -> None:
         self._resolve_sender = resolve_sender  # entity name -> queue or topic entity
-        self._partition: PartitionBroker | None = None
+        self._partition: PartitionHandle | None = None
         self._key: str | None = None
         self._session: str | None = None
         self._items: list[Any] = []
@@ -43,7 +44,7 @@ class Transaction:
         self.done = False
 
     # --- the rules ------------------------------------------------------------------------------------------
-    def _join(self, partition: PartitionBroker, key: str | None) -> None:
+    def _join(self, partition: PartitionHandle, key: str | None) -> None:
         if self._partition is not None and partition is not self._partition:
             raise InvalidOperation(
                 "All operations in a transaction must share one partition key: this one is handled by another "

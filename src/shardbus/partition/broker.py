@@ -93,7 +93,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -116,14 +115,19 @@ from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_to
 from ..store.base import MessageStore, Op, Row, StoreError, StoreFull, Update
 from ..store.committer import FULL_RETRY, GroupCommitter
 from ..store.records import PACK_ERRORS, pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
+from .values import (
+    SETTLE_OUTCOMES,
+    TRANSFER_ID_PREFIX,
+    TRANSFER_ID_RETENTION_MS,
+    PartitionConfig,
+    Settle,
+    SlotSettings,
+    SlotStats,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
-# Ids of auto-forwarded messages (see entity/forwarding.py) are always de-duplicated, whatever the entity's
-# settings, and remembered for a day: long enough for a forwarder to retry after any restart.
-TRANSFER_ID_PREFIX = "\x00transfer:"
-TRANSFER_ID_RETENTION_MS = 24 * 3600 * 1000
 # Batch records (see "Sends whose outcome is unknown" above) live in the dedup table as
 # "\x00batch:<batch id>:<first seq>:<end seq>". A front end revokes within moments of reaching the partition again
 # (a dead worker prunes nothing, and a (re)started partition counts their age from its start), so two minutes of
@@ -183,56 +187,6 @@ SETTLE_LINGER = 0.002
 # writes that grows without end in memory. One batch beyond it is always taken, so a message larger than the
 # bound (premium's 100 MB) still goes in when nothing else waits.
 MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(slots=True)
-class SlotSettings:
-    """What a partition needs to know about the queue or subscription a slot holds."""
-
-    path: str
-    lock_duration_ms: int = 60_000
-    max_delivery_count: int = 10
-    default_ttl_ms: int | None = None
-    dead_letter_on_expiration: bool = False
-    requires_session: bool = False
-    forwards: bool = False  # auto-forwarding moves its messages on
-
-
-SETTLE_OUTCOMES = frozenset({"complete", "abandon", "release", "defer", "dead_letter"})
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """One settlement: what happens to the message a lock token holds."""
-
-    outcome: str  # one of SETTLE_OUTCOMES
-    token: uuid.UUID
-    reason: str | None = None
-    description: str | None = None
-    sub_queue: SubQueue = SubQueue.DEAD_LETTER  # where dead-lettering goes (transfer DLQ for forwarding)
-
-
-@dataclass(slots=True)
-class PartitionConfig:
-    """Entity-wide settings each partition enforces on its own share."""
-
-    path: str
-    partition_id: int
-    max_size_bytes: int
-    max_message_size_bytes: int
-    requires_duplicate_detection: bool = False
-    dedup_window_ms: int = 600_000
-    entity_default_ttl_ms: int | None = None
-
-
-@dataclass(slots=True)
-class SlotStats:
-    """Counters of one slot since the partition started (for metrics): what arrived, what was handed to
-    receivers (each lock or receive counts), and locks that expired unsettled."""
-
-    incoming: int = 0
-    delivered: int = 0
-    lock_expired: int = 0
 
 
 class Entry:
@@ -366,13 +320,9 @@ class PartitionBroker:
         self._committer: GroupCommitter | None = None
         self._healthy = False
         self._failure: str | None = None
-        self._fail_next_write: str | None = None  # fault injection: "before" or "after" the write lands
         self._in_doubt: list[tuple[int, int]] = []  # [first, end) of failed enqueues; kept across restarts
-        self._failing_reads = 0  # fault injection: range reads that fail before the next one succeeds
-        self._busy_sends = 0  # fault injection: sends refused as busy before the next one is taken
         self._unwritten = 0  # bytes of staged sends whose write has not finished (bounded: MAX_UNWRITTEN_BYTES)
         self.max_unwritten_bytes = MAX_UNWRITTEN_BYTES
-        self._full_writes = 0  # fault injection: store writes that find the store full before one succeeds
         self._recover_at: float | None = None  # unavailable for a full store: reload from it at (monotonic)
         self._epoch = 0  # counts memory resets: a late callback must not undo into a reloaded partition
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
@@ -407,7 +357,7 @@ class PartitionBroker:
                 raise PartitionUnavailable(self._unavailable_text()) from exc
             self._store = store
             self._committer = GroupCommitter(
-                _FaultableStore(self, store),
+                store,
                 self._on_store_failure,
                 on_full=self._on_store_full,
                 on_resumed=self._on_store_resumed,
@@ -474,23 +424,6 @@ class PartitionBroker:
     def delete(self) -> None:
         """The entity was deleted: stop for good (the namespace removes the store's folder)."""
         self.stop("the entity was deleted")
-
-    def inject_store_failure(self, after_write: bool = False) -> None:
-        """Fault injection for tests: the next store write fails as a disk error would; ``after_write``: it
-        reaches the disk first (a commit whose outcome is unknown, as when its fsync fails)."""
-        self._fail_next_write = "after" if after_write else "before"
-
-    def inject_store_full(self, writes: int) -> None:
-        """Fault injection for tests: the next ``writes`` store writes find the store full (nothing written)."""
-        self._full_writes = writes
-
-    def inject_busy_sends(self, count: int) -> None:
-        """Fault injection for tests: the next ``count`` sends are refused with ServerBusy (the partition stays up)."""
-        self._busy_sends = count
-
-    def inject_read_failures(self, count: int) -> None:
-        """Fault injection for tests: the next ``count`` range reads fail as if the partition were briefly down."""
-        self._failing_reads = count
 
     def _reset_memory(self) -> None:
         self._hold(-self._resident)
@@ -912,9 +845,6 @@ class PartitionBroker:
     ) -> tuple[list[Op], Callable[[], list[int | None]]]:
         """Validate and number messages; return the store ops and the callback that makes them visible.
         Raises (leaving nothing behind) when the batch is refused."""
-        if self._busy_sends > 0:
-            self._busy_sends -= 1
-            raise ServerBusy(f"Partition {self.id} of '{self.config.path}' is busy (injected); retry later.")
         if self._unwritten >= self.max_unwritten_bytes:
             raise ServerBusy(
                 f"Partition {self.id} of '{self.config.path}' is busy: {self._unwritten} bytes of earlier sends "
@@ -1715,9 +1645,6 @@ class PartitionBroker:
         state but SCHEDULED (a scheduled message is read once its time has come), without locking."""
         with self._lock:
             self._check()
-            if self._failing_reads > 0:
-                self._failing_reads -= 1
-                raise PartitionUnavailable(f"Partition {self.id} of '{self.config.path}' failed a read (injected).")
             q = self._queues.get((slot, queue))
             if q is None or max_count <= 0 or start >= end:
                 return []
@@ -1879,28 +1806,3 @@ class PartitionBroker:
         except Exception as exc:
             future.set_exception(exc)
         return future
-
-
-class _FaultableStore:
-    """Wraps the real store so tests can make the next write fail like a disk error."""
-
-    def __init__(self, broker: PartitionBroker, store: MessageStore) -> None:
-        self._broker = broker
-        self._store = store
-
-    def load(self) -> Any:
-        return self._store.load()
-
-    def apply(self, ops: list[Op], sync: bool = True) -> None:
-        if self._broker._full_writes > 0:
-            self._broker._full_writes -= 1
-            raise StoreFull("store is full (injected)")
-        when, self._broker._fail_next_write = self._broker._fail_next_write, None
-        if when == "before":
-            raise StoreError("injected store failure")
-        self._store.apply(ops, sync)
-        if when == "after":
-            raise StoreError("injected store failure (after the write landed)")
-
-    def close(self) -> None:
-        self._store.close()

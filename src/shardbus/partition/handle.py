@@ -1,24 +1,81 @@
-"""``PartitionHandle``: how entities reach a partition broker, wherever it runs.
+"""The partition interface, written once: the table of operations every partition answers, wherever it runs.
 
-``PartitionBroker`` (this package) is the local implementation; ``cluster.remote.RemotePartition`` forwards the
-same calls to a partition broker in a worker process or on another host. Entities, receivers, sessions and the
-namespace only use what is listed here, so they cannot tell the two apart. Methods that write return the store
-write's ``Future``; everything else answers directly (a remote call waits for its worker's reply), except
-``submit_lock_messages``, whose ``Future`` lets a receiver ask every partition before waiting for any.
+``PartitionHandle`` below *is* the table: one stub per operation, its argument and result types in its
+signature, and its row of the table in its ``@operation`` mark:
+
+    kind      QUERY        answers at once with a value (a remote call waits for its worker's reply)
+              WRITE        returns the ``Future`` of its store write, done when the write is durable
+              QUERY_WRITE  returns ``(value, Future | None)``: a value now, a store write behind it
+              LIFECYCLE    loads or flushes the store (a worker runs it on a thread of its own)
+              LOCAL        never crosses the wire (each kind of partition does it its own way)
+    reads     it returns messages: a remote partition with sends in doubt refuses it (``cluster/remote.py``)
+    compact   batching hint: arguments that travel as one compact wire value (``"items"``: an enqueue's messages
+              as records; ``"tokens"``: lock tokens, 16 bytes each; see ``cluster/wire.py``)
+    result    the type a result that crossed the wire is turned back into (MessagePack has lists only)
+
+From it: ``PartitionBroker`` (``broker.py``) is the in-process implementation, called directly; the worker
+(``cluster/worker.py``) serves every operation that is not LOCAL by name; ``cluster/remote.py`` derives every
+method of ``RemotePartition`` it does not write by hand (those with behaviour of their own: health, in-doubt
+sends, remembered slots). Adding an operation is one stub here and one method on the broker. ``entity/`` and the
+namespace type their partitions as ``PartitionHandle``, so they never depend on ``broker.py``.
+
+``OPERATIONS`` is the table as data (``Operation`` rows, by name), built once at import; nothing else is kept.
 """
 
 from __future__ import annotations
 
+import enum
+import inspect
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..model.entities import RuntimeProperties
 from ..model.message import Message, SubQueue
-from .broker import PartitionConfig, Settle, SlotSettings, SlotStats
+from .values import PartitionConfig, Settle, SlotSettings, SlotStats
+
+Items = list[tuple[str | None, list[tuple[int, Message]]]]  # an enqueue's: (dedup id, [(slot, copy), ...])
+
+
+class Kind(enum.Enum):
+    QUERY = "query"
+    WRITE = "write"
+    QUERY_WRITE = "query+write"
+    LIFECYCLE = "lifecycle"
+    LOCAL = "local"
+
+
+QUERY, WRITE, QUERY_WRITE, LIFECYCLE, LOCAL = Kind
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One row of the table (see the module's docstring)."""
+
+    name: str
+    kind: Kind
+    signature: inspect.Signature
+    reads: bool = False
+    compact: tuple[tuple[str, str], ...] = ()  # (argument, wire encoding)
+    result: type | None = None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def operation(
+    kind: Kind, *, reads: bool = False, compact: dict[str, str] | None = None, result: type | None = None
+) -> Callable[[_F], _F]:
+    """Marks a stub of ``PartitionHandle`` as an operation: its row of the table."""
+
+    def mark(stub: _F) -> _F:
+        stub.__partition_operation__ = (kind, reads, tuple((compact or {}).items()), result)  # type: ignore[attr-defined]
+        return stub
+
+    return mark
 
 
 class RemoteVerdict(Future):
@@ -33,7 +90,7 @@ class PartitionSpec:
 
     ``store`` is where an embedded broker keeps the partition's store; a cluster serves it from the same path
     relative to its data directory (which also names the partition cluster-wide). ``precheck`` raises when the
-    partition may not start (fault injection).
+    partition may not start (a store the namespace's fault controls blocked).
     """
 
     entity_id: int
@@ -55,63 +112,125 @@ class PartitionHandle(Protocol):
     @property
     def failure(self) -> str | None: ...
 
+    # --- life cycle ------------------------------------------------------------------------------------------
+    @operation(LIFECYCLE)
     def start(self) -> None: ...
-    def stop(self, reason: str = ...) -> None: ...
+    @operation(LIFECYCLE)
+    def stop(self, reason: str = "the partition broker is stopped") -> None: ...
+    @operation(LIFECYCLE)
     def delete(self) -> None: ...
+    @operation(LIFECYCLE)
     def close(self) -> None: ...
-    def inject_store_failure(self, after_write: bool = ...) -> None: ...
-    def inject_store_full(self, writes: int) -> None: ...
-    def inject_busy_sends(self, count: int) -> None: ...
-    def inject_read_failures(self, count: int) -> None: ...
+    @operation(LOCAL)  # a cluster client ticks each worker's partitions at once (``tick_all``)
+    def tick(self) -> None: ...
 
+    # --- slots -----------------------------------------------------------------------------------------------
+    @operation(QUERY)
     def configure_slot(self, slot: int, settings: SlotSettings) -> None: ...
+    @operation(WRITE)
     def create_slot(self, slot: int, settings: SlotSettings) -> Future: ...
+    @operation(WRITE)
     def drop_slot(self, slot: int) -> Future: ...
 
-    def enqueue(self, items: list[tuple[str | None, list[tuple[int, Message]]]]) -> Future: ...
+    # --- sending ---------------------------------------------------------------------------------------------
+    @operation(WRITE, compact={"items": "items"})
+    def enqueue(self, items: Items, batch_id: str | None = None) -> Future: ...
+    @operation(WRITE)
+    def revoke_batches(self, batch_ids: list[str]) -> Future: ...
+    @operation(WRITE)
     def cancel_scheduled(self, local_seqs: list[int]) -> Future: ...
+    @operation(WRITE, compact={"items": "items"})
+    def transact(self, items: Items, settles: list[tuple[int, Settle]]) -> Future: ...
+
+    # --- receiving and settling ------------------------------------------------------------------------------
+    @operation(QUERY, reads=True)
     def lock_messages(self, slot: int, queue: int, max_count: int) -> list[Message]: ...
+    @operation(LOCAL)  # ``lock_messages`` without waiting for the answer (a remote one sends ``lock_messages``)
     def submit_lock_messages(self, slot: int, queue: int, max_count: int) -> Future: ...
+    @operation(QUERY)
     def next_due_ms(self, slot: int, queue: int) -> int | None: ...
+    @operation(WRITE)
     def settle(self, slot: int, settles: list[Settle]) -> Future: ...
+    @operation(WRITE, compact={"tokens": "tokens"})
     def complete(self, slot: int, tokens: list[uuid.UUID]) -> Future: ...
+    @operation(WRITE)
     def abandon(self, slot: int, token: uuid.UUID) -> Future: ...
+    @operation(QUERY)
     def release(self, slot: int, token: uuid.UUID) -> None: ...
+    @operation(WRITE)
     def defer(self, slot: int, token: uuid.UUID) -> Future: ...
+    @operation(WRITE)
     def dead_letter(
-        self, slot: int, token: uuid.UUID, reason: str | None, description: str | None, sub_queue: SubQueue = ...
+        self,
+        slot: int,
+        token: uuid.UUID,
+        reason: str | None,
+        description: str | None,
+        sub_queue: SubQueue = SubQueue.DEAD_LETTER,
     ) -> Future: ...
-    def transact(
-        self, items: list[tuple[str | None, list[tuple[int, Message]]]], settles: list[tuple[int, Settle]]
-    ) -> Future: ...
+    @operation(QUERY)
     def renew_lock(self, slot: int, token: uuid.UUID) -> int: ...
+    @operation(QUERY_WRITE)
     def receive_deferred(
-        self, slot: int, queue: int, local_seqs: list[int], lock: bool, session: tuple[str, uuid.UUID] | None = ...
+        self, slot: int, queue: int, local_seqs: list[int], lock: bool, session: tuple[str, uuid.UUID] | None = None
     ) -> tuple[list[Message], Future | None]: ...
 
+    # --- sessions --------------------------------------------------------------------------------------------
+    @operation(QUERY, result=tuple)
     def accept_session(self, slot: int, session_id: str | None) -> tuple[str, uuid.UUID, int] | None: ...
+    @operation(QUERY)
     def lock_session_messages(self, slot: int, session_id: str, token: uuid.UUID, max_count: int) -> list[Message]: ...
+    @operation(QUERY)
     def renew_session_lock(self, slot: int, session_id: str, token: uuid.UUID) -> int: ...
+    @operation(QUERY)
     def release_session(self, slot: int, session_id: str, token: uuid.UUID) -> None: ...
+    @operation(QUERY, result=tuple)
     def session_lock_holder(self, slot: int, session_id: str) -> tuple[uuid.UUID, int] | None: ...
+    @operation(QUERY)
     def get_session_state(self, slot: int, session_id: str) -> bytes | None: ...
+    @operation(WRITE)
     def set_session_state(self, slot: int, session_id: str, token: uuid.UUID, state: bytes | None) -> Future: ...
-    def list_sessions(self, slot: int, updated_after_ms: int | None = ...) -> list[str]: ...
+    @operation(QUERY)
+    def list_sessions(self, slot: int, updated_after_ms: int | None = None) -> list[str]: ...
 
+    # --- browsing, range reads and counts --------------------------------------------------------------------
+    @operation(QUERY, reads=True)
     def peek(
-        self, slot: int, queue: int, from_local_seq: int, max_count: int, session_id: str | None = ...
+        self, slot: int, queue: int, from_local_seq: int, max_count: int, session_id: str | None = None
     ) -> list[Message]: ...
+    @operation(QUERY)
     def last_sequence(self) -> int: ...
-    def range_offsets(self, slot: int, queue: int, count_from: int = ...) -> tuple[int, int, int, int]: ...
+    @operation(QUERY, result=tuple)
+    def range_offsets(self, slot: int, queue: int, count_from: int = 0) -> tuple[int, int, int, int]: ...
+    @operation(QUERY)
     def completed_mark(self, slot: int, queue: int) -> int: ...
+    @operation(QUERY, reads=True)
     def browse_range(self, slot: int, queue: int, start: int, end: int, max_count: int) -> list[Message]: ...
+    @operation(WRITE)
     def complete_below(self, slot: int, queue: int, mark: int) -> Future: ...
+    @operation(QUERY)
     def stats(self, slot: int) -> SlotStats: ...
+    @operation(QUERY)
     def runtime(self, slot: int) -> RuntimeProperties: ...
+    @operation(QUERY)
     def scheduled_count(self) -> int: ...
+    @operation(QUERY)
     def size_bytes(self) -> int: ...
+    @operation(QUERY)
     def prune_dedup(self) -> None: ...
-    def tick(self) -> None: ...
 
 
 PartitionFactory = Callable[[PartitionSpec], PartitionHandle]
+
+
+def _table() -> dict[str, Operation]:
+    rows = {}
+    for name, stub in vars(PartitionHandle).items():
+        mark = getattr(stub, "__partition_operation__", None)
+        if mark is not None:
+            kind, reads, compact, result = mark
+            rows[name] = Operation(name, kind, inspect.signature(stub), reads, compact, result)
+    return rows
+
+
+OPERATIONS: dict[str, Operation] = _table()

@@ -1,0 +1,1 @@
+"""Test support: what tests need that production code must not carry (fault injection, ``faults.py``)."""
