@@ -43,7 +43,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -939,19 +939,30 @@ class ServiceBusConnection:
         pending, self._pending_completes = self._pending_completes, []
         if not pending or self.closed or self.amqp.is_done:
             return
-        groups: Iterable[tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]]
-        if len(pending) == 1:  # the SDK completes one message per call
-            groups = ((pending[0][1], pending),)
-        else:
-            by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
-            for item in pending:
-                receiver = item[1]
-                key = (id(receiver), partition_of_lock_token(item[2]))
-                group = by_key.get(key)
-                if group is None:
-                    group = by_key[key] = (receiver, [])
-                group[1].append(item)
-            groups = by_key.values()
+        if len(pending) == 1:  # the SDK completes one message per call: the loop below for one, inlined
+            ref, receiver, token, settled = pending[0]
+            try:
+                future = receiver.submit_complete([token])[0]
+            except ShardbusError:
+                self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                return
+            if isinstance(future, RemoteVerdict):
+                future.add_done_callback(partial(self._later_verdict, receiver=receiver, items=pending))
+                return
+            self._log_failure_of(future)
+            link = ref.link
+            if not settled and link.attached:
+                self.amqp.disposition(link, ref.delivery_id, None, state=_ACCEPTED)
+            return
+        by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        for item in pending:
+            receiver = item[1]
+            key = (id(receiver), partition_of_lock_token(item[2]))
+            group = by_key.get(key)
+            if group is None:
+                group = by_key[key] = (receiver, [])
+            group[1].append(item)
+        groups = by_key.values()
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
         for receiver, items in groups:
             try:

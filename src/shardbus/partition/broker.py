@@ -1333,14 +1333,23 @@ class PartitionBroker:
         with self._lock:
             self._check()
             now = _ms(self._clock)
-            entries = [self._locked_entry(slot, t, now) for t in tokens]
+            if len(tokens) == 1:  # the usual case (a front end completing one message per request)
+                entries = [self._locked_entry(slot, tokens[0], now)]
+            else:
+                entries = [self._locked_entry(slot, t, now) for t in tokens]
             seqs = []
             size = 0
             queues = self._queues
             dirty = self._dirty
+            locks = self._locks
             for entry in entries:
                 q = queues[(slot, entry.queue)]
-                self._drop_lock(q, entry)
+                msg = entry.msg
+                if q.sessions is None:  # ``_drop_lock`` inlined for a message without a session
+                    locks.pop(msg.lock_token.int, None)
+                    msg.lock_token = msg.locked_until_ms = None
+                else:
+                    self._drop_lock(q, entry)
                 seq = entry.seq
                 del q.entries[seq]
                 q.count -= 1
@@ -1351,8 +1360,15 @@ class PartitionBroker:
                 size += entry.size
                 seqs.append(seq)
             self._size -= size
-            self._hold(-size)
-            return self._write([("delete", slot, seqs)], linger=SETTLE_LINGER)
+            self._resident -= size  # ``_hold``, inlined
+            RESIDENT.add(-size)
+            # ``_write``, inlined: the delete and the counts of the sub-queues changed since the last write
+            ops: list[Op] = [("delete", slot, seqs)]
+            for q in dirty:
+                ops.append(("counts", q.key[0], q.key[1], q.count, q.bytes))
+            dirty.clear()
+            assert self._committer is not None
+            return self._committer.submit(ops, None, SETTLE_LINGER)
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
         return self.settle(slot, [Settle("abandon", token)])

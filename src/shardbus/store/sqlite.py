@@ -106,12 +106,12 @@ def _merge_deletes(ops: list[Op]) -> list[Op]:
     ops (each settlement brings its sub-queue's counts) go to the end, as they are written there anyway, so they
     do not keep deletes apart; counts given before their slot's drop go with it."""
     out: list[Op] = []
-    last: list[Op] = []
+    last: dict[tuple[Any, Any], Op] = {}  # by (meta key, None) or (slot, queue): only the last value is applied
     merged: list[int] | None = None  # the sequence numbers of the last delete in ``out``, once it is ours
     for op in ops:
         kind = op[0]
         if kind in _LAST_VALUE_OPS:
-            last.append(op)
+            last[op[1], op[2] if kind == "counts" else None] = op
         elif kind == "delete" and out and out[-1][0] == "delete" and out[-1][1] == op[1]:
             if merged is None:
                 merged = list(out[-1][2])  # never extend a caller's list
@@ -119,10 +119,11 @@ def _merge_deletes(ops: list[Op]) -> list[Op]:
             merged.extend(op[2])
         else:
             if kind == "drop_slot":
-                last = [o for o in last if o[0] != "counts" or o[1] != op[1]]
+                last = {k: o for k, o in last.items() if o[0] != "counts" or o[1] != op[1]}
             out.append(op)
             merged = None
-    return out + last
+    out += last.values()
+    return out
 
 
 class SqliteStore:
