@@ -889,7 +889,8 @@ class ServiceBusConnection:
                 for rest in messages[i:]:
                     receiver.submit_settle("release", rest)
                 break
-            send_transfer(link, m.lock_token.bytes_le, payload, settled=settled)
+            b = m.lock_token.int.to_bytes(16, "big")  # the token's ``bytes_le`` (.NET order), without its 2 calls
+            send_transfer(link, b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:], payload, settled=settled)
             sent.append(m)
         _observe_all(RECEIVE_SECONDS, [max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000 for m in sent])
         if settled and sent:

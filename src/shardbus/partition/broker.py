@@ -759,7 +759,11 @@ class PartitionBroker:
             staged = self._size - size_before
             self._unwritten += staged
             dedup_ids = [k for op in ops if op[0] == "dedup" for k, _ in op[1]]
-            slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in ops if op[0] == "put"]
+            puts = [op for op in ops if op[0] == "put"]
+            if len(puts) == 1:  # one slot (a queue): its bytes are all that was staged
+                slots = [(puts[0][1], len(puts[0][2]), staged)]
+            else:
+                slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in puts]
             if batch_id is not None:
                 self._batches[batch_id] = (first, end, now)
                 self._staged[batch_id] = (slots, dedup_ids)
@@ -1333,15 +1337,17 @@ class PartitionBroker:
         with self._lock:
             self._check()
             now = _ms(self._clock)
-            if len(tokens) == 1:  # the usual case (a front end completing one message per request)
-                entries = [self._locked_entry(slot, tokens[0], now)]
-            else:
-                entries = [self._locked_entry(slot, t, now) for t in tokens]
+            locks = self._locks
+            entries = []
+            for t in tokens:  # ``_locked_entry``'s test inlined; it raises the right error for one that fails
+                entry = locks.get(t.int)
+                if entry is None or entry.slot != slot or entry.msg.locked_until_ms <= now:
+                    entry = self._locked_entry(slot, t, now)
+                entries.append(entry)
             seqs = []
             size = 0
             queues = self._queues
             dirty = self._dirty
-            locks = self._locks
             for entry in entries:
                 q = queues[(slot, entry.queue)]
                 msg = entry.msg
