@@ -931,7 +931,6 @@ class PartitionBroker:
         visible: dict[int, list[Entry]] = {}  # each slot's new entries, in sequence order
         results: list[int | None] = []
         added_size = 0
-        slot_sizes: dict[int, int] = {}
         seq = self._next_seq
         ttl_floors: dict[int, int | None] = {}
         check_all_ids = cfg.requires_duplicate_detection
@@ -955,7 +954,6 @@ class PartitionBroker:
                         visible[slot] = []
                     entry, row = new_entry(slot, seq, msg, now, floor)
                     added_size += entry.size
-                    slot_sizes[slot] = slot_sizes.get(slot, 0) + entry.size
                     rows_by_slot[slot].append(row)
                     visible[slot].append(entry)
                 seq += 1
@@ -971,6 +969,10 @@ class PartitionBroker:
             raise
         self._next_seq = seq
         self._size += added_size
+        if len(visible) == 1:  # one slot (a queue): it has all the bytes
+            slot_sizes = dict.fromkeys(visible, added_size)
+        else:
+            slot_sizes = {slot: sum(e.size for e in entries) for slot, entries in visible.items()}
         for slot, size in slot_sizes.items():  # counted now: the counts commit with the rows
             q = self._queue(slot, _MAIN)
             q.count += len(rows_by_slot[slot])
