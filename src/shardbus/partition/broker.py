@@ -111,7 +111,7 @@ from ..model.errors import (
     SessionCannotBeLocked,
     SessionLockLost,
 )
-from ..model.message import Message, MessageState, SubQueue
+from ..model.message import Message, MessageState, SubQueue, _copy_message
 from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
 from ..store.base import MessageStore, Op, Row, StoreError, StoreFull, Update
 from ..store.committer import FULL_RETRY, GroupCommitter
@@ -1132,16 +1132,35 @@ class PartitionBroker:
             # come one at a time); drawing them together costs one read of the random source instead of one each.
             tokens = _tokens(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
-            locks, lock_heap, push = self._locks, q.lock_heap, heapq.heappush
-            while len(out) < max_count and (entry := self._next_lockable(q, ready, settings, now, writes)):
-                msg = entry.msg
+            locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
+            while len(out) < max_count:
+                if ready and q.disk_from is None:  # ``_next_lockable``'s usual case, inlined (nothing on disk)
+                    entry = entries.get(pop(ready))
+                    if entry is None:
+                        continue  # removed since it became ready
+                    msg = entry.msg
+                    if msg.lock_token is not None or msg.state is not _ACTIVE:
+                        continue
+                    if msg.expires_at_ms is not None and msg.expires_at_ms <= now and entry.queue == _MAIN:
+                        self._expire(q, entry, settings, writes)
+                        continue
+                else:
+                    found = self._next_lockable(q, ready, settings, now, writes)
+                    if found is None:
+                        break
+                    entry, msg = found, found.msg
                 token = next(tokens)
                 msg.lock_token = token
                 msg.locked_until_ms = until
                 msg.delivery_count += 1
                 locks[token.int] = entry
                 push(lock_heap, (until, entry.seq, token))
-                out.append(msg.copy())
+                copy = _copy_message(msg)  # ``msg.copy()``, inlined
+                if copy.application_properties is not None:
+                    copy.application_properties = dict(copy.application_properties)
+                if copy.annotations is not None:
+                    copy.annotations = dict(copy.annotations)
+                out.append(copy)
             self._slot_stats(slot).delivered += len(out)
             if writes:
                 self._write(writes)
