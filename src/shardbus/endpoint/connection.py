@@ -950,7 +950,8 @@ class ServiceBusConnection:
             if isinstance(future, RemoteVerdict):
                 future.add_done_callback(partial(self._later_verdict, receiver=receiver, items=pending))
                 return
-            self._log_failure_of(future)
+            if future is not self._watched:  # ``_log_failure_of``, inlined
+                self._log_failure_of(future)
             link = ref.link
             if not settled and link.attached:
                 self.amqp.disposition(link, ref.delivery_id, None, state=_ACCEPTED)

@@ -1356,8 +1356,9 @@ class PartitionBroker:
         (``settle``'s complete transition without its per-message ``Settle`` and store op: every peek-lock and
         receive-and-delete message ends here.)"""
         with self._lock:
-            self._check()
-            now = _ms(self._clock)
+            if not self._healthy:  # ``_check`` and ``_ms``, inlined: the usual case makes no call
+                self._check()
+            now = int(self._clock() * 1000)
             locks = self._locks
             entries = []
             for t in tokens:  # ``_locked_entry``'s test inlined; it raises the right error for one that fails
