@@ -808,19 +808,25 @@ def _fast_disposition(b: bytes) -> tuple[Any, int] | None:
     if b[3] == 0xC0:
         end = 5 + b[4]
         c = b[6]
-        if c == 0x41 or c == 0x42:
-            c = b[7]
+        if c == 0x41 or c == 0x42:  # role: true or false (our client), or as a boolean byte (the SDK's)
+            role, q = c == 0x41, 7
+        elif c == 0x56 and b[7] <= 1:
+            role, q = b[7] == 1, 8
+        else:
+            q = 0
+        if q:
+            c = b[q]
             if c == 0x52:
-                first, p = _UINTS[b[8]], 9
+                first, p = _UINTS[b[q + 1]], q + 2
             elif c == 0x70:
-                first, p = int.__new__(UInt, _int_from_bytes(b[8:12], "big")), 12
+                first, p = int.__new__(UInt, _int_from_bytes(b[q + 1 : q + 5], "big")), q + 5
             else:
                 first, p = None, 0
             if first is not None and p <= end <= len(b):
                 known = _DISPOSITION_TAILS.get((b[5], b[p:end]))
                 if known is not None:
                     settled, state, batchable = known
-                    return Disposition(b[6] == 0x41, first, None, settled, state and state(), batchable), end
+                    return Disposition(role, first, None, settled, state and state(), batchable), end
                 done = _decode_disposition(b)
                 if done is not None:
                     d = done[0]
