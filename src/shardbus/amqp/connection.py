@@ -140,6 +140,9 @@ def _transfer_head(handle: int, delivery_id: int, tag: bytes, message_format: in
 
 # Delivery states without fields, encoded once (every settlement echo carries one).
 _EMPTY_STATE_BYTES: dict[type, bytes] = {Accepted: Accepted().encode(), Released: Released().encode()}
+# The fields after ``first`` of a settled disposition of one delivery with such a state: last null, settled true,
+# the state (``disposition`` writes every settlement echo from it).
+_SETTLED_ONE: dict[type, bytes] = {cls: b"\x40\x41" + encoded for cls, encoded in _EMPTY_STATE_BYTES.items()}
 
 
 def _disposition_body(
@@ -740,6 +743,19 @@ class Connection:
             return
         session._local_settle(link, first, first if last is None else last, settled)
         role = link.role
+        tail = _SETTLED_ONE.get(state.__class__) if last is None and settled is True and batchable is False else None
+        if tail is not None and role.__class__ is bool and 0 <= first <= 0xFFFFFFFF:
+            # One delivery settled with a fieldless state (an echo): ``_disposition_body``'s bytes, without its
+            # general case
+            u = _SMALL_UINTS[first] if first < 256 else _pBI(0x70, first)
+            n = 1 + len(u) + len(tail)
+            out = self._pending_amqp if self._pending_amqp is not None else self._out
+            out += _frame_header(_HDR_LEN + 6 + n, 2, FRAME_AMQP, session.local_channel)
+            out += bytes((0x00, 0x53, 0x15, 0xC0, n + 1, 5))
+            out += b"\x41" if role else b"\x42"
+            out += u
+            out += tail
+            return
         body = _disposition_body(role, first, last, settled, state, batchable)
         if body is None:
             body = Disposition(role, first, last, settled, state, batchable).encode()

@@ -14,7 +14,6 @@ import bisect
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterable
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -236,7 +235,8 @@ class ReceiveLinks:
                 for rest in messages[i:]:
                     receiver.submit_settle("release", rest)
                 break
-            send_transfer(link, m.lock_token.bytes_le, payload, settled=settled)
+            b = m.lock_token.int.to_bytes(16, "big")  # the token's ``bytes_le`` (.NET order), without its 2 calls
+            send_transfer(link, b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:], payload, settled=settled)
             sent.append(m)
         _observe_all(RECEIVE_SECONDS, [max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000 for m in sent])
         if settled and sent:
@@ -286,19 +286,31 @@ class ReceiveLinks:
         pending, self._pending_completes = self._pending_completes, []
         if not pending or self.closed or self.amqp.is_done:
             return
-        groups: Iterable[tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]]
-        if len(pending) == 1:  # the SDK completes one message per call
-            groups = ((pending[0][1], pending),)
-        else:
-            by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
-            for item in pending:
-                receiver = item[1]
-                key = (id(receiver), partition_of_lock_token(item[2]))
-                group = by_key.get(key)
-                if group is None:
-                    group = by_key[key] = (receiver, [])
-                group[1].append(item)
-            groups = by_key.values()
+        if len(pending) == 1:  # the SDK completes one message per call: the loop below for one, inlined
+            ref, receiver, token, settled = pending[0]
+            try:
+                future = receiver.submit_complete([token])[0]
+            except ShardbusError:
+                self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                return
+            if isinstance(future, RemoteVerdict):
+                future.add_done_callback(partial(self._later_verdict, receiver=receiver, items=pending))
+                return
+            if future is not self._watched:  # ``_log_failure_of``, inlined
+                self._log_failure_of(future)
+            link = ref.link
+            if not settled and link.attached:
+                self.amqp.disposition(link, ref.delivery_id, None, state=_ACCEPTED)
+            return
+        by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        for item in pending:
+            receiver = item[1]
+            key = (id(receiver), partition_of_lock_token(item[2]))
+            group = by_key.get(key)
+            if group is None:
+                group = by_key[key] = (receiver, [])
+            group[1].append(item)
+        groups = by_key.values()
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
         for receiver, items in groups:
             try:

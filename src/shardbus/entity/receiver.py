@@ -427,8 +427,14 @@ class Receiver(Settling):
     def submit_complete(self, refs: Iterable[LockRef]) -> list[Future]:
         """Complete many messages, one store operation per partition; returns the write futures."""
         if isinstance(refs, list) and len(refs) == 1:  # a front end completing one message per request
-            token = _token(refs[0])
-            return [self._partition(token).complete(self.target.slot, [token])]
+            token = refs[0]
+            if token.__class__ is not uuid.UUID:
+                token = _token(token)
+            partitions = self.target.partitions
+            pid = token.int & 0xFFFF  # ``_partition``, inlined
+            if pid >= len(partitions):
+                raise MessageLockLost("The lock supplied is invalid for this entity.")
+            return [partitions[pid].complete(self.target.slot, [token])]
         by_partition: dict[int, list[uuid.UUID]] = {}
         for ref in refs:
             token = _token(ref)

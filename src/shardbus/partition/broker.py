@@ -110,7 +110,7 @@ from ..model.errors import (
     SessionCannotBeLocked,
     SessionLockLost,
 )
-from ..model.message import Message, MessageState, SubQueue
+from ..model.message import Message, MessageState, SubQueue, _copy_message
 from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
 from ..store.base import MessageStore, Op, Row, StoreError, StoreFull, Update
 from ..store.committer import FULL_RETRY, GroupCommitter
@@ -692,7 +692,11 @@ class PartitionBroker:
             staged = self._size - size_before
             self._unwritten += staged
             dedup_ids = [k for op in ops if op[0] == "dedup" for k, _ in op[1]]
-            slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in ops if op[0] == "put"]
+            puts = [op for op in ops if op[0] == "put"]
+            if len(puts) == 1:  # one slot (a queue): its bytes are all that was staged
+                slots = [(puts[0][1], len(puts[0][2]), staged)]
+            else:
+                slots = [(op[1], len(op[2]), sum(len(row[5]) for row in op[2])) for op in puts]
             if batch_id is not None:
                 self._batches[batch_id] = (first, end, now)
                 self._staged[batch_id] = (slots, dedup_ids)
@@ -857,7 +861,6 @@ class PartitionBroker:
         visible: dict[int, list[Entry]] = {}  # each slot's new entries, in sequence order
         results: list[int | None] = []
         added_size = 0
-        slot_sizes: dict[int, int] = {}
         seq = self._next_seq
         ttl_floors: dict[int, int | None] = {}
         check_all_ids = cfg.requires_duplicate_detection
@@ -881,7 +884,6 @@ class PartitionBroker:
                         visible[slot] = []
                     entry, row = new_entry(slot, seq, msg, now, floor)
                     added_size += entry.size
-                    slot_sizes[slot] = slot_sizes.get(slot, 0) + entry.size
                     rows_by_slot[slot].append(row)
                     visible[slot].append(entry)
                 seq += 1
@@ -897,6 +899,10 @@ class PartitionBroker:
             raise
         self._next_seq = seq
         self._size += added_size
+        if len(visible) == 1:  # one slot (a queue): it has all the bytes
+            slot_sizes = dict.fromkeys(visible, added_size)
+        else:
+            slot_sizes = {slot: sum(e.size for e in entries) for slot, entries in visible.items()}
         for slot, size in slot_sizes.items():  # counted now: the counts commit with the rows
             q = self._queue(slot, _MAIN)
             q.count += len(rows_by_slot[slot])
@@ -1056,16 +1062,35 @@ class PartitionBroker:
             # come one at a time); drawing them together costs one read of the random source instead of one each.
             tokens = _tokens(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
-            locks, lock_heap, push = self._locks, q.lock_heap, heapq.heappush
-            while len(out) < max_count and (entry := self._next_lockable(q, ready, settings, now, writes)):
-                msg = entry.msg
+            locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
+            while len(out) < max_count:
+                if ready and q.disk_from is None:  # ``_next_lockable``'s usual case, inlined (nothing on disk)
+                    entry = entries.get(pop(ready))
+                    if entry is None:
+                        continue  # removed since it became ready
+                    msg = entry.msg
+                    if msg.lock_token is not None or msg.state is not _ACTIVE:
+                        continue
+                    if msg.expires_at_ms is not None and msg.expires_at_ms <= now and entry.queue == _MAIN:
+                        self._expire(q, entry, settings, writes)
+                        continue
+                else:
+                    found = self._next_lockable(q, ready, settings, now, writes)
+                    if found is None:
+                        break
+                    entry, msg = found, found.msg
                 token = next(tokens)
                 msg.lock_token = token
                 msg.locked_until_ms = until
                 msg.delivery_count += 1
                 locks[token.int] = entry
                 push(lock_heap, (until, entry.seq, token))
-                out.append(msg.copy())
+                copy = _copy_message(msg)  # ``msg.copy()``, inlined
+                if copy.application_properties is not None:
+                    copy.application_properties = dict(copy.application_properties)
+                if copy.annotations is not None:
+                    copy.annotations = dict(copy.annotations)
+                out.append(copy)
             self._slot_stats(slot).delivered += len(out)
             if writes:
                 self._write(writes)
@@ -1261,16 +1286,28 @@ class PartitionBroker:
         (``settle``'s complete transition without its per-message ``Settle`` and store op: every peek-lock and
         receive-and-delete message ends here.)"""
         with self._lock:
-            self._check()
-            now = _ms(self._clock)
-            entries = [self._locked_entry(slot, t, now) for t in tokens]
+            if not self._healthy:  # ``_check`` and ``_ms``, inlined: the usual case makes no call
+                self._check()
+            now = int(self._clock() * 1000)
+            locks = self._locks
+            entries = []
+            for t in tokens:  # ``_locked_entry``'s test inlined; it raises the right error for one that fails
+                entry = locks.get(t.int)
+                if entry is None or entry.slot != slot or entry.msg.locked_until_ms <= now:
+                    entry = self._locked_entry(slot, t, now)
+                entries.append(entry)
             seqs = []
             size = 0
             queues = self._queues
             dirty = self._dirty
             for entry in entries:
                 q = queues[(slot, entry.queue)]
-                self._drop_lock(q, entry)
+                msg = entry.msg
+                if q.sessions is None:  # ``_drop_lock`` inlined for a message without a session
+                    locks.pop(msg.lock_token.int, None)
+                    msg.lock_token = msg.locked_until_ms = None
+                else:
+                    self._drop_lock(q, entry)
                 seq = entry.seq
                 del q.entries[seq]
                 q.count -= 1
@@ -1281,8 +1318,15 @@ class PartitionBroker:
                 size += entry.size
                 seqs.append(seq)
             self._size -= size
-            self._hold(-size)
-            return self._write([("delete", slot, seqs)], linger=SETTLE_LINGER)
+            self._resident -= size  # ``_hold``, inlined
+            RESIDENT.add(-size)
+            # ``_write``, inlined: the delete and the counts of the sub-queues changed since the last write
+            ops: list[Op] = [("delete", slot, seqs)]
+            for q in dirty:
+                ops.append(("counts", q.key[0], q.key[1], q.count, q.bytes))
+            dirty.clear()
+            assert self._committer is not None
+            return self._committer.submit(ops, None, SETTLE_LINGER)
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
         return self.settle(slot, [Settle("abandon", token)])

@@ -97,32 +97,32 @@ def _put_sql(table: str, k: int) -> str:
     return f"INSERT OR REPLACE INTO {table} VALUES {_PUT_VALUES[k]}"
 
 
-_LAST_VALUE_OPS = frozenset({"meta", "counts"})  # only the last value of each key is written, at the batch's end
-
-
 def _merge_deletes(ops: list[Op]) -> list[Op]:
     """Adjacent deletes of one slot as one (a group commit of many settlements brings many): deletes commute
     with each other, and merging only neighbours keeps every other operation in its place. The meta and counts
     ops (each settlement brings its sub-queue's counts) go to the end, as they are written there anyway, so they
     do not keep deletes apart; counts given before their slot's drop go with it."""
     out: list[Op] = []
-    last: list[Op] = []
+    last: dict[tuple[Any, Any], Op] = {}  # by (meta key, None) or (slot, queue): only the last value is applied
     merged: list[int] | None = None  # the sequence numbers of the last delete in ``out``, once it is ours
     for op in ops:
         kind = op[0]
-        if kind in _LAST_VALUE_OPS:
-            last.append(op)
+        if kind == "counts":  # the commonest two first: a group of settlements is deletes and counts
+            last[op[1], op[2]] = op
         elif kind == "delete" and out and out[-1][0] == "delete" and out[-1][1] == op[1]:
             if merged is None:
                 merged = list(out[-1][2])  # never extend a caller's list
                 out[-1] = ("delete", op[1], merged)
             merged.extend(op[2])
+        elif kind == "meta":
+            last[op[1], None] = op
         else:
             if kind == "drop_slot":
-                last = [o for o in last if o[0] != "counts" or o[1] != op[1]]
+                last = {k: o for k, o in last.items() if o[0] != "counts" or o[1] != op[1]}
             out.append(op)
             merged = None
-    return out + last
+    out += last.values()
+    return out
 
 
 class SqliteStore:
