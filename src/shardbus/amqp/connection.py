@@ -24,9 +24,16 @@ The open/close handshake is tracked with four flags (``open_sent``, ``open_recei
 open_sent and close_sent before anything was received). Sessions (``session.py``) and links (``link.py``) own
 their own machines; this module maps channels to sessions and puts performatives on the wire.
 
-Anything the peer does wrong ends in a ``close`` with an error condition and a ``ConnectionClosed`` event (or an
-``end``/``detach`` for session/link-level errors): no exception caused by received bytes ever leaves
-``receive_data``. A connection closed that way drops the events of the same read that it had not handed out yet:
+Anything the peer does wrong ends in a ``close`` with an error condition and a ``ConnectionClosed`` event, or,
+where the spec scopes the error, only the session or link it concerns ends: a session-level error (window
+violation, unattached or reused handle, a begin that answers nothing) sends ``end`` with the condition, a
+link-level error (a malformed first transfer, a transfer before the link was answered and given credit) sends
+``detach`` closed=true, each with a ``SessionEnded``/``LinkDetached`` event (``by_peer`` False). A session or link
+the application has not answered yet is answered first (its ``begin``, or an ``attach`` with null source and
+target), since the peer must learn what ends; the application's own answer to it is then stale and does nothing.
+What stays connection-wide is what the spec makes so (a channel or handle beyond the announced maximum:
+framing-error, 2.7.1/2.7.2) or what cannot be tied to one endpoint (bytes that do not decode, a frame on a channel
+that has no session). No exception caused by received bytes ever leaves ``receive_data``. A connection closed that way drops the events of the same read that it had not handed out yet:
 answering them is moot, and answering them would be impossible. Exceptions raised to the caller
 (``LocalProtocolError``) are always the application's own misuse of the API.
 
@@ -61,6 +68,7 @@ from .events import (
     ConnectionClosed,
     ConnectionOpened,
     Event,
+    LinkDetached,
     SaslInit,
     SaslOutcome,
     SessionBeginRequested,
@@ -439,8 +447,11 @@ class Connection:
         auto_flow: bool = True,
     ) -> Session:
         """Begin a new session, or answer the peer's (pass the ``SessionBeginRequested.session``)."""
-        if session is not None and self.closing:
-            return session  # stale answer: nothing may follow close
+        if session is not None and (
+            self.closing
+            or (session.local_channel is not None and (session.state is _END_SENT or session.state is _ENDED))
+        ):
+            return session  # stale answer: nothing may follow close, or we ended the session for an error already
         self._require_open_sent()
         if session is None:
             session = Session(
@@ -537,6 +548,8 @@ class Connection:
         meanwhile (its detach is answered next)."""
         if self.closing or link.session.state is not _MAPPED:
             return  # stale: the session or connection went away before we answered
+        if link.handle is not None and (link.state is LinkState.DETACH_SENT or link.state is LinkState.DETACHED):
+            return  # stale: we answered and detached it for an error already (``_link_failed``)
         stale = link.state is LinkState.DETACH_RCVD and link.handle is None
         if (link.state is not LinkState.ATTACH_RCVD and not stale) or link.remote_attach is None:
             raise LocalProtocolError("link is not waiting for an attach reply")
@@ -927,9 +940,7 @@ class Connection:
                 else:
                     session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events)
             except LinkViolation as exc:
-                d = session._link_violation(exc, self._events)
-                if d is not None:
-                    self._send(session.local_channel, d)  # type: ignore[arg-type]
+                self._link_failed(exc)
             except SessionViolation as exc:
                 self._session_failed(session, exc)
             return
@@ -978,11 +989,17 @@ class Connection:
         self._ended_remote_channels.discard(channel)
         if begin.remote_channel is not None:
             session = self._local_sessions.get(begin.remote_channel)
-            if session is None or session.state is not SessionState.BEGIN_SENT:
-                raise ConnectionViolation(Condition.ILLEGAL_STATE, "begin answers no begin of ours")
+            if session is not None and session.state is SessionState.BEGIN_SENT:
+                session._remote_begin(begin, channel)
+                self._remote_sessions[channel] = session
+                self._events.append(SessionBegun(session, begin))
+                return
+            # A session-level error (the channel is free and the begin well formed): that session is refused,
+            # answered and ended at once, and the application never hears of it but for the end.
+            session = Session(self, handle_max=self.handle_max)
             session._remote_begin(begin, channel)
             self._remote_sessions[channel] = session
-            self._events.append(SessionBegun(session, begin))
+            self._session_failed(session, SessionViolation(Condition.ILLEGAL_STATE, "begin answers no begin of ours"))
             return
         session = Session(self, handle_max=self.handle_max)
         session._remote_begin(begin, channel)
@@ -1002,14 +1019,36 @@ class Connection:
         self._events.append(SessionEnded(session, end.error, by_peer=True, reply_needed=reply_needed))
 
     def _session_failed(self, session: Session, exc: SessionViolation) -> None:
-        """End a session after a session-level violation by the peer."""
+        """End a session after a session-level violation by the peer (2.5.5: end with the error). A session the
+        application has not answered yet is answered first (the peer must learn which channel ends); the
+        application's own answer to its ``SessionBeginRequested``, still to come, is then stale (``begin``)."""
         err = Error(exc.condition, exc.description)
-        if session.state is _MAPPED and session.local_channel is not None:
+        state = session.state
+        if state is SessionState.BEGIN_RCVD and session.local_channel is None:
+            self.begin(session)
+            state = session.state
+        if state is _MAPPED and session.local_channel is not None:
             session._local_end()
             self._send(session.local_channel, End(error=err))
             self._events.append(SessionEnded(session, err, by_peer=False, reply_needed=False))
         else:
             raise ConnectionViolation(exc.condition, exc.description)
+
+    def _link_failed(self, exc: LinkViolation) -> None:
+        """Detach a link after a link-level violation by the peer (2.6.6: detach closed with the error). A link
+        the application has not answered yet gets its attach first, with null source and target (2.6.3: an
+        attach is answered before its detach); the application's own answer, still to come, is then stale."""
+        link = exc.link
+        if not (
+            link.state is _LINK_ATTACHED or link.state is LinkState.ATTACH_SENT or link.state is LinkState.ATTACH_RCVD
+        ):
+            return
+        if link.session.state is not _MAPPED:  # its session is not answered yet either: refuse the session
+            self._session_failed(link.session, SessionViolation(exc.condition, exc.description))
+            return
+        err = Error(exc.condition, exc.description)
+        self.detach(link, closed=True, error=err)
+        self._events.append(LinkDetached(link, True, err, False, False))
 
     def _fail(self, condition: str, description: str) -> None:
         """Close after a violation by the peer: send close(error) and finish."""

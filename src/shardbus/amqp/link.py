@@ -271,6 +271,10 @@ class Link:
         if self.state is not _ATTACHED:
             if self.state is _DETACH_SENT:
                 return None  # in flight while we detach: discard
+            if self.state is LinkState.ATTACH_RCVD:  # before our attach, so before any credit: this link's error
+                raise LinkViolation(
+                    self, Condition.TRANSFER_LIMIT_EXCEEDED, "transfer before the link was attached and given credit"
+                )
             raise SessionViolation(Condition.ILLEGAL_STATE, f"transfer on link in state {self.state.value}")
         p = self._partial
         if p is None:

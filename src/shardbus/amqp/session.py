@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
-from .errors import Condition, ConnectionViolation, LinkViolation, LocalProtocolError, SessionViolation
+from .errors import Condition, ConnectionViolation, LocalProtocolError, SessionViolation
 from .events import (
     DeliveryAborted,
     DeliveryReceived,
@@ -455,15 +455,3 @@ class Session:
         settled = bool(d.settled)
         refs = self._settle_range(mine, first, last, settled)
         events.append(DispositionReceived(self, d.role, first, last, settled, d.state, bool(d.batchable), refs))
-
-    def _link_violation(self, exc: LinkViolation, events: list[Event]) -> Detach | None:
-        """Detach the offending link with the violation's error (link-level recovery)."""
-        from .performatives import Error
-
-        link: Link = exc.link  # type: ignore[assignment]
-        if link.state not in (LinkState.ATTACHED, LinkState.ATTACH_SENT, LinkState.ATTACH_RCVD):
-            return None
-        err = Error(exc.condition, exc.description)
-        d = self._local_detach(link, True, err)
-        events.append(LinkDetached(link, True, err, False, False))
-        return d
