@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .endpoint.limits import check_send_size
 from .entity.entity import QUEUE_SLOT, QueueEntity, SubscriptionEntity, Target, TopicEntity
 from .entity.forwarding import Forwarder
 from .entity.receiver import Receiver
@@ -908,7 +909,9 @@ class Namespace:
     def submit_send(self, entity: str, messages: Message | list[Message]) -> Future:
         """Route and store messages without waiting; the future resolves once they are durable."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        return self._sender_entity(entity).submit_send(batch)
+        target = self._sender_entity(entity)
+        check_send_size(batch, *self.message_size_limits(target.description), entity)  # as over AMQP
+        return target.submit_send(batch)
 
     def send(self, entity: str, messages: Message | list[Message]) -> None:
         """Send one message or a batch (all-or-nothing) to a queue or topic; returns once stored durably."""
@@ -919,6 +922,7 @@ class Namespace:
         batch = [messages] if isinstance(messages, Message) else list(messages)
         result = []
         target = self._sender_entity(entity)
+        check_send_size(batch, *self.message_size_limits(target.description), entity)
         for m in batch:
             m = m.copy()
             m.scheduled_enqueue_time = enqueue_time
