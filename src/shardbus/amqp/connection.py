@@ -33,7 +33,8 @@ the application has not answered yet is answered first (its ``begin``, or an ``a
 target), since the peer must learn what ends; the application's own answer to it is then stale and does nothing.
 What stays connection-wide is what the spec makes so (a channel or handle beyond the announced maximum:
 framing-error, 2.7.1/2.7.2) or what cannot be tied to one endpoint (bytes that do not decode, a frame on a channel
-that has no session). No exception caused by received bytes ever leaves ``receive_data``. A connection closed that way drops the events of the same read that it had not handed out yet:
+that has no session). No exception caused by received bytes ever leaves ``receive_data``. A connection closed
+that way drops the events of the same read that it had not handed out yet:
 answering them is moot, and answering them would be impossible. Exceptions raised to the caller
 (``LocalProtocolError``) are always the application's own misuse of the API.
 
@@ -475,7 +476,7 @@ class Connection:
             ch += 1
         if ch > limit:
             raise LocalProtocolError("no free channel")
-        begin = session._local_begin()
+        begin = session.local_begin()
         session.local_channel = ch
         self._local_sessions[ch] = session
         self._send(ch, begin)
@@ -492,7 +493,7 @@ class Connection:
             return
         if session.local_channel is None and session.state in (SessionState.BEGIN_RCVD, SessionState.END_RCVD):
             self.begin(session)  # never answered: the peer gets its begin before our end
-        session._local_end()
+        session.local_end()
         ch = session.local_channel
         if ch is not None:
             self._send(ch, End(error=error))
@@ -516,18 +517,18 @@ class Connection:
         properties: dict[Any, Any] | None = None,
     ) -> Link:
         """Attach a new link on ``session`` with our ``role`` (``SENDER``/``RECEIVER``)."""
-        link = session._new_link(name, role)
+        link = session.new_link(name, role)
         link.source, link.target = source, target
         link.snd_settle_mode, link.rcv_settle_mode = snd_settle_mode, rcv_settle_mode
         link.initial_delivery_count = initial_delivery_count
         link.max_message_size = max_message_size
         link.properties = properties
         try:
-            attach = session._local_attach(link)
+            attach = session.local_attach(link)
         except LocalProtocolError:
             session.links.pop((name, role), None)
             raise
-        self._send(session.local_channel, attach)  # type: ignore[arg-type]
+        self._send_on(session, attach)
         return link
 
     def attach_reply(
@@ -564,7 +565,7 @@ class Connection:
         link.max_message_size = max_message_size
         link.properties = properties
         session = link.session
-        self._send(session.local_channel, session._local_attach(link))  # type: ignore[arg-type]
+        self._send_on(session, session.local_attach(link))
 
     def detach(self, link: Link, *, closed: bool = True, error: Error | None = None) -> None:
         """Detach a link (or answer the peer's detach). A link still waiting for our attach reply is first
@@ -573,11 +574,11 @@ class Connection:
             return
         session = link.session
         if self.closing or session.local_channel is None or session.state is not _MAPPED:
-            link._local_detach()
+            link.local_detach()
             return
         if link.state is LinkState.ATTACH_RCVD or (link.state is LinkState.DETACH_RCVD and link.handle is None):
             self.attach_reply(link, source=None, target=None)
-        self._send(session.local_channel, session._local_detach(link, closed, error))
+        self._send(session.local_channel, session.local_detach(link, closed, error))
 
     def flow(
         self,
@@ -596,7 +597,7 @@ class Connection:
             if self._stale_link(target):
                 return
             if link_credit is not None or drain is not None:
-                target._set_credit(target.link_credit if link_credit is None else link_credit, bool(drain))
+                target.set_credit(target.link_credit if link_credit is None else link_credit, bool(drain))
             if available is not None:
                 target.available = available
             if target.handle is None or target.state not in (LinkState.ATTACHED, LinkState.ATTACH_SENT):
@@ -607,7 +608,7 @@ class Connection:
                 return
         if session.state is not _MAPPED:
             raise LocalProtocolError(f"session is {session.state.value}")
-        self._send(session.local_channel, session._flow(link, echo))  # type: ignore[arg-type]
+        self._send_on(session, session.make_flow(link, echo))
 
     def _stale_link(self, link: Link) -> bool:
         """The link, its session or the connection is going away: an answer about it is moot."""
@@ -626,8 +627,8 @@ class Connection:
         """Sending link: we have nothing more to send under drain; consume the remaining credit and tell."""
         if self._stale_link(link):
             return
-        link._drained()
-        self._send(link.session.local_channel, link.session._flow(link))  # type: ignore[arg-type]
+        link.complete_drain()
+        self._send_on(link.session, link.session.make_flow(link))
 
     # ======================================================================= public: deliveries
 
@@ -651,19 +652,19 @@ class Connection:
             settled = link.snd_settle_mode == SndSettleMode.SETTLED
         did = session.next_delivery_id
         lt = len(tag)
+        handle = link.handle
+        if handle is None:  # not attached by us yet: let the checks say so
+            session.check_can_send(link, 1, ignore_credit)
+            raise LocalProtocolError(f"link {link.name!r} has no handle")
         if state is None and not batchable and lt < 256:
             # Single-frame fast path: frame header and performative (what _transfer_head encodes) in one join.
-            handle = link.handle
-            if handle is None:  # not attached by us yet: let the checks say so
-                session._check_can_send(link, 1, ignore_credit)
-                raise LocalProtocolError(f"link {link.name!r} has no handle")
             h = _SMALL_UINTS[handle] if 0 <= handle < 256 else _uint(handle)
             d = _SMALL_UINTS[did] if did < 256 else _pBI(0x70, did)
             f = b"\x43" if message_format == 0 else _uint(message_format)
             n = len(h) + len(d) + lt + len(f) + 3
             size = _HDR_LEN + 6 + n + len(payload)
             if n < 255 and size <= self.remote_max_frame_size:
-                session._check_can_send(link, 1, ignore_credit)
+                session.check_can_send(link, 1, ignore_credit)
                 out = self._pending_amqp if self._pending_amqp is not None else self._out
                 out += b"".join(
                     (
@@ -679,13 +680,13 @@ class Connection:
                 )
                 out += payload
                 session.next_delivery_id = (did + 1) & 0xFFFFFFFF
-                session._sent_transfer_frames(1)
-                session._record_sent_delivery(link, did, tag, settled)
+                session.sent_transfer_frames(1)
+                session.record_sent_delivery(link, did, tag, settled)
                 return did
             first = _transfer_head(handle, did, tag, message_format, settled)
         else:
             first = Transfer(
-                handle=link.handle,  # type: ignore[arg-type]
+                handle=handle,
                 delivery_id=did,
                 delivery_tag=tag,
                 message_format=message_format,
@@ -695,11 +696,11 @@ class Connection:
             ).encode()
         max_frame = self.remote_max_frame_size
         if _HDR_LEN + len(first) + len(payload) <= max_frame:
-            session._check_can_send(link, 1, ignore_credit)
+            session.check_can_send(link, 1, ignore_credit)
             frames: list[tuple[bytes, bytes | memoryview]] = [(first, payload)]
         else:
             more_first = Transfer(
-                handle=link.handle,  # type: ignore[arg-type]
+                handle=handle,
                 delivery_id=did,
                 delivery_tag=tag,
                 message_format=message_format,
@@ -708,21 +709,21 @@ class Connection:
                 state=state,
                 batchable=batchable,
             ).encode()
-            cont_more = Transfer(handle=link.handle, more=True).encode()  # type: ignore[arg-type]
-            cont_last = Transfer(handle=link.handle).encode()  # type: ignore[arg-type]
+            cont_more = Transfer(handle=handle, more=True).encode()
+            cont_last = Transfer(handle=handle).encode()
             room_first = max_frame - _HDR_LEN - len(more_first)
             room = max_frame - _HDR_LEN - len(cont_more)
             if room_first <= 0 or room <= 0:
                 raise LocalProtocolError("peer max-frame-size too small for a transfer")
             view = memoryview(payload)
-            frames = [(more_first, view[:room_first])]
+            frames = [(more_first, view[:room_first])]  # memoryviews: the frames are copied to the output only
             pos = room_first
             n = len(payload)
             while pos < n:
-                chunk = view[pos : pos + room]
-                pos += len(chunk)
-                frames.append((cont_more if pos < n else cont_last, chunk))
-            session._check_can_send(link, len(frames), ignore_credit)
+                piece = view[pos : pos + room]
+                pos += len(piece)
+                frames.append((cont_more if pos < n else cont_last, piece))
+            session.check_can_send(link, len(frames), ignore_credit)
         ch = session.local_channel
         out = self._pending_amqp if self._pending_amqp is not None else self._out
         for perf, chunk in frames:  # what framing.encode_frame_into does, inlined: every delivery pays for it
@@ -730,8 +731,8 @@ class Connection:
             out += perf
             out += chunk
         session.next_delivery_id = (did + 1) & 0xFFFFFFFF
-        session._sent_transfer_frames(len(frames))
-        session._record_sent_delivery(link, did, tag, settled)
+        session.sent_transfer_frames(len(frames))
+        session.record_sent_delivery(link, did, tag, settled)
         return did
 
     def disposition(
@@ -751,7 +752,7 @@ class Connection:
             self.close_sent or self._phase is _DONE_PHASE or _going(session.state)
         ):
             return
-        session._local_settle(link, first, first if last is None else last, settled)
+        session.local_settle(link, first, first if last is None else last, settled)
         role = link.role
         body = _disposition_body(role, first, last, settled, state, batchable)
         if body is None:
@@ -786,7 +787,14 @@ class Connection:
         else:
             self._out += body
 
-    def _session_send(self, session: Session, perf: Composite) -> None:
+    def _send_on(self, session: Session, perf: Composite) -> None:
+        """Put ``perf`` on ``session``'s channel (an application's answer: the session must have one)."""
+        channel = session.local_channel
+        if channel is None:
+            raise LocalProtocolError("the session has no channel yet: begin it first")
+        self._send(channel, perf)
+
+    def send_for_session(self, session: Session, perf: Composite) -> None:
         """Frames a session produces by itself (echo/window flows); dropped while it has no local channel."""
         if session.local_channel is not None and session.state is _MAPPED:
             self._send(session.local_channel, perf)
@@ -936,20 +944,20 @@ class Connection:
         if session is not None and t in _SESSION_FRAMES:
             try:
                 if t is Transfer and session.state is _MAPPED:  # the commonest frame, one layer less
-                    session._on_transfer(perf, body[offset:], self._events)  # type: ignore[arg-type]
+                    session.on_transfer(perf, body[offset:], self._events)
                 else:
-                    session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events)
+                    session.on_frame(perf, body[offset:] if t is Transfer else b"", self._events)
             except LinkViolation as exc:
                 self._link_failed(exc)
             except SessionViolation as exc:
                 self._session_failed(session, exc)
             return
         if t is Begin:
-            self._on_begin(channel, perf)  # type: ignore[arg-type]
+            self._on_begin(channel, perf)
         elif t is End:
-            self._on_end(channel, perf)  # type: ignore[arg-type]
+            self._on_end(channel, perf)
         elif t is Close:
-            self._on_close(perf)  # type: ignore[arg-type]
+            self._on_close(perf)
         elif t is Open:
             raise ConnectionViolation(Condition.ILLEGAL_STATE, "second open")
         elif isinstance(perf, Performative) and perf.CODE >= 0x40:
@@ -990,19 +998,19 @@ class Connection:
         if begin.remote_channel is not None:
             session = self._local_sessions.get(begin.remote_channel)
             if session is not None and session.state is SessionState.BEGIN_SENT:
-                session._remote_begin(begin, channel)
+                session.on_begin(begin, channel)
                 self._remote_sessions[channel] = session
                 self._events.append(SessionBegun(session, begin))
                 return
             # A session-level error (the channel is free and the begin well formed): that session is refused,
             # answered and ended at once, and the application never hears of it but for the end.
             session = Session(self, handle_max=self.handle_max)
-            session._remote_begin(begin, channel)
+            session.on_begin(begin, channel)
             self._remote_sessions[channel] = session
             self._session_failed(session, SessionViolation(Condition.ILLEGAL_STATE, "begin answers no begin of ours"))
             return
         session = Session(self, handle_max=self.handle_max)
-        session._remote_begin(begin, channel)
+        session.on_begin(begin, channel)
         self._remote_sessions[channel] = session
         self._events.append(SessionBeginRequested(session, begin))
 
@@ -1013,7 +1021,7 @@ class Connection:
                 return
             raise ConnectionViolation(Condition.NOT_FOUND, f"end on unused channel {channel}")
         self._ended_remote_channels.add(channel)
-        reply_needed = session._remote_end()
+        reply_needed = session.on_end()
         if session.state is SessionState.ENDED and session.local_channel is not None:
             self._local_sessions.pop(session.local_channel, None)
         self._events.append(SessionEnded(session, end.error, by_peer=True, reply_needed=reply_needed))
@@ -1028,7 +1036,7 @@ class Connection:
             self.begin(session)
             state = session.state
         if state is _MAPPED and session.local_channel is not None:
-            session._local_end()
+            session.local_end()
             self._send(session.local_channel, End(error=err))
             self._events.append(SessionEnded(session, err, by_peer=False, reply_needed=False))
         else:
