@@ -353,9 +353,8 @@ def test_scoped_errors_leave_nothing_behind(fuzz_broker):
         peer.send(_frame(End(), 1))
     (conn,) = list(fuzz_broker.server.connections)
     peer.round_trip(0, ours, 0)
-    handler = getattr(conn, "handler", None) or conn
-    amqp = getattr(handler, "amqp", None)
-    if amqp is not None:
-        assert len(amqp.sessions) <= 2, amqp.sessions
+    handler = conn.handler
+    assert len(handler.amqp.sessions) == 1, handler.amqp.sessions  # the good one; the refused ones are gone
+    assert len(handler._links) == 2 and len(handler._receivers) == 1  # its sender and receiver only
     peer.close()
     wait_for_no_connections(fuzz_broker)
