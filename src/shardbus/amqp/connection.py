@@ -329,13 +329,12 @@ class Connection:
             self._events = []
         return ev
 
-    def data_to_send(self, now: float | None = None) -> bytes | bytearray:
-        """Bytes to write to the transport (possibly empty). The output buffer itself is handed over and a new one
-        started, rather than copied: a large delivery's frames are not held twice on their way out."""
-        data = self._out
-        if not data:
+    def data_to_send(self, now: float | None = None) -> bytes:
+        """Bytes to write to the transport (possibly empty)."""
+        if not self._out:
             return b""
-        self._out = bytearray()
+        data = bytes(self._out)
+        self._out.clear()
         self._last_sent = time.monotonic() if now is None else now
         return data
 
