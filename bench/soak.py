@@ -65,7 +65,11 @@ PLANS = (("complete", 60), ("abandon-once", 15), ("dead-letter", 10), ("defer", 
 COLORS = ("red", "blue", "green")
 SESSIONS = 8
 KEYS = 32
-FLAT = 1.10  # RSS and descriptors may grow by this much after warm-up
+FLAT = 1.10  # RSS, descriptors and latencies may move by this much after warm-up
+SENDERS = 2  # threads sending to soak-q, each at its share of the rate
+# Messages a second to soak-q by default: about 30% of what this machine (2 shared cores) sustains, so that the
+# latencies measure the broker rather than a saturated machine (docs/operations.md, "Rate").
+DEFAULT_RATE = 40.0
 CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://\S+)$")
 
 
@@ -200,6 +204,7 @@ class Sent:
     acked: bool = False
     session: str | None = None
     order: int = 0  # position in its session
+    due: float = 0.0  # monotonic time the open-loop schedule meant it to be sent (receive latency counts from it)
 
 
 @dataclass
@@ -210,6 +215,7 @@ class Ledger:
     send_errors: collections.Counter = field(default_factory=collections.Counter)
     other_errors: collections.Counter = field(default_factory=collections.Counter)
     send_ms: list[float] = field(default_factory=list)
+    receive_ms: list[float] = field(default_factory=list)  # from the send's due time to the first receive
     settle_ms: list[float] = field(default_factory=list)
     settled = 0
     misordered: list[str] = field(default_factory=list)
@@ -220,15 +226,90 @@ class Ledger:
 
     def event(self, mid: str, where: str, what: str) -> None:
         with self.lock:
-            self.events[mid].append((where, what))
+            events = self.events[mid]
+            if what == "received" and not events:  # first delivery: how long after it was due to be sent
+                sent = self.sent.get(mid)
+                # soak-q and the topic: sessions wait for their turn at a session receiver, ttl for its sweep
+                if sent is not None and sent.due and sent.entity in (Q, TOPIC) and sent.plan != "scheduled":
+                    self.receive_ms.append((time.monotonic() - sent.due) * 1000)
+            events.append((where, what))
             if what in ("completed", "dlq-completed"):
                 self.settled += 1
 
-    def take_latencies(self) -> tuple[list[float], list[float], int]:
+    def take_latencies(self) -> tuple[list[float], list[float], list[float], int]:
         with self.lock:
-            sends, settles, settled = self.send_ms, self.settle_ms, self.settled
-            self.send_ms, self.settle_ms, self.settled = [], [], 0
-            return sends, settles, settled
+            sends, receives, settles, settled = self.send_ms, self.receive_ms, self.settle_ms, self.settled
+            self.send_ms, self.receive_ms, self.settle_ms, self.settled = [], [], [], 0
+            return sends, receives, settles, settled
+
+
+class Probe:
+    """The machine's own drift, measured beside the broker: every ``period`` seconds a tiny fixed operation on a
+    bare SQLite file (an insert and a synced commit, what a send costs the store at least) and a 64-byte loopback
+    TCP echo (what every request costs the network stack). Its medians per interval tell a slower machine (both
+    move) from a slower broker (only the broker's latencies move)."""
+
+    def __init__(self, root: Path, period: float = 0.2) -> None:
+        import socket
+        import sqlite3
+
+        self.period = period
+        self.sqlite_ms: list[float] = []
+        self.echo_ms: list[float] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.db = sqlite3.connect(root / "probe.sqlite", check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v BLOB)")
+        self.server = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._echo_server, daemon=True).start()
+        self.client = socket.create_connection(self.server.getsockname(), timeout=5)
+        self.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.thread = threading.Thread(target=self._run, name="probe", daemon=True)
+
+    def _echo_server(self) -> None:
+        import socket
+
+        conn, _ = self.server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            while data := conn.recv(4096):
+                conn.sendall(data)
+
+    def _run(self) -> None:
+        payload, k = b"p" * 64, 0
+        while not self.stop.wait(self.period):
+            k += 1
+            started = time.perf_counter()
+            self.db.execute("BEGIN")
+            self.db.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (k % 1000, payload))
+            self.db.execute("COMMIT")
+            middle = time.perf_counter()
+            self.client.sendall(payload)
+            got = 0
+            while got < len(payload):
+                got += len(self.client.recv(4096))
+            ended = time.perf_counter()
+            with self.lock:
+                self.sqlite_ms.append((middle - started) * 1000)
+                self.echo_ms.append((ended - middle) * 1000)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def take(self) -> tuple[list[float], list[float]]:
+        with self.lock:
+            out = self.sqlite_ms, self.echo_ms
+            self.sqlite_ms, self.echo_ms = [], []
+            return out
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.client.close()
+        self.server.close()
+        self.db.close()
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -263,7 +344,10 @@ class Load:
         return ServiceBusClient.from_connection_string(self.conn, retry_total=5)
 
     def start(self) -> None:
-        producers = [self._produce_q, self._produce_ttl, self._produce_sessions, self._produce_topic]
+        # soak-q's sends come from SENDERS threads, each at its share of the rate and out of phase with the others,
+        # so that one slow send does not hold up the schedule of every other
+        producers = [partial(self._produce_q, i) for i in range(SENDERS)]
+        producers += [self._produce_ttl, self._produce_sessions, self._produce_topic]
         consumers = [self._consume_q, self._consume_q, self._consume_dlq, self._consume_ttl]
         consumers += [self._consume_sessions, self._consume_sessions]
         consumers += [partial(self._consume_sub, s) for s in SUBS]
@@ -284,28 +368,31 @@ class Load:
                     self.ledger.other_errors[f"{name}:{type(exc).__name__}"] += 1
                 time.sleep(1)
 
-    def _paced(self, per_second: float):
-        """Yield at ``per_second`` while producing (catching up after a slow send, never bursting past a second)."""
+    def _paced(self, per_second: float, phase: float = 0.0):
+        """Open loop: yield the time each send is due, at a fixed ``per_second`` from the start, whatever the
+        sends before took. A send that starts late is late by the broker's doing (or the machine's), so its
+        latency counts from when it was due (no coordinated omission); nothing is skipped, so a stall is followed
+        by a catch-up at full speed, which shows in the latencies too."""
         interval = 1 / per_second
-        due = time.monotonic()
+        due = time.monotonic() + phase * interval
         while self.producing.is_set():
             now = time.monotonic()
             if due > now:
                 time.sleep(due - now)
-            due = max(due + interval, time.monotonic() - 1)
-            yield
+            yield due
+            due += interval
 
-    def _send(self, sender, messages: list[ServiceBusMessage], records: list[tuple[str, Sent]]) -> bool:
+    def _send(self, sender, messages: list[ServiceBusMessage], records: list[tuple[str, Sent]], due: float) -> bool:
         for mid, sent in records:
+            sent.due = due
             self.ledger.record_sent(mid, sent)
-        started = time.perf_counter()
         try:
             sender.send_messages(messages if len(messages) > 1 else messages[0])
         except ServiceBusError as exc:
             with self.ledger.lock:
                 self.ledger.send_errors[type(exc).__name__] += 1
             return False
-        elapsed = (time.perf_counter() - started) * 1000
+        elapsed = (time.monotonic() - due) * 1000
         with self.ledger.lock:
             self.ledger.send_ms.append(elapsed)
             for _, sent in records:
@@ -313,10 +400,10 @@ class Load:
         return True
 
     # --- soak-q -------------------------------------------------------------------------------------------------
-    def _produce_q(self) -> None:
+    def _produce_q(self, index: int) -> None:
         plans = [p for p, w in PLANS for _ in range(w)]
         with self.client() as client, client.get_queue_sender(Q) as sender:
-            for _ in self._paced(self.rate):
+            for due in self._paced(self.rate / SENDERS, index / SENDERS):
                 roll = random.random()
                 key = f"k{random.randrange(KEYS)}" if random.random() < 0.5 else None
                 if roll < 0.1:  # scheduled (a quarter cancelled)
@@ -324,9 +411,8 @@ class Load:
                     when = datetime.now(UTC) + timedelta(seconds=random.uniform(1, 4))
                     msg = ServiceBusMessage(b"scheduled", message_id=mid, partition_key=key,
                                             application_properties={"plan": "complete"})  # fmt: skip
-                    sent = Sent(Q, "scheduled")
+                    sent = Sent(Q, "scheduled", due=due)
                     self.ledger.record_sent(mid, sent)
-                    started = time.perf_counter()
                     try:
                         seqs = sender.schedule_messages(msg, when)
                     except ServiceBusError as exc:
@@ -334,7 +420,7 @@ class Load:
                             self.ledger.send_errors[type(exc).__name__] += 1
                         continue
                     with self.ledger.lock:
-                        self.ledger.send_ms.append((time.perf_counter() - started) * 1000)
+                        self.ledger.send_ms.append((time.monotonic() - due) * 1000)
                         sent.acked = True
                     self.last_scheduled = when.timestamp()
                     if random.random() < 0.25:
@@ -352,7 +438,7 @@ class Load:
                     messages.append(ServiceBusMessage(os.urandom(200), message_id=mid, partition_key=key,
                                                       application_properties={"plan": plan}))  # fmt: skip
                     records.append((mid, Sent(Q, plan)))
-                self._send(sender, messages, records)
+                self._send(sender, messages, records, due)
 
     def _consume_q(self) -> None:
         abandoned: set[str] = set()
@@ -390,7 +476,7 @@ class Load:
 
     def _settle(self, action, msg, where: str, what: str, timed: bool = False) -> bool:
         mid = str(msg.message_id)
-        started = time.perf_counter()
+        started = time.monotonic()
         try:
             action(msg)
         except ServiceBusError as exc:  # the lock ended without this settlement: the message comes again
@@ -398,7 +484,7 @@ class Load:
             return False
         if timed:
             with self.ledger.lock:
-                self.ledger.settle_ms.append((time.perf_counter() - started) * 1000)
+                self.ledger.settle_ms.append((time.monotonic() - started) * 1000)
         self.ledger.event(mid, where, what)
         return True
 
@@ -422,10 +508,10 @@ class Load:
     # --- soak-ttl -----------------------------------------------------------------------------------------------
     def _produce_ttl(self) -> None:
         with self.client() as client, client.get_queue_sender(TTL_Q) as sender:
-            for _ in self._paced(max(1.0, self.rate / 20)):
+            for due in self._paced(max(1.0, self.rate / 20)):
                 mid = self._mid("ttl")
                 msg = ServiceBusMessage(b"short-lived", message_id=mid, time_to_live=timedelta(seconds=1))
-                self._send(sender, [msg], [(mid, Sent(TTL_Q, "ttl"))])
+                self._send(sender, [msg], [(mid, Sent(TTL_Q, "ttl"))], due)
 
     def _consume_ttl(self) -> None:
         """Receives rarely: what it meets has mostly expired, which moves it to the dead-letter queue."""
@@ -440,13 +526,14 @@ class Load:
     def _produce_sessions(self) -> None:
         order = collections.Counter()
         with self.client() as client, client.get_queue_sender(S_Q) as sender:
-            for _ in self._paced(max(1.0, self.rate / 4)):
+            for due in self._paced(max(1.0, self.rate / 4)):
                 session = f"s{random.randrange(SESSIONS)}"
                 order[session] += 1
                 mid = self._mid("s")
                 msg = ServiceBusMessage(b"in-session", message_id=mid, session_id=session,
                                         application_properties={"order": order[session]})  # fmt: skip
-                if not self._send(sender, [msg], [(mid, Sent(S_Q, "session", session=session, order=order[session]))]):
+                sent = Sent(S_Q, "session", session=session, order=order[session])
+                if not self._send(sender, [msg], [(mid, sent)], due):
                     order[session] -= 1  # the next one takes its place in the order check
 
     def _consume_sessions(self) -> None:
@@ -488,12 +575,12 @@ class Load:
     # --- soak-t -------------------------------------------------------------------------------------------------
     def _produce_topic(self) -> None:
         with self.client() as client, client.get_topic_sender(TOPIC) as sender:
-            for _ in self._paced(max(1.0, self.rate / 4)):
+            for due in self._paced(max(1.0, self.rate / 4)):
                 mid, color = self._mid("t"), random.choice(COLORS)
                 key = f"k{random.randrange(KEYS)}" if random.random() < 0.5 else None
                 msg = ServiceBusMessage(b"fan-out", message_id=mid, partition_key=key,
                                         application_properties={"color": color})  # fmt: skip
-                self._send(sender, [msg], [(mid, Sent(TOPIC, color))])
+                self._send(sender, [msg], [(mid, Sent(TOPIC, color))], due)
 
     def _consume_sub(self, sub: str) -> None:
         where = f"{TOPIC}/{sub}"
@@ -586,11 +673,53 @@ def reconcile(ledger: Ledger) -> dict[str, int | list[str]]:
 
 
 # --------------------------------------------------------------------------------------------------------------
+LATENCIES = ("send_p50", "send_p99", "recv_p50", "recv_p99", "settle_p50", "settle_p99")
+
+
+def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
+    """One verdict per metric over the intervals after warm-up.
+
+    RSS and descriptors: each interval against the first of them (interval 2); ``GREW`` past ``FLAT`` fails the
+    run (a leak only grows). Latencies: their spread, the slowest interval's over the fastest's; ``flat`` within
+    ``FLAT``. A latency that is not flat is divided, interval by interval, by the machine's own drift in the same
+    interval (the geometric mean of the SQLite and echo probes' ratios to their medians): ``follows the machine``
+    when what is left is within ``FLAT`` (the machine slowed down, not the broker), ``MOVED`` otherwise."""
+    base = after[0]
+    drift: list[float] = []
+    for row in after:
+        parts = [row[p] / statistics.median([r[p] for r in after]) for p in ("sqlite", "echo") if row[p] == row[p]]
+        drift.append(statistics.geometric_mean(parts) if parts and all(parts) else float("nan"))
+    out = []
+    for name in ("rss", "fds"):
+        ratios = [r[name] / base[name] for r in after if base[name]]
+        worst = max(ratios) if ratios else float("nan")
+        out.append((name, f"max {worst:.2f}x of interval 2 ({'flat' if worst <= FLAT else 'GREW'})"))
+    for name in (*LATENCIES, "sqlite", "echo"):
+        values = [r[name] for r in after if r[name] == r[name] and r[name] > 0]
+        if len(values) < 2:
+            out.append((name, "too few samples"))
+            continue
+        spread = max(values) / min(values)
+        text = f"{min(values):.2f}-{max(values):.2f} ms, spread {spread:.2f}x"
+        if name in ("sqlite", "echo"):
+            out.append((name, f"{text} (the machine's probe)"))
+        elif spread <= FLAT:
+            out.append((name, f"{text} (flat)"))
+        else:
+            net = [r[name] / d for r, d in zip(after, drift, strict=True) if r[name] == r[name] and d == d and d > 0]
+            net_spread = max(net) / min(net) if len(net) >= 2 else float("nan")
+            verdict = "follows the machine" if net_spread <= FLAT else "MOVED"
+            out.append((name, f"{text}, {net_spread:.2f}x net of the machine's drift ({verdict})"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="how long the load runs")
     parser.add_argument("--interval", type=float, default=300.0, help="seconds per printed interval")
-    parser.add_argument("--rate", type=float, default=40.0, help="messages a second to soak-q (others in proportion)")
+    parser.add_argument(
+        "--rate", type=float, default=DEFAULT_RATE, help="messages a second to soak-q, open loop (others in proportion)"
+    )
     parser.add_argument("--workers", type=int, default=0, help="shardbus serve --workers")
     parser.add_argument("--drain", type=float, default=90.0, help="seconds the final drain may take at most")
     parser.add_argument("--data-dir", type=Path, help="where the broker's data goes (default: a temporary folder)")
@@ -602,13 +731,16 @@ def main(argv: list[str] | None = None) -> int:
     broker = Broker(root, args.workers)
     ledger = Ledger()
     load = Load(broker.connection_string, ledger, args.rate)
+    probe = Probe(root)
     print(f"soak: {args.minutes:g} min at {args.rate:g} msg/s to {Q} (+ {TTL_Q}, {S_Q}, {TOPIC}); broker pid "
           f"{broker.proc.pid}, workers={args.workers}, data in {root}", flush=True)  # fmt: skip
     print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
-          f"{'cmpl_p50':>9} {'cmpl_p99':>9} {'errors':>7}", flush=True)  # fmt: skip
+          f"{'recv_p50':>9} {'recv_p99':>9} {'cmpl_p50':>9} {'cmpl_p99':>9} {'errors':>7} {'sqlite':>8} "
+          f"{'echo':>8}", flush=True)  # fmt: skip
     rows: list[dict[str, float]] = []
     started = time.monotonic()
     load.start()
+    probe.start()
     end = started + args.minutes * 60
     sent_before = 0
     errors_before = 0
@@ -626,20 +758,24 @@ def main(argv: list[str] | None = None) -> int:
                 fd_samples.append(broker.usage()[1])
             rss, fds = broker.usage()
             fds = int(statistics.median([*fd_samples, fds]))
-            sends, settles, settled = ledger.take_latencies()
+            sends, receives, settles, settled = ledger.take_latencies()
+            sqlite_ms, echo_ms = probe.take()
             with ledger.lock:
                 sent_total = sum(1 for s in ledger.sent.values() if s.acked)
                 errors = sum(ledger.send_errors.values()) + sum(ledger.other_errors.values())
             row = {
                 "t": time.monotonic() - started, "sent": sent_total - sent_before, "settled": settled, "rss": rss,
                 "fds": fds, "send_p50": _pct(sends, 0.5), "send_p99": _pct(sends, 0.99),
+                "recv_p50": _pct(receives, 0.5), "recv_p99": _pct(receives, 0.99),
                 "settle_p50": _pct(settles, 0.5), "settle_p99": _pct(settles, 0.99), "errors": errors - errors_before,
+                "sqlite": _pct(sqlite_ms, 0.5), "echo": _pct(echo_ms, 0.5),
             }  # fmt: skip
             sent_before, errors_before = sent_total, errors
             rows.append(row)
             print(f"{row['t'] / 60:8.1f}m {row['sent']:7d} {row['settled']:8d} {rss:7.1f} {fds:5d} "
-                  f"{row['send_p50']:8.1f}ms {row['send_p99']:8.1f}ms {row['settle_p50']:8.1f}ms "
-                  f"{row['settle_p99']:8.1f}ms {row['errors']:7d}", flush=True)  # fmt: skip
+                  f"{row['send_p50']:7.1f}ms {row['send_p99']:7.1f}ms {row['recv_p50']:7.1f}ms "
+                  f"{row['recv_p99']:7.1f}ms {row['settle_p50']:7.1f}ms {row['settle_p99']:7.1f}ms "
+                  f"{row['errors']:7d} {row['sqlite']:6.2f}ms {row['echo']:6.3f}ms", flush=True)  # fmt: skip
         # Drain: producers stop, consumers go on until everything acknowledged reached its outcome.
         load.producing.clear()
         drain_start = time.monotonic()
@@ -665,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
         late = [t.name for t in load.threads if t.is_alive()]
         print(f"load stopped in {time.monotonic() - stopping:.1f} s{f' (still running: {late})' if late else ''}")
     finally:
+        probe.close()
         stopping = time.monotonic()
         rc_broker = broker.stop()
         print(f"broker stopped in {time.monotonic() - stopping:.1f} s", flush=True)
@@ -685,13 +822,9 @@ def main(argv: list[str] | None = None) -> int:
         print("reconcile: clean (0 lost, 0 unexplained duplicates, 0 misrouted)")
     after = rows[1:]  # the first interval is warm-up
     if len(after) >= 2:
-        base = after[0]
-        for name in ("rss", "fds", "send_p50", "send_p99", "settle_p50", "settle_p99"):
-            ratios = [r[name] / base[name] for r in after if base[name] and r[name] == r[name]]
-            worst = max(ratios) if ratios else float("nan")
-            verdict = "flat" if worst <= FLAT else "GREW"
-            print(f"flatness: {name}: max {worst:.2f}x of interval 2 ({verdict})")
-            if name in ("rss", "fds") and worst > FLAT and len(after) >= 3 and status == 0:
+        for name, verdict in flatness(after):
+            print(f"flatness: {name}: {verdict}")
+            if "GREW" in verdict and len(after) >= 3 and status == 0:
                 status = 2
     if not args.keep and args.data_dir is None:
         shutil.rmtree(root, ignore_errors=True)

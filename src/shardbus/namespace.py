@@ -28,6 +28,7 @@ from .entity.forwarding import Forwarder
 from .entity.receiver import Receiver
 from .entity.sessions import SessionReceiver, list_sessions
 from .entity.transactions import Transaction
+from .message_size import check_send_size
 from .model.errors import ArgumentError
 from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
 from .model.tiers import Quotas, Tier, TierRules
@@ -180,7 +181,9 @@ class Namespace(Lookups, Management, QuotaChecks, PartitionMaking, CatalogSync, 
     def submit_send(self, entity: str, messages: Message | list[Message]) -> Future:
         """Route and store messages without waiting; the future resolves once they are durable."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        return self._sender_entity(entity).submit_send(batch)
+        target = self._sender_entity(entity)
+        check_send_size(batch, *self.message_size_limits(target.description), entity)  # as over AMQP
+        return target.submit_send(batch)
 
     def send(self, entity: str, messages: Message | list[Message]) -> None:
         """Send one message or a batch (all-or-nothing) to a queue or topic; returns once stored durably."""
@@ -191,6 +194,7 @@ class Namespace(Lookups, Management, QuotaChecks, PartitionMaking, CatalogSync, 
         batch = [messages] if isinstance(messages, Message) else list(messages)
         result = []
         target = self._sender_entity(entity)
+        check_send_size(batch, *self.message_size_limits(target.description), entity)
         for m in batch:
             m = m.copy()
             m.scheduled_enqueue_time = enqueue_time

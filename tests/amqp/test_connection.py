@@ -647,3 +647,76 @@ def test_valid_stream_drives_cleanly(client_stream: bytes) -> None:
                 srv.close()
     assert E.DeliveryReceived in kinds and kinds[-1] is E.ConnectionClosed
     assert srv.error is None and srv.is_done
+
+
+# --- errors scoped to a session or a link that was not answered yet ------------------------------------------------
+def _server_after_open() -> Connection:
+    srv = Connection(Role.SERVER, "s", max_frame_size=65536)
+    srv.receive_data(AMQP_HEADER + _frame(Open(container_id="x")))
+    (opened,) = srv.next_events()
+    assert isinstance(opened, E.ConnectionOpened)
+    srv.open()
+    srv.data_to_send()
+    return srv
+
+
+def _sent(srv: Connection) -> list[tuple[int, Any]]:
+    from shardbus.amqp.framing import FrameReader
+    from shardbus.amqp.performatives import decode_performative
+
+    reader = FrameReader()
+    reader.feed(srv.data_to_send())
+    out = []
+    while (frame := reader.next_frame()) is not None:
+        if frame.body:
+            out.append((frame.channel, decode_performative(frame.body)[0]))
+    return out
+
+
+def test_an_error_in_an_unanswered_session_answers_its_begin_then_ends_it() -> None:
+    srv = _server_after_open()
+    srv.receive_data(
+        _frame(Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10), 1)
+        + _frame(Flow(next_incoming_id=0, incoming_window=10, next_outgoing_id=0, outgoing_window=10, handle=4), 1)
+    )
+    requested, ended = srv.next_events()
+    assert isinstance(requested, E.SessionBeginRequested) and isinstance(ended, E.SessionEnded)
+    assert ended.error.condition == Condition.UNATTACHED_HANDLE and not ended.by_peer and not srv.is_done
+    (ch, begin), (ch2, end) = _sent(srv)
+    assert isinstance(begin, Begin) and begin.remote_channel == 1 and isinstance(end, End) and ch == ch2
+    srv.begin(requested.session)  # the application's answer comes late: stale, nothing sent, nothing raised
+    assert srv.data_to_send() == b""
+    srv.receive_data(_frame(End(), 1))
+    assert not srv.sessions and not srv.is_done
+
+
+def test_a_begin_answering_nothing_is_refused_with_its_session_only() -> None:
+    srv = _server_after_open()
+    srv.receive_data(_frame(Begin(remote_channel=7, next_outgoing_id=0, incoming_window=10, outgoing_window=10), 2))
+    (ended,) = srv.next_events()
+    assert isinstance(ended, E.SessionEnded) and ended.error.condition == Condition.ILLEGAL_STATE
+    assert [type(p) for _, p in _sent(srv)] == [Begin, End] and not srv.is_done
+
+
+def test_a_transfer_on_an_unanswered_link_refuses_that_link_only() -> None:
+    srv = _server_after_open()
+    srv.receive_data(_frame(Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10), 0))
+    (requested,) = srv.next_events()
+    srv.begin(requested.session)
+    srv.data_to_send()
+    attach = Attach(
+        name="a", handle=3, role=SENDER, source=Source(), target=Target(address="q"), initial_delivery_count=0
+    )
+    srv.receive_data(_frame(attach, 0) + _frame(Transfer(handle=3, delivery_id=0, delivery_tag=b"t"), 0, b"m"))
+    req, detached = srv.next_events()
+    assert isinstance(req, E.LinkAttachRequested) and isinstance(detached, E.LinkDetached)
+    assert detached.error.condition == Condition.TRANSFER_LIMIT_EXCEEDED and not detached.by_peer
+    (_, a), (_, d) = _sent(srv)
+    assert isinstance(a, Attach) and a.source is None and a.target is None
+    assert isinstance(d, Detach) and d.closed and d.handle == a.handle
+    srv.attach_reply(req.link)  # stale answers: nothing sent, nothing raised
+    srv.flow(req.link, link_credit=10)
+    assert srv.data_to_send() == b""
+    srv.receive_data(_frame(Detach(handle=3, closed=True), 0))
+    srv.next_events()
+    assert requested.session.mapped and not requested.session.links and not srv.is_done

@@ -178,6 +178,40 @@ def test_too_many_waiting_writes_fail_as_any_store_error(monkeypatch: pytest.Mon
     assert len(failures) == 1 and isinstance(failures[0], StoreFull)
 
 
+def test_giving_up_on_a_full_store_fails_what_queued_behind_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes queued while the kept ones were being tried fail with them: written alone, a counts op among them
+    would land on a store that lacks the writes it assumes (kept counts drifting from the rows after a reload)."""
+    import threading
+
+    monkeypatch.setattr(committer_module, "MAX_KEPT_OPS", 3)
+    monkeypatch.setattr(committer_module, "FULL_RETRY", 0.05)
+    gate, entered = threading.Event(), threading.Event()
+
+    class GatedStore(FillingStore):
+        def apply(self, ops: list[Any], sync: bool = True) -> None:
+            entered.set()
+            gate.wait(5)
+            super().apply(ops, sync)
+
+    store = GatedStore()
+    failures: list[BaseException] = []
+    committer = _full_committer(store, failures)
+    store.full = True
+    kept = committer.submit([("delete", 0, [1]), ("delete", 0, [2]), ("delete", 0, [3])])
+    assert entered.wait(5)  # the kept batch is being written: what comes now queues behind it
+    behind = committer.submit([("counts", 0, -3)])  # queued while the kept batch is being tried
+    lingering = committer.submit([("delete", 0, [4])], linger=1.0)
+    gate.set()
+    for future in (kept, behind, lingering):
+        with pytest.raises(RuntimeError):
+            future.result(5)
+    assert len(failures) == 1 and isinstance(failures[0], StoreFull)
+    store.full = False
+    committer.submit([("create_slot", 9)]).result(5)  # the store takes writes again: only what came after
+    assert store.batches == [[("create_slot", 9)]]
+    assert committer.wait_idle(5)
+
+
 def test_closing_tries_a_full_store_once_more_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(committer_module, "FULL_RETRY", 60.0)
     store = FillingStore()

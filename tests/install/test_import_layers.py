@@ -49,6 +49,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("model",),  # pure values and rules
     ("amqp", "metrics", "logs", "extras", "runtime"),  # the sans-IO engine; what every process sets up
     ("message_wire",),  # a message's AMQP sections, shared by the client and the endpoint
+    ("message_size",),  # a message's size on the wire: the Python API's size check, as AMQP's
     ("store",),
     ("partition",),
     ("entity", "cluster"),  # entities over partitions; partitions in workers (neither imports the other)

@@ -24,9 +24,17 @@ The open/close handshake is tracked with four flags (``open_sent``, ``open_recei
 open_sent and close_sent before anything was received). Sessions (``session.py``) and links (``link.py``) own
 their own machines; this module maps channels to sessions and puts performatives on the wire.
 
-Anything the peer does wrong ends in a ``close`` with an error condition and a ``ConnectionClosed`` event (or an
-``end``/``detach`` for session/link-level errors): no exception caused by received bytes ever leaves
-``receive_data``. A connection closed that way drops the events of the same read that it had not handed out yet:
+Anything the peer does wrong ends in a ``close`` with an error condition and a ``ConnectionClosed`` event, or,
+where the spec scopes the error, only the session or link it concerns ends: a session-level error (window
+violation, unattached or reused handle, a begin that answers nothing) sends ``end`` with the condition, a
+link-level error (a malformed first transfer, a transfer before the link was answered and given credit) sends
+``detach`` closed=true, each with a ``SessionEnded``/``LinkDetached`` event (``by_peer`` False). A session or link
+the application has not answered yet is answered first (its ``begin``, or an ``attach`` with null source and
+target), since the peer must learn what ends; the application's own answer to it is then stale and does nothing.
+What stays connection-wide is what the spec makes so (a channel or handle beyond the announced maximum:
+framing-error, 2.7.1/2.7.2) or what cannot be tied to one endpoint (bytes that do not decode, a frame on a channel
+that has no session). No exception caused by received bytes ever leaves ``receive_data``. A connection closed
+that way drops the events of the same read that it had not handed out yet:
 answering them is moot, and answering them would be impossible. Exceptions raised to the caller
 (``LocalProtocolError``) are always the application's own misuse of the API.
 
@@ -61,6 +69,7 @@ from .events import (
     ConnectionClosed,
     ConnectionOpened,
     Event,
+    LinkDetached,
     SaslInit,
     SaslOutcome,
     SessionBeginRequested,
@@ -442,8 +451,11 @@ class Connection:
         auto_flow: bool = True,
     ) -> Session:
         """Begin a new session, or answer the peer's (pass the ``SessionBeginRequested.session``)."""
-        if session is not None and self.closing:
-            return session  # stale answer: nothing may follow close
+        if session is not None and (
+            self.closing
+            or (session.local_channel is not None and (session.state is _END_SENT or session.state is _ENDED))
+        ):
+            return session  # stale answer: nothing may follow close, or we ended the session for an error already
         self._require_open_sent()
         if session is None:
             session = Session(
@@ -467,7 +479,7 @@ class Connection:
             ch += 1
         if ch > limit:
             raise LocalProtocolError("no free channel")
-        begin = session._local_begin()
+        begin = session.local_begin()
         session.local_channel = ch
         self._local_sessions[ch] = session
         self._send(ch, begin)
@@ -484,7 +496,7 @@ class Connection:
             return
         if session.local_channel is None and session.state in (SessionState.BEGIN_RCVD, SessionState.END_RCVD):
             self.begin(session)  # never answered: the peer gets its begin before our end
-        session._local_end()
+        session.local_end()
         ch = session.local_channel
         if ch is not None:
             self._send(ch, End(error=error))
@@ -508,18 +520,18 @@ class Connection:
         properties: dict[Any, Any] | None = None,
     ) -> Link:
         """Attach a new link on ``session`` with our ``role`` (``SENDER``/``RECEIVER``)."""
-        link = session._new_link(name, role)
+        link = session.new_link(name, role)
         link.source, link.target = source, target
         link.snd_settle_mode, link.rcv_settle_mode = snd_settle_mode, rcv_settle_mode
         link.initial_delivery_count = initial_delivery_count
         link.max_message_size = max_message_size
         link.properties = properties
         try:
-            attach = session._local_attach(link)
+            attach = session.local_attach(link)
         except LocalProtocolError:
             session.links.pop((name, role), None)
             raise
-        self._send(session.local_channel, attach)  # type: ignore[arg-type]
+        self._send_on(session, attach)
         return link
 
     def attach_reply(
@@ -540,6 +552,8 @@ class Connection:
         meanwhile (its detach is answered next)."""
         if self.closing or link.session.state is not _MAPPED:
             return  # stale: the session or connection went away before we answered
+        if link.handle is not None and (link.state is LinkState.DETACH_SENT or link.state is LinkState.DETACHED):
+            return  # stale: we answered and detached it for an error already (``_link_failed``)
         stale = link.state is LinkState.DETACH_RCVD and link.handle is None
         if (link.state is not LinkState.ATTACH_RCVD and not stale) or link.remote_attach is None:
             raise LocalProtocolError("link is not waiting for an attach reply")
@@ -554,7 +568,7 @@ class Connection:
         link.max_message_size = max_message_size
         link.properties = properties
         session = link.session
-        self._send(session.local_channel, session._local_attach(link))  # type: ignore[arg-type]
+        self._send_on(session, session.local_attach(link))
 
     def detach(self, link: Link, *, closed: bool = True, error: Error | None = None) -> None:
         """Detach a link (or answer the peer's detach). A link still waiting for our attach reply is first
@@ -563,11 +577,11 @@ class Connection:
             return
         session = link.session
         if self.closing or session.local_channel is None or session.state is not _MAPPED:
-            link._local_detach()
+            link.local_detach()
             return
         if link.state is LinkState.ATTACH_RCVD or (link.state is LinkState.DETACH_RCVD and link.handle is None):
             self.attach_reply(link, source=None, target=None)
-        self._send(session.local_channel, session._local_detach(link, closed, error))
+        self._send(session.local_channel, session.local_detach(link, closed, error))
 
     def flow(
         self,
@@ -586,7 +600,7 @@ class Connection:
             if self._stale_link(target):
                 return
             if link_credit is not None or drain is not None:
-                target._set_credit(target.link_credit if link_credit is None else link_credit, bool(drain))
+                target.set_credit(target.link_credit if link_credit is None else link_credit, bool(drain))
             if available is not None:
                 target.available = available
             if target.handle is None or target.state not in (LinkState.ATTACHED, LinkState.ATTACH_SENT):
@@ -597,7 +611,7 @@ class Connection:
                 return
         if session.state is not _MAPPED:
             raise LocalProtocolError(f"session is {session.state.value}")
-        self._send(session.local_channel, session._flow(link, echo))  # type: ignore[arg-type]
+        self._send_on(session, session.make_flow(link, echo))
 
     def _stale_link(self, link: Link) -> bool:
         """The link, its session or the connection is going away: an answer about it is moot."""
@@ -616,8 +630,8 @@ class Connection:
         """Sending link: we have nothing more to send under drain; consume the remaining credit and tell."""
         if self._stale_link(link):
             return
-        link._drained()
-        self._send(link.session.local_channel, link.session._flow(link))  # type: ignore[arg-type]
+        link.complete_drain()
+        self._send_on(link.session, link.session.make_flow(link))
 
     # ======================================================================= public: deliveries
 
@@ -641,19 +655,19 @@ class Connection:
             settled = link.snd_settle_mode == SndSettleMode.SETTLED
         did = session.next_delivery_id
         lt = len(tag)
+        handle = link.handle
+        if handle is None:  # not attached by us yet: let the checks say so
+            session.check_can_send(link, 1, ignore_credit)
+            raise LocalProtocolError(f"link {link.name!r} has no handle")
         if state is None and not batchable and lt < 256:
             # Single-frame fast path: frame header and performative (what _transfer_head encodes) in one join.
-            handle = link.handle
-            if handle is None:  # not attached by us yet: let the checks say so
-                session._check_can_send(link, 1, ignore_credit)
-                raise LocalProtocolError(f"link {link.name!r} has no handle")
             h = _SMALL_UINTS[handle] if 0 <= handle < 256 else _uint(handle)
             d = _SMALL_UINTS[did] if did < 256 else _pBI(0x70, did)
             f = b"\x43" if message_format == 0 else _uint(message_format)
             n = len(h) + len(d) + lt + len(f) + 3
             size = _HDR_LEN + 6 + n + len(payload)
             if n < 255 and size <= self.remote_max_frame_size:
-                session._check_can_send(link, 1, ignore_credit)
+                session.check_can_send(link, 1, ignore_credit)
                 out = self._pending_amqp if self._pending_amqp is not None else self._out
                 out += b"".join(
                     (
@@ -669,13 +683,13 @@ class Connection:
                 )
                 out += payload
                 session.next_delivery_id = (did + 1) & 0xFFFFFFFF
-                session._sent_transfer_frames(1)
-                session._record_sent_delivery(link, did, tag, settled)
+                session.sent_transfer_frames(1)
+                session.record_sent_delivery(link, did, tag, settled)
                 return did
             first = _transfer_head(handle, did, tag, message_format, settled)
         else:
             first = Transfer(
-                handle=link.handle,  # type: ignore[arg-type]
+                handle=handle,
                 delivery_id=did,
                 delivery_tag=tag,
                 message_format=message_format,
@@ -685,11 +699,11 @@ class Connection:
             ).encode()
         max_frame = self.remote_max_frame_size
         if _HDR_LEN + len(first) + len(payload) <= max_frame:
-            session._check_can_send(link, 1, ignore_credit)
+            session.check_can_send(link, 1, ignore_credit)
             frames: list[tuple[bytes, bytes | memoryview]] = [(first, payload)]
         else:
             more_first = Transfer(
-                handle=link.handle,  # type: ignore[arg-type]
+                handle=handle,
                 delivery_id=did,
                 delivery_tag=tag,
                 message_format=message_format,
@@ -698,21 +712,21 @@ class Connection:
                 state=state,
                 batchable=batchable,
             ).encode()
-            cont_more = Transfer(handle=link.handle, more=True).encode()  # type: ignore[arg-type]
-            cont_last = Transfer(handle=link.handle).encode()  # type: ignore[arg-type]
+            cont_more = Transfer(handle=handle, more=True).encode()
+            cont_last = Transfer(handle=handle).encode()
             room_first = max_frame - _HDR_LEN - len(more_first)
             room = max_frame - _HDR_LEN - len(cont_more)
             if room_first <= 0 or room <= 0:
                 raise LocalProtocolError("peer max-frame-size too small for a transfer")
             view = memoryview(payload)
-            frames = [(more_first, view[:room_first])]
+            frames = [(more_first, view[:room_first])]  # memoryviews: the frames are copied to the output only
             pos = room_first
             n = len(payload)
             while pos < n:
-                chunk = view[pos : pos + room]
-                pos += len(chunk)
-                frames.append((cont_more if pos < n else cont_last, chunk))
-            session._check_can_send(link, len(frames), ignore_credit)
+                piece = view[pos : pos + room]
+                pos += len(piece)
+                frames.append((cont_more if pos < n else cont_last, piece))
+            session.check_can_send(link, len(frames), ignore_credit)
         ch = session.local_channel
         out = self._pending_amqp if self._pending_amqp is not None else self._out
         for perf, chunk in frames:  # what framing.encode_frame_into does, inlined: every delivery pays for it
@@ -720,8 +734,8 @@ class Connection:
             out += perf
             out += chunk
         session.next_delivery_id = (did + 1) & 0xFFFFFFFF
-        session._sent_transfer_frames(len(frames))
-        session._record_sent_delivery(link, did, tag, settled)
+        session.sent_transfer_frames(len(frames))
+        session.record_sent_delivery(link, did, tag, settled)
         return did
 
     def disposition(
@@ -741,7 +755,7 @@ class Connection:
             self.close_sent or self._phase is _DONE_PHASE or _going(session.state)
         ):
             return
-        session._local_settle(link, first, first if last is None else last, settled)
+        session.local_settle(link, first, first if last is None else last, settled)
         role = link.role
         tail = _SETTLED_ONE.get(state.__class__) if last is None and settled is True and batchable is False else None
         if tail is not None and role.__class__ is bool and 0 <= first <= 0xFFFFFFFF:
@@ -789,7 +803,14 @@ class Connection:
         else:
             self._out += body
 
-    def _session_send(self, session: Session, perf: Composite) -> None:
+    def _send_on(self, session: Session, perf: Composite) -> None:
+        """Put ``perf`` on ``session``'s channel (an application's answer: the session must have one)."""
+        channel = session.local_channel
+        if channel is None:
+            raise LocalProtocolError("the session has no channel yet: begin it first")
+        self._send(channel, perf)
+
+    def send_for_session(self, session: Session, perf: Composite) -> None:
         """Frames a session produces by itself (echo/window flows); dropped while it has no local channel."""
         if session.local_channel is not None and session.state is _MAPPED:
             self._send(session.local_channel, perf)
@@ -939,22 +960,20 @@ class Connection:
         if session is not None and t in _SESSION_FRAMES:
             try:
                 if t is Transfer and session.state is _MAPPED:  # the commonest frame, one layer less
-                    session._on_transfer(perf, body[offset:], self._events)  # type: ignore[arg-type]
+                    session.on_transfer(perf, body[offset:], self._events)
                 else:
-                    session._on_frame(perf, body[offset:] if t is Transfer else b"", self._events)
+                    session.on_frame(perf, body[offset:] if t is Transfer else b"", self._events)
             except LinkViolation as exc:
-                d = session._link_violation(exc, self._events)
-                if d is not None:
-                    self._send(session.local_channel, d)  # type: ignore[arg-type]
+                self._link_failed(exc)
             except SessionViolation as exc:
                 self._session_failed(session, exc)
             return
         if t is Begin:
-            self._on_begin(channel, perf)  # type: ignore[arg-type]
+            self._on_begin(channel, perf)
         elif t is End:
-            self._on_end(channel, perf)  # type: ignore[arg-type]
+            self._on_end(channel, perf)
         elif t is Close:
-            self._on_close(perf)  # type: ignore[arg-type]
+            self._on_close(perf)
         elif t is Open:
             raise ConnectionViolation(Condition.ILLEGAL_STATE, "second open")
         elif isinstance(perf, Performative) and perf.CODE >= 0x40:
@@ -994,14 +1013,20 @@ class Connection:
         self._ended_remote_channels.discard(channel)
         if begin.remote_channel is not None:
             session = self._local_sessions.get(begin.remote_channel)
-            if session is None or session.state is not SessionState.BEGIN_SENT:
-                raise ConnectionViolation(Condition.ILLEGAL_STATE, "begin answers no begin of ours")
-            session._remote_begin(begin, channel)
+            if session is not None and session.state is SessionState.BEGIN_SENT:
+                session.on_begin(begin, channel)
+                self._remote_sessions[channel] = session
+                self._events.append(SessionBegun(session, begin))
+                return
+            # A session-level error (the channel is free and the begin well formed): that session is refused,
+            # answered and ended at once, and the application never hears of it but for the end.
+            session = Session(self, handle_max=self.handle_max)
+            session.on_begin(begin, channel)
             self._remote_sessions[channel] = session
-            self._events.append(SessionBegun(session, begin))
+            self._session_failed(session, SessionViolation(Condition.ILLEGAL_STATE, "begin answers no begin of ours"))
             return
         session = Session(self, handle_max=self.handle_max)
-        session._remote_begin(begin, channel)
+        session.on_begin(begin, channel)
         self._remote_sessions[channel] = session
         self._events.append(SessionBeginRequested(session, begin))
 
@@ -1012,20 +1037,42 @@ class Connection:
                 return
             raise ConnectionViolation(Condition.NOT_FOUND, f"end on unused channel {channel}")
         self._ended_remote_channels.add(channel)
-        reply_needed = session._remote_end()
+        reply_needed = session.on_end()
         if session.state is SessionState.ENDED and session.local_channel is not None:
             self._local_sessions.pop(session.local_channel, None)
         self._events.append(SessionEnded(session, end.error, by_peer=True, reply_needed=reply_needed))
 
     def _session_failed(self, session: Session, exc: SessionViolation) -> None:
-        """End a session after a session-level violation by the peer."""
+        """End a session after a session-level violation by the peer (2.5.5: end with the error). A session the
+        application has not answered yet is answered first (the peer must learn which channel ends); the
+        application's own answer to its ``SessionBeginRequested``, still to come, is then stale (``begin``)."""
         err = Error(exc.condition, exc.description)
-        if session.state is _MAPPED and session.local_channel is not None:
-            session._local_end()
+        state = session.state
+        if state is SessionState.BEGIN_RCVD and session.local_channel is None:
+            self.begin(session)
+            state = session.state
+        if state is _MAPPED and session.local_channel is not None:
+            session.local_end()
             self._send(session.local_channel, End(error=err))
             self._events.append(SessionEnded(session, err, by_peer=False, reply_needed=False))
         else:
             raise ConnectionViolation(exc.condition, exc.description)
+
+    def _link_failed(self, exc: LinkViolation) -> None:
+        """Detach a link after a link-level violation by the peer (2.6.6: detach closed with the error). A link
+        the application has not answered yet gets its attach first, with null source and target (2.6.3: an
+        attach is answered before its detach); the application's own answer, still to come, is then stale."""
+        link = exc.link
+        if not (
+            link.state is _LINK_ATTACHED or link.state is LinkState.ATTACH_SENT or link.state is LinkState.ATTACH_RCVD
+        ):
+            return
+        if link.session.state is not _MAPPED:  # its session is not answered yet either: refuse the session
+            self._session_failed(link.session, SessionViolation(exc.condition, exc.description))
+            return
+        err = Error(exc.condition, exc.description)
+        self.detach(link, closed=True, error=err)
+        self._events.append(LinkDetached(link, True, err, False, False))
 
     def _fail(self, condition: str, description: str) -> None:
         """Close after a violation by the peer: send close(error) and finish."""

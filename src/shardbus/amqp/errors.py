@@ -8,7 +8,12 @@ those conditions from deep inside frame handling up to the machine that owns the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .types import Symbol
+
+if TYPE_CHECKING:
+    from .link import Link
 
 __all__ = ["Condition", "LocalProtocolError"]
 
@@ -63,6 +68,6 @@ class SessionViolation(ConnectionViolation):
 class LinkViolation(ConnectionViolation):
     """Peer error that must detach the link ``link`` with ``condition``."""
 
-    def __init__(self, link: object, condition: str, description: str) -> None:
+    def __init__(self, link: Link, condition: str, description: str) -> None:
         super().__init__(condition, description)
         self.link = link

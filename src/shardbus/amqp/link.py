@@ -41,9 +41,9 @@ __all__ = ["ABORTED", "TOO_LARGE", "Link", "LinkState"]
 _MASK = 0xFFFFFFFF
 
 ABORTED = 1
-"""Outcome flag of ``Link._on_transfer``: the sender aborted the delivery."""
+"""Outcome flag of ``Link.on_transfer``: the sender aborted the delivery."""
 TOO_LARGE = 2
-"""Outcome flag of ``Link._on_transfer``: the delivery passed the size bound."""
+"""Outcome flag of ``Link.on_transfer``: the delivery passed the size bound."""
 
 
 def serial_diff(a: int, b: int) -> int:
@@ -70,7 +70,11 @@ _DETACH_SENT = LinkState.DETACH_SENT
 
 
 class Link:
-    """One link end. Read its attributes freely; change it only through ``Connection`` methods."""
+    """One link end. Read its attributes freely; change it only through ``Connection`` methods.
+
+    The methods below the properties (``local_attach``, ``on_attach``, ``local_detach``, ``on_detach``,
+    ``on_flow``, ``flow_fields``, ``set_credit``, ``complete_drain``, ``spend_credit``, ``on_transfer``) are the
+    engine's internal interface: its ``Session`` and ``Connection`` call them, the application never does."""
 
     __slots__ = (
         "_partial",
@@ -155,9 +159,12 @@ class Link:
     # ------------------------------------------------------------------------------------ attach / detach
 
     def _make_attach(self) -> Attach:
+        handle = self.handle
+        if handle is None:  # the session assigns one before our attach (Session.local_attach)
+            raise LocalProtocolError(f"link {self.name!r} has no handle")
         return Attach(
             name=self.name,
-            handle=self.handle,  # type: ignore[arg-type]
+            handle=handle,
             role=self.role,
             snd_settle_mode=self.snd_settle_mode,
             rcv_settle_mode=self.rcv_settle_mode,
@@ -168,7 +175,7 @@ class Link:
             properties=self.properties,
         )
 
-    def _local_attach(self) -> Attach:
+    def local_attach(self) -> Attach:
         if self.state is LinkState.DETACHED:
             self.state = LinkState.ATTACH_SENT
         elif self.state is LinkState.ATTACH_RCVD:
@@ -179,7 +186,7 @@ class Link:
             self.delivery_count = self.initial_delivery_count
         return self._make_attach()
 
-    def _remote_attach(self, attach: Attach) -> None:
+    def on_attach(self, attach: Attach) -> None:
         """Record the peer's attach (new link or answer to ours)."""
         if self.state is LinkState.DETACHED:
             self.state = LinkState.ATTACH_RCVD
@@ -194,7 +201,7 @@ class Link:
         if self.role == RECEIVER and attach.initial_delivery_count is not None:
             self.delivery_count = attach.initial_delivery_count
 
-    def _local_detach(self) -> None:
+    def local_detach(self) -> None:
         if self.state in (LinkState.ATTACHED, LinkState.ATTACH_SENT, LinkState.ATTACH_RCVD):
             self.state = LinkState.DETACH_SENT
         elif self.state is LinkState.DETACH_RCVD:
@@ -203,7 +210,7 @@ class Link:
             raise LocalProtocolError(f"cannot detach link in state {self.state.value}")
         self._partial = None
 
-    def _remote_detach(self) -> bool:
+    def on_detach(self) -> bool:
         """Record the peer's detach; returns True if we still have to answer."""
         self._partial = None
         if self.state is LinkState.DETACH_SENT:
@@ -214,7 +221,7 @@ class Link:
 
     # ---------------------------------------------------------------------------------------------- flow
 
-    def _on_flow(self, flow: Flow) -> None:
+    def on_flow(self, flow: Flow) -> None:
         """Re-base credit from the peer's link flow state (2.6.7)."""
         if self.role == SENDER:
             dc_rcv = self.initial_delivery_count if flow.delivery_count is None else flow.delivery_count
@@ -231,7 +238,7 @@ class Link:
             if flow.available is not None:
                 self.available = flow.available
 
-    def _make_flow(self) -> dict[str, Any]:
+    def flow_fields(self) -> dict[str, Any]:
         """Link fields of an outgoing flow (the session adds its own)."""
         return {
             "handle": self.handle,
@@ -241,13 +248,13 @@ class Link:
             "drain": self.drain,
         }
 
-    def _set_credit(self, credit: int, drain: bool) -> None:
+    def set_credit(self, credit: int, drain: bool) -> None:
         if self.role == SENDER:
             raise LocalProtocolError("only a receiving link grants credit")
         self.link_credit = credit
         self.drain = drain
 
-    def _drained(self) -> None:
+    def complete_drain(self) -> None:
         """Sender has nothing more to send under drain: consume all credit (2.6.7)."""
         if self.role != SENDER:
             raise LocalProtocolError("only a sending link completes a drain")
@@ -256,12 +263,12 @@ class Link:
 
     # ------------------------------------------------------------------------------------------ delivery
 
-    def _spend_credit(self) -> None:
+    def spend_credit(self) -> None:
         self.delivery_count = (self.delivery_count + 1) & _MASK
         if self.link_credit > 0:
             self.link_credit -= 1
 
-    def _on_transfer(self, t: Transfer, payload: bytes, size_limit: int) -> tuple[Any, ...] | None:
+    def on_transfer(self, t: Transfer, payload: bytes, size_limit: int) -> tuple[Any, ...] | None:
         """Feed one transfer frame. Returns the completed delivery as
         ``(delivery_id, tag, format, settled, state, payload, batchable, flag)`` or None while incomplete (or
         while the rest of a refused delivery is discarded). ``flag`` is 0, ``ABORTED``, or ``TOO_LARGE`` (reported
@@ -271,6 +278,10 @@ class Link:
         if self.state is not _ATTACHED:
             if self.state is _DETACH_SENT:
                 return None  # in flight while we detach: discard
+            if self.state is LinkState.ATTACH_RCVD:  # before our attach, so before any credit: this link's error
+                raise LinkViolation(
+                    self, Condition.TRANSFER_LIMIT_EXCEEDED, "transfer before the link was attached and given credit"
+                )
             raise SessionViolation(Condition.ILLEGAL_STATE, f"transfer on link in state {self.state.value}")
         p = self._partial
         if p is None:
@@ -317,19 +328,19 @@ class Link:
         received = p[5]
         if t.aborted:
             self._partial = None
-            self._spend_credit()
+            self.spend_credit()
             return None if received is None else (p[0], p[1], p[2], p[3], p[4], b"", p[6], ABORTED)
         self._partial_size += len(payload)
         if received is None:  # refused already: count and drop what still comes of it
             if not t.more:
                 self._partial = None
-                self._spend_credit()
+                self.spend_credit()
             return None
         if self._partial_size > p[7]:
             p[5] = None  # free what was buffered now, not when the last frame comes
             if not t.more:
                 self._partial = None
-                self._spend_credit()
+                self.spend_credit()
             return (p[0], p[1], p[2], p[3], p[4], (self._partial_size, p[7]), p[6], TOO_LARGE)
         # One growing buffer rather than a list of frames joined at the end: a large buffer grows in place (realloc,
         # mremap), so a 100 MB delivery costs its own size plus the final copy, and no heap of frame-sized blocks
@@ -338,5 +349,5 @@ class Link:
         if t.more:
             return None
         self._partial = None
-        self._spend_credit()
+        self.spend_credit()
         return (p[0], p[1], p[2], p[3], p[4], bytes(received), p[6], 0)

@@ -19,8 +19,10 @@ we send, ``next_incoming_id``/``incoming_window`` what we accept. When our incom
 its configured size the session refreshes it with a ``flow`` automatically (``auto_flow``), so the application
 only deals with link credit. Delivery ids (per session, per direction) and the unsettled maps also live here.
 
-Frames arrive through ``_on_frame`` (called by the connection); application actions come through the
-``Connection`` methods, which call the ``_local_*`` methods here and put the returned performatives on the wire.
+Frames arrive through ``on_frame``/``on_transfer`` and ``on_begin``/``on_end`` (called by the connection);
+application actions come through the ``Connection`` methods, which call the ``local_*`` methods here and put the
+returned performatives on the wire. Those methods, without a leading underscore but not for the application, are
+the engine's internal interface between connection, session and link (each typed; the rest stays private here).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
-from .errors import Condition, ConnectionViolation, LinkViolation, LocalProtocolError, SessionViolation
+from .errors import Condition, ConnectionViolation, LocalProtocolError, SessionViolation
 from .events import (
     DeliveryAborted,
     DeliveryReceived,
@@ -140,7 +142,7 @@ class Session:
             properties=self.properties,
         )
 
-    def _local_begin(self) -> Begin:
+    def local_begin(self) -> Begin:
         if self.state is SessionState.UNMAPPED:
             self.state = SessionState.BEGIN_SENT
         elif self.state is SessionState.BEGIN_RCVD:
@@ -151,7 +153,7 @@ class Session:
             raise LocalProtocolError(f"cannot begin session in state {self.state.value}")
         return self._make_begin()
 
-    def _remote_begin(self, begin: Begin, channel: int) -> None:
+    def on_begin(self, begin: Begin, channel: int) -> None:
         if self.state is SessionState.UNMAPPED:
             self.state = SessionState.BEGIN_RCVD
         elif self.state is SessionState.BEGIN_SENT:
@@ -165,7 +167,7 @@ class Session:
         self.remote_outgoing_window = begin.outgoing_window
         self.remote_handle_max = begin.handle_max
 
-    def _local_end(self) -> None:
+    def local_end(self) -> None:
         if self.state in (SessionState.MAPPED, SessionState.BEGIN_SENT, SessionState.BEGIN_RCVD):
             self.state = SessionState.END_SENT
         elif self.state is SessionState.END_RCVD:
@@ -174,7 +176,7 @@ class Session:
             raise LocalProtocolError(f"cannot end session in state {self.state.value}")
         self._forget_links()
 
-    def _remote_end(self) -> bool:
+    def on_end(self) -> bool:
         """Record the peer's end; True if we still have to answer."""
         if self.state is SessionState.END_SENT:
             self.state = SessionState.ENDED
@@ -193,7 +195,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------- link control
 
-    def _new_link(self, name: str, role: bool) -> Link:
+    def new_link(self, name: str, role: bool) -> Link:
         key = (name, role)
         if key in self.links:
             raise LocalProtocolError(f"a {'receiver' if role else 'sender'} link named {name!r} already exists")
@@ -210,16 +212,19 @@ class Session:
         link.handle = h
         self._by_handle[h] = link
 
-    def _local_attach(self, link: Link) -> Attach:
+    def local_attach(self, link: Link) -> Attach:
         if self.state not in (SessionState.MAPPED, SessionState.BEGIN_SENT):
             raise LocalProtocolError(f"cannot attach on a session in state {self.state.value}")
         if link.handle is None:
             self._assign_handle(link)
-        return link._local_attach()
+        return link.local_attach()
 
-    def _local_detach(self, link: Link, closed: bool, error: Any) -> Detach:
-        link._local_detach()
-        d = Detach(handle=link.handle, closed=closed, error=error)  # type: ignore[arg-type]
+    def local_detach(self, link: Link, closed: bool, error: Any) -> Detach:
+        handle = link.handle
+        if handle is None:
+            raise LocalProtocolError(f"link {link.name!r} was never attached by us")
+        link.local_detach()
+        d = Detach(handle=handle, closed=closed, error=error)
         if link.state is LinkState.DETACHED:
             self._release(link)
         return d
@@ -240,7 +245,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ flow
 
-    def _flow(self, link: Link | None = None, echo: bool = False) -> Flow:
+    def make_flow(self, link: Link | None = None, echo: bool = False) -> Flow:
         f = Flow(
             next_incoming_id=self.next_incoming_id,
             incoming_window=self.incoming_window,
@@ -251,7 +256,7 @@ class Session:
         if link is not None:
             if link.handle is None:
                 raise LocalProtocolError("link has no handle")
-            lf = link._make_flow()
+            lf = link.flow_fields()
             f.handle = lf["handle"]
             f.delivery_count = lf["delivery_count"]
             f.link_credit = lf["link_credit"]
@@ -261,7 +266,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------- transfers out
 
-    def _check_can_send(self, link: Link, frames: int, ignore_credit: bool) -> None:
+    def check_can_send(self, link: Link, frames: int, ignore_credit: bool) -> None:
         if link.role != SENDER:
             raise LocalProtocolError("cannot send on a receiving link")
         if not link.attached:
@@ -274,12 +279,12 @@ class Session:
             if self.remote_incoming_window < frames:
                 raise LocalProtocolError("the peer's session incoming window is exhausted")
 
-    def _sent_transfer_frames(self, n: int) -> None:
+    def sent_transfer_frames(self, n: int) -> None:
         self.next_outgoing_id = (self.next_outgoing_id + n) & _MASK
         self.remote_incoming_window -= n
 
-    def _record_sent_delivery(self, link: Link, delivery_id: int, tag: bytes, settled: bool) -> None:
-        link._spend_credit()
+    def record_sent_delivery(self, link: Link, delivery_id: int, tag: bytes, settled: bool) -> None:
+        link.spend_credit()
         if not settled:
             self.outgoing_unsettled[delivery_id] = _new_ref(DeliveryRef, (link, delivery_id, tag))
             link.unsettled[tag] = delivery_id
@@ -319,7 +324,7 @@ class Session:
                 ref.link.unsettled.pop(ref.delivery_tag, None)
         return out
 
-    def _local_settle(self, link: Link, first: int, last: int, settled: bool) -> None:
+    def local_settle(self, link: Link, first: int, last: int, settled: bool) -> None:
         """Check that a disposition may be sent on ``link`` and forget the deliveries it settles."""
         if self.state is not _MAPPED:
             raise LocalProtocolError(f"session is {self.state.value}")
@@ -332,7 +337,7 @@ class Session:
 
     def _send_own(self, perf: Composite) -> None:
         """Put a frame the session produces by itself (echo/window flows) on the wire."""
-        self.connection._session_send(self, perf)
+        self.connection.send_for_session(self, perf)
 
     def _link_for(self, handle: int) -> Link:
         link = self._by_remote_handle.get(handle)
@@ -340,21 +345,20 @@ class Session:
             raise SessionViolation(Condition.UNATTACHED_HANDLE, f"no link attached with handle {handle}")
         return link
 
-    def _on_frame(self, perf: Composite, payload: bytes, events: list[Event]) -> None:
+    def on_frame(self, perf: Composite, payload: bytes, events: list[Event]) -> None:
         """Handle a frame for this session (not begin/end, which the connection routes itself)."""
         if self.state is _END_SENT or self.state is _END_RCVD:
             return  # discarding: the peer has not seen our end yet, or has ended and is winding down
-        t = type(perf)
-        if t is Transfer:
-            self._on_transfer(perf, payload, events)  # type: ignore[arg-type]
-        elif t is Disposition:
-            self._on_disposition(perf, events)  # type: ignore[arg-type]
-        elif t is Flow:
-            self._on_flow(perf, events)  # type: ignore[arg-type]
-        elif t is Attach:
-            self._on_attach(perf, events)  # type: ignore[arg-type]
-        elif t is Detach:
-            self._on_detach(perf, events)  # type: ignore[arg-type]
+        if isinstance(perf, Disposition):  # the commonest here (a transfer of a mapped session goes straight)
+            self._on_disposition(perf, events)
+        elif isinstance(perf, Transfer):
+            self.on_transfer(perf, payload, events)
+        elif isinstance(perf, Flow):
+            self._on_flow(perf, events)
+        elif isinstance(perf, Attach):
+            self._on_attach(perf, events)
+        elif isinstance(perf, Detach):
+            self._on_detach(perf, events)
         else:
             raise SessionViolation(Condition.ILLEGAL_STATE, f"unexpected {type(perf).__name__} on a session")
 
@@ -368,14 +372,14 @@ class Session:
         our_role = not a.role
         link = self.links.get((a.name, our_role))
         if link is not None and link.state is LinkState.ATTACH_SENT:
-            link._remote_attach(a)
+            link.on_attach(a)
             self._by_remote_handle[a.handle] = link
             events.append(LinkAttached(link, a))
             return
         if link is not None:
             raise SessionViolation(Condition.HANDLE_IN_USE, f"link {a.name!r} is already attached")
-        link = self._new_link(a.name, our_role)
-        link._remote_attach(a)
+        link = self.new_link(a.name, our_role)
+        link.on_attach(a)
         self._by_remote_handle[a.handle] = link
         events.append(LinkAttachRequested(link, a))
 
@@ -384,7 +388,7 @@ class Session:
         if link is None:
             return  # detach for a link we already forgot (refused attach, crossed detaches): harmless
         del self._by_remote_handle[d.handle]
-        reply_needed = link._remote_detach()
+        reply_needed = link.on_detach()
         if link.state is LinkState.DETACHED:
             self._release(link)
         events.append(LinkDetached(link, bool(d.closed), d.error, True, reply_needed))
@@ -400,12 +404,12 @@ class Session:
         link = None
         if f.handle is not None:
             link = self._link_for(f.handle)
-            link._on_flow(f)
+            link.on_flow(f)
         if f.echo:
-            self._send_own(self._flow(link))
+            self._send_own(self.make_flow(link))
         events.append(FlowReceived(self, link, f))
 
-    def _on_transfer(self, t: Transfer, payload: bytes, events: list[Event]) -> None:
+    def on_transfer(self, t: Transfer, payload: bytes, events: list[Event]) -> None:
         window = self.incoming_window - 1
         if window < 0:
             raise SessionViolation(Condition.WINDOW_VIOLATION, "transfer beyond the incoming window")
@@ -419,12 +423,12 @@ class Session:
         self.remote_outgoing_window -= 1
         if self.auto_flow and window * 2 < self.configured_incoming_window:
             self.incoming_window = self.configured_incoming_window
-            self._send_own(self._flow())
+            self._send_own(self.make_flow())
         limit = self.connection.max_message_size
         own_limit = link.max_message_size
         if own_limit and own_limit < limit:
             limit = own_limit
-        done = link._on_transfer(t, payload, limit)
+        done = link.on_transfer(t, payload, limit)
         if done is None:
             return
         did, tag, fmt, settled, state, data, batchable, flag = done
@@ -455,15 +459,3 @@ class Session:
         settled = bool(d.settled)
         refs = self._settle_range(mine, first, last, settled)
         events.append(DispositionReceived(self, d.role, first, last, settled, d.state, bool(d.batchable), refs))
-
-    def _link_violation(self, exc: LinkViolation, events: list[Event]) -> Detach | None:
-        """Detach the offending link with the violation's error (link-level recovery)."""
-        from .performatives import Error
-
-        link: Link = exc.link  # type: ignore[assignment]
-        if link.state not in (LinkState.ATTACHED, LinkState.ATTACH_SENT, LinkState.ATTACH_RCVD):
-            return None
-        err = Error(exc.condition, exc.description)
-        d = self._local_detach(link, True, err)
-        events.append(LinkDetached(link, True, err, False, False))
-        return d

@@ -360,8 +360,12 @@ class WorkerConnection:
             return self.worker.in_thread(lambda: None)
         return self.worker.in_thread(self.host.close, key)
 
-    def _tick(self, _key: str, clocks: dict[str, float]) -> dict[str, str | None]:
-        return self.host.tick(clocks)
+    def _tick(self, _key: str, clocks: dict[str, float]) -> dict[str, str | None] | Future:
+        # An unavailable partition's tick may reload it (a full store's ``_recover``: stop + start, file I/O):
+        # off the loop then, so that the worker's other partitions keep being served meanwhile.
+        if all(p.healthy for p in self.host.partitions.values()):
+            return self.host.tick(clocks)
+        return self.worker.in_thread(self.host.tick, clocks)
 
     def _health(self, _key: str) -> dict[str, str | None]:
         return self.host.health()

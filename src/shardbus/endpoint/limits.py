@@ -20,6 +20,10 @@ Every limit is announced where AMQP lets a peer learn it, and enforced where the
 
 The defaults fit the SDK: it opens one session per connection and a few links, sends empty frames at half the
 announced idle time-out from its keep-alive loop, and is told to expect at least two minutes (SERVICEBUS_AMQP.md).
+
+Message sizes are the entity's (``Namespace.message_size_limits``: its largest message and largest batch). Over
+AMQP the engine bounds each delivery as it arrives (endpoint/connection.py); the Python API (``Namespace.send``)
+checks the same bounds with ``message_size.check_send_size``, so a message is refused the same way on either path.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ settlement); other kept writes' callers wait until it is written. While the comm
 first send after that is the probe that finds out whether space has returned. Only when more than
 ``MAX_KEPT_OPS`` operations wait (a long outage under a stream of settlements: memory must stay bounded) or the
 store is being closed is a full write treated like any other failure (``on_failure``: the partition becomes
-unavailable and reloads what is durable, partition/broker.py).
+unavailable and reloads what is durable, partition/broker.py); every write queued behind then fails too, so that
+nothing written after the lost ones assumes they landed (a counts op would drift from the rows).
 """
 
 from __future__ import annotations
@@ -254,10 +255,17 @@ class GroupCommitter:
                 if not self._pending:
                     self._idle.set()
                 return True
-        if kept:
+            # Giving up: what queued behind the kept writes fails with them. Written without them, it would land
+            # on a store that lacks what it builds on (a counts op assumes the writes before it landed), and the
+            # partition's reload (``on_failure``) must find the store as the last successful write left it.
+            behind, self._pending, self._shared = self._pending, [], None
+            self._urgent = self._sync = False
+        failed = kept + behind
+        if failed:
             error = self._on_failure(exc)
-            for _, _, future, _ in kept:
-                future.set_exception(error)
+            for _, _, future, _ in failed:
+                if not future.done():
+                    future.set_exception(error)
         return False
 
     def hurry(self) -> None:

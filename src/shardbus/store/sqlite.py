@@ -87,6 +87,8 @@ def _queue_terms(queue: int) -> str:
     return f"{dead}queue = ? AND seq >= ? AND seq < ? AND state = 0"
 
 
+LARGE_BLOB = 1 << 20  # a row with more data than this is written through incremental blob I/O (``_put_large``)
+_BLOB_CHUNK = 1 << 20  # bytes per blob write
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
 _PUT_VALUES = [",".join(["(?,?,?,?,NULL,?)"] * (1 << k)) for k in range(_PUT_CHUNK.bit_length())]
@@ -276,6 +278,9 @@ class SqliteStore:
 
     def _put(self, slot: int, rows: list[Row]) -> None:
         table = _table(slot)
+        if len(rows) == 1 and len(rows[0][5]) > LARGE_BLOB:  # a large message comes alone (batches are <= 1 MB)
+            self._put_large(table, rows[0])
+            return
         if any(row.dead_letter is not None for row in rows):
             self._db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?,?,?,?,?,?)", rows)
             return
@@ -298,6 +303,22 @@ class SqliteStore:
             execute(_put_sql(table, k), values)
             i += 1 << k
         self._written += written
+
+    def _put_large(self, table: str, row: Row) -> None:
+        """Write a large message's row through incremental blob I/O: a zeroblob of its size, then its bytes in
+        place, a chunk at a time. Bound as a parameter, the record would be copied twice more (a bytearray here,
+        and SQLite's own copy of a bound blob) while the page cache and the WAL take it anyway."""
+        seq, queue, state, delivery_count, dead_letter, data = row
+        n = len(data)
+        self._db.execute(
+            f"INSERT OR REPLACE INTO {table} VALUES (?,?,?,?,?,zeroblob(?))",
+            (seq, queue, state, delivery_count, dead_letter, n),
+        )
+        view = memoryview(data)
+        with self._db.blobopen(table, "data", seq) as blob:  # seq is the rowid (INTEGER PRIMARY KEY)
+            for start in range(0, n, _BLOB_CHUNK):
+                blob.write(view[start : start + _BLOB_CHUNK])
+        self._written += n
 
     def _delete(self, slot: int, seqs: list[int]) -> None:
         table = _table(slot)
