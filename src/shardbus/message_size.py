@@ -20,7 +20,7 @@ from .model.errors import MessageSizeExceeded
 from .model.message import BodyType as CoreBody
 from .model.message import Message, datetime_to_ms
 
-__all__ = ["check_send_size", "wire_size"]
+__all__ = ["batches_within", "check_send_size", "wire_size"]
 
 _SECTION = 3  # a section's descriptor: 0x00 0x53 code
 
@@ -77,3 +77,22 @@ def check_send_size(messages: Sequence[Message], largest: int, batch_largest: in
             f"The batch of {len(messages)} messages (size: {total} bytes) exceeds the limit ({batch_largest} bytes) "
             f"currently allowed for '{entity}'."
         )
+
+
+def batches_within(messages: Sequence[Message], batch_largest: int) -> list[list[Message]]:
+    """``messages`` cut, in order, into batches that each fit ``batch_largest`` as ``check_send_size`` measures a
+    batch (a message too large for any batch goes alone, to be refused on its own)."""
+    batches: list[list[Message]] = []
+    batch: list[Message] = []
+    total = 0
+    for m in messages:
+        size = wire_size(m)
+        carried = _SECTION + _binary_head(size) + size
+        if batch and total + carried > batch_largest:
+            batches.append(batch)
+            batch, total = [], 0
+        batch.append(m)
+        total += carried
+    if batch:
+        batches.append(batch)
+    return batches

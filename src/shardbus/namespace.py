@@ -41,6 +41,7 @@ from .registry.quotas import QuotaChecks
 from .registry.sync import CatalogSync
 from .registry.sync import remove_orphan_partitions as remove_orphan_partitions  # for serve_command.py
 from .registry.upkeep import Upkeep
+from .store.amqp_values import register_stored_types
 from .store.catalog import Catalog
 from .store.committer import hurry as hurry  # offered to front ends (see OFFERED)
 
@@ -104,6 +105,7 @@ class Namespace(Lookups, Management, QuotaChecks, PartitionMaking, CatalogSync, 
     ) -> None:
         """``remove_orphans``: delete partition folders the catalog does not list (creations a crash cut short);
         a front end that starts while others may be creating entities passes False."""
+        register_stored_types()  # its stores may hold messages with AMQP-typed properties (idempotent)
         self.name = name
         self.root = Path(data_dir) / name
         self._clock = clock

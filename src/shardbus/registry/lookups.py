@@ -47,6 +47,10 @@ class Lookups:
         kb = getattr(description, "max_message_size_in_kilobytes", None)
         return self.tier.message_size_limits(kb, self.quotas)
 
+    def send_size_limits(self, entity: str) -> tuple[int, int]:
+        """(largest message, largest batch) in bytes a sender to the queue or topic ``entity`` may send."""
+        return self.message_size_limits(self._sender_entity(entity).description)
+
     def _queue(self, name: str) -> QueueEntity:
         self._refresh()
         entity = self._entities.get(name.lower())

@@ -12,6 +12,7 @@ from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ...message_size import batches_within
 from ...model.errors import ArgumentError
 from ...model.filters import CorrelationFilter, EmptyRuleAction, Rule, SqlFilter, SqlRuleAction
 from ...model.message import Message, new_message
@@ -142,14 +143,20 @@ def resubmit(ns: Namespace, located: Located, selected: list[int] | None) -> tup
                     take = [m for m in batch if m.sequence_number in wanted]
                     held.extend(m for m in batch if m.sequence_number not in wanted)
                     wanted.difference_update(m.sequence_number for m in take)
-                if take:
+                # Sent in batches the entity's batch size allows; each batch's dead letters are completed once
+                # it is durable.
+                _, batch_largest = ns.send_size_limits(located.send_to)
+                start = 0
+                for part in batches_within([resubmission(m) for m in take], batch_largest):
+                    sent = take[start : start + len(part)]
                     try:
-                        ns.send(located.send_to, [resubmission(m) for m in take])  # returns once durable
+                        ns.send(located.send_to, part)  # returns once durable
                     except BaseException:
-                        held.extend(take)  # not sent: they stay dead letters, unlocked at once
+                        held.extend(take[start:])  # not sent: they stay dead letters, unlocked at once
                         raise
-                    receiver.complete(*take)
-                    done += len(take)
+                    receiver.complete(*sent)
+                    start += len(part)
+                    done += len(part)
         finally:
             for m in held:
                 receiver.release(m)  # no delivery counted
