@@ -91,8 +91,11 @@ class Recording(NamedTuple):
 
 def _namespace(data_dir: str) -> Any:
     """A premium namespace with queue ``q``."""
+    from shardbus.endpoint import mapping
     from shardbus.namespace import Namespace
 
+    # What a broker process does where it starts (a base revision older than it registered them on import).
+    getattr(mapping, "register_stored_types", lambda: None)()
     ns = Namespace(data_dir, tier="premium")
     ns.create_queue("q")
     return ns

@@ -99,9 +99,9 @@ STORED_TYPES: tuple[tuple[int, type, Any, Any], ...] = (
 
 def register_stored_types() -> None:
     """Let the store keep the AMQP value types messages may carry (``STORED_TYPES``), so application properties keep
-    their exact AMQP types across storage and the wire between processes. Called where a process that stores,
-    reads or forwards messages starts (``server.Broker``, the partition worker, the CLI's record reader); calling
-    it again changes nothing."""
+    their exact AMQP types across storage and the wire between processes. Called where a process that stores or
+    forwards messages starts (``server.Broker``: serve and each front end; the partition worker; the tests' and
+    benches' processes that open namespaces themselves); calling it again changes nothing."""
     for tag, cls, to_plain, from_plain in STORED_TYPES:
         register_type(tag, cls, to_plain, from_plain)
 
