@@ -25,7 +25,8 @@ import pytest
 from pg_server import ServerUnavailable
 from pg_server import start as start_pg
 from pg_server import stop as stop_pg
-from shardbus.model.message import Message, SubQueue
+from shardbus.model.errors import MessageNotFound
+from shardbus.model.message import Message, MessageState, SubQueue
 from shardbus.partition.broker import PartitionBroker, PartitionConfig, SlotSettings
 from shardbus.store import sqlite as sqlite_store
 from shardbus.store.base import MessageStore, Row, Snapshot, StoreError, Update
@@ -680,7 +681,9 @@ def test_sqlite_file_of_the_earlier_schema_opens_with_its_counts(tmp_path) -> No
         snap = store.load(resident=())
         assert snap.counts == {(0, 0): (3, 10), (0, 1): (1, 1)}
         assert snap.meta == {"next_seq": 5}
-        assert [r.seq for r in snap.rows[0]] == [2]  # only the deferred row is loaded
+        assert snap.rows[0] == []  # only scheduled rows are loaded: the deferred one is read by key
+        assert [r[0] for r in store.get(0, [2, 3, 9])] == [2, 3]
+        assert [r[0] for r in store.scan_held(0, 0, 1, 0, 10, 10)] == [2]
         assert [r[0] for r in store.scan(0, 0, 0, 10, 10)] == [1, 4]
         assert [r[0] for r in store.scan(0, 1, 0, 10, 10)] == [3]
         assert [r.seq for r in store.load().rows[0]] == [1, 2, 3, 4]
@@ -706,3 +709,91 @@ def test_counts_keep_the_last_value_and_go_with_their_slot(kit: Kit, store: Mess
         ]
     )
     assert _reload(kit, store).counts == {(1, 0): (3, 30)}
+
+
+def _eventually(check: Callable[[], bool], limit: float = 10.0) -> None:
+    """Messages leave memory once their write is stored (a future's callbacks may run just after its waiters)."""
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, "not within the limit"
+        time.sleep(0.01)
+
+
+def test_store_reads_deferred_rows_by_key_and_by_index(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(1), _row(2, state=1), _row(3, state=2), _row(4, state=1)])])
+    store.apply([("put", 0, [_row(5, state=1, queue=1)])])
+    assert [r[0] for r in store.get(0, [4, 2, 9])] == [2, 4]
+    assert [r[0] for r in store.scan_held(0, 0, 1, 0, 10, 10)] == [2, 4]
+    assert [r[0] for r in store.scan_held(0, 0, 1, 3, 10, 10)] == [4]
+    assert [r[0] for r in store.scan_held(0, 1, 1, 0, 10, 1)] == [5]
+    assert [r.seq for r in store.load(resident=()).rows[0]] == [3]  # only the scheduled one
+
+
+def test_partition_broker_keeps_deferred_and_dead_lettered_messages_on_disk(kit: Kit) -> None:
+    """Deferred messages, and dead-lettered ones beyond the dead-letter queue's window, leave memory once their
+    change is stored: receive by sequence number reads them by key, peek and range reads show them, a restart
+    does not load them."""
+    settings = SlotSettings(path="orders", max_delivery_count=5)
+    config = PartitionConfig(path="orders", partition_id=1, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, time.time)
+    broker.read_ahead = 2
+    broker.memory_budget = 0
+    broker.configure_slot(0, settings)
+
+    def resident(queue: SubQueue = SubQueue.MAIN) -> int:
+        return len(broker._queues[(0, queue)].entries)
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        broker.enqueue([(None, [(0, Message(f"m{i}".encode()))]) for i in range(12)]).result(30)
+        locked = broker.lock_messages(0, SubQueue.MAIN, 10)
+        assert [m.body for m in locked] == [f"m{i}".encode() for i in range(10)]
+        for m in locked[:6]:
+            broker.defer(0, m.lock_token).result(30)
+        for m in locked[6:]:
+            broker.dead_letter(0, m.lock_token, "why", "because").result(30)
+        # in memory: nothing of the main queue (its window is read when a receiver asks), the DLQ's window
+        _eventually(lambda: resident() == 0 and resident(SubQueue.DEAD_LETTER) == 2)
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (8, 4)
+        everything = [f"m{i}".encode() for i in range(12)]
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == everything[:6] + everything[10:]
+        assert [m.state for m in broker.peek(0, SubQueue.MAIN, 0, 2)] == [MessageState.DEFERRED] * 2
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 4, 3)] == [b"m3", b"m4", b"m5"]
+        assert [m.body for m in broker.browse_range(0, SubQueue.MAIN, 2, 12, 3)] == [b"m1", b"m2", b"m3"]
+        assert broker.range_offsets(0, SubQueue.MAIN, 4) == (1, 13, 1, 5)  # m3, m4, m5, m10, m11
+        assert [m.body for m in broker.peek(0, SubQueue.DEAD_LETTER, 0, 50)] == everything[6:10]
+        # receive by sequence number reads a disk-only deferred message by key; it goes back to disk when released
+        (got,), _ = broker.receive_deferred(0, SubQueue.MAIN, [3], lock=True)
+        assert got.body == b"m2" and got.state is MessageState.DEFERRED
+        broker.abandon(0, got.lock_token).result(30)  # back to DEFERRED (and to disk once that is stored)
+        _eventually(lambda: 3 not in broker._queues[(0, SubQueue.MAIN)].entries)
+        (got,), _ = broker.receive_deferred(0, SubQueue.MAIN, [3], lock=True)
+        broker.complete(0, [got.lock_token])  # not waited for: its row is still there for a moment
+        with pytest.raises(MessageNotFound):
+            broker.receive_deferred(0, SubQueue.MAIN, [3], lock=True)
+        (gone,), future = broker.receive_deferred(0, SubQueue.MAIN, [4], lock=False)
+        assert gone.body == b"m3"
+        future.result(30)
+        # the dead-letter queue delivers its disk part in order
+        dead = broker.lock_messages(0, SubQueue.DEAD_LETTER, 10)
+        assert [m.body for m in dead] == everything[6:10]
+        broker.complete(0, [m.lock_token for m in dead]).result(30)
+        broker.stop()
+        broker.start()
+        assert resident() == 0
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (6, 0)
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == [b"m0", b"m1", b"m4", b"m5", b"m10", b"m11"]
+        msgs, future = broker.receive_deferred(0, SubQueue.MAIN, [1, 2], lock=False)
+        assert [m.body for m in msgs] == [b"m0", b"m1"]
+        future.result(30)
+        broker.complete_below(0, SubQueue.MAIN, 7).result(30)  # m4 and m5, deferred on disk
+        assert broker.runtime(0).active_message_count == 2
+        broker.stop()
+        broker.start()
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == [b"m10", b"m11"]
+        assert broker.runtime(0).active_message_count == 2
+    finally:
+        broker.stop()

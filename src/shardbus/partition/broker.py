@@ -281,6 +281,7 @@ class MessageQueue:
         "sessions",
         "staged",
         "staged_bytes",
+        "top",
     )
 
     def __init__(self, key: tuple[int, int], session_mode: bool = False) -> None:
@@ -293,6 +294,7 @@ class MessageQueue:
         # ACTIVE messages numbered at or above it may be on disk only; None: every message is resident
         self.disk_from: int | None = None
         self.gone: set[int] = set()  # resident messages at or above disk_from that left (their rows may linger)
+        self.top = 0  # the highest sequence number ever resident here (a dead-letter queue's disk_from is above it)
         self.entries: dict[int, Entry] = {}
         self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
         self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
@@ -307,6 +309,7 @@ _new_tuple = tuple.__new__
 # Enum class costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
 _ACTIVE = MessageState.ACTIVE
 _SCHEDULED = MessageState.SCHEDULED
+_DEFERRED = MessageState.DEFERRED
 _MAIN = SubQueue.MAIN
 
 
@@ -504,6 +507,10 @@ class PartitionBroker:
         self._batches: dict[str, tuple[int, int, int]] = {}  # batch id -> [first, end) seqs, kept since (ms)
         self._staged: dict[str, tuple[list[int], list[str]]] = {}  # uncommitted batch -> its slots, dedup ids
         self._revoked_staged: set[str] = set()  # revoked before their commit: never made visible
+        # What the next write's commit settles: (sub-queue, entry) to leave memory once its row is stored (see
+        # "Memory and the store"), or (None, (slot, seq)) of a deferred message whose row goes with that write.
+        self._evict: list[tuple[MessageQueue | None, Any]] = []
+        self._leaving: set[tuple[int, int]] = set()  # deferred messages that left, their rows not yet changed
 
     def _on_store_failure(self, exc: BaseException) -> BaseException:
         with self._lock:
@@ -559,7 +566,38 @@ class PartitionBroker:
         assert self._committer is not None
         if self._dirty:
             ops = ops + self._count_ops()
-        return self._committer.submit(ops, on_commit, linger, refusable)
+        future = self._committer.submit(ops, on_commit, linger, refusable)
+        if self._evict:  # commits run in order: once this one is stored, so is every change they wait for
+            evict, self._evict = self._evict, []
+            future.add_done_callback(partial(self._evicted, self._epoch, evict))
+        return future
+
+    def _evicted(self, epoch: int, items: list[tuple[MessageQueue | None, Any]], future: Future) -> None:
+        """A write that settles ``_evict``'s items is stored: deferred messages (and dead-lettered ones beyond
+        their queue's window) that are still unlocked leave memory; their rows say what they are now."""
+        with self._lock:
+            if epoch != self._epoch or future.cancelled() or future.exception() is not None:
+                return  # a failed write makes the partition reload (or it stays as it is: resident)
+            held = 0
+            for q, item in items:
+                if q is None:
+                    self._leaving.discard(item)
+                    continue
+                seq = item.seq
+                msg = item.msg
+                if q.entries.get(seq) is not item or msg.lock_token is not None or self._queues.get(q.key) is not q:
+                    continue
+                if msg.state is _DEFERRED:
+                    if q.sessions is None:  # a session-enabled queue keeps its messages (for now)
+                        del q.entries[seq]
+                        held -= item.size
+                elif msg.state is _ACTIVE and item.queue != _MAIN:  # dead-lettered beyond the window
+                    if q.disk_from is not None and seq >= q.disk_from:
+                        del q.entries[seq]
+                        held -= item.size
+                    else:  # a read-ahead passed it meanwhile (it skips resident messages): serve it from memory
+                        heapq.heappush(q.ready, seq)
+            self._hold(held)
 
     def _hold(self, size: int) -> None:
         """Resident messages of ``size`` stored bytes came (positive) or went (negative)."""
@@ -583,8 +621,17 @@ class PartitionBroker:
         self._dirty.add(q)
         if q.disk_from is not None and seq >= q.disk_from:
             q.gone.add(seq)  # its row may still be read until the delete commits
-        if entry.msg.state is _SCHEDULED:
+        state = entry.msg.state
+        if state is _SCHEDULED:
             q.scheduled_count -= 1
+        elif state is _DEFERRED:
+            self._left_deferred(entry)
+
+    def _left_deferred(self, entry: Entry) -> None:
+        """A deferred message left: until the write of that is stored, its row must not be read back by key."""
+        key = (entry.slot, entry.seq)
+        self._leaving.add(key)
+        self._evict.append((None, key))
 
     def _scan(self, q: MessageQueue, first: int, end: int, limit: int) -> list[Row]:
         """The next stored ACTIVE rows of a sub-queue (only committed, visible ones: ``end`` <= _visible_next)."""
@@ -594,15 +641,15 @@ class PartitionBroker:
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
 
-    def _entry_of(self, slot: int, row: Row) -> Entry:
-        """A resident entry for a stored ACTIVE row."""
+    def _entry_of(self, slot: int, row: Row, state: MessageState = _ACTIVE) -> Entry:
+        """A resident entry for a stored row (an ACTIVE one unless ``state`` says otherwise)."""
         msg = unpack_message(row[5])
         msg.sequence_number = (self.id << PARTITION_SHIFT) | row[0]
         msg.delivery_count = row[3]
         msg.partition_id = self.id
         if row[4] is not None:
             unpack_dead_letter(msg, row[4])
-        msg.state = _ACTIVE
+        msg.state = state
         return Entry(msg, slot, row[0], row[1], len(row[5]))
 
     def _refill(self, q: MessageQueue) -> None:
@@ -623,6 +670,8 @@ class PartitionBroker:
             held += len(row[5])
             push(ready, seq)
         self._hold(held)
+        if rows:
+            q.top = max(q.top, rows[-1][0])
         if len(rows) < limit:
             q.disk_from = None  # everything is resident now
             gone.clear()
@@ -647,6 +696,46 @@ class PartitionBroker:
                     if session_id is None or entry.msg.session_id == session_id:
                         out.append(entry)
             if len(rows) < max(limit, 64):
+                break
+            first = rows[-1][0] + 1
+        return out[:limit]
+
+    def _on_disk(self, q: MessageQueue) -> bool:
+        """Whether some of the sub-queue's messages are on disk only (ACTIVE beyond the window, or DEFERRED)."""
+        return q.count - q.staged > len(q.entries)
+
+    def _held_rows(self, q: MessageQueue, state: int, first: int, end: int, limit: int) -> list[Row]:
+        """Up to ``limit`` disk-only rows of a sub-queue in ``state`` (DEFERRED) with ``first <= seq < end``."""
+        assert self._store is not None
+        out: list[Row] = []
+        slot = q.key[0]
+        end = min(end, self._visible_next)
+        while first < end and len(out) < limit:
+            batch = max(limit - len(out), 64)
+            try:
+                rows = self._store.scan_held(slot, q.key[1], state, first, end, batch)
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            out += [r for r in rows if r[0] not in q.entries and (slot, r[0]) not in self._leaving]
+            if len(rows) < batch:
+                break
+            first = rows[-1][0] + 1
+        return out[:limit]
+
+    def _disk_deferred(
+        self, q: MessageQueue, first: int, end: int, limit: int, session_id: str | None = None
+    ) -> list[Entry]:
+        """Up to ``limit`` disk-only DEFERRED messages of a sub-queue with ``first <= seq < end``, in order."""
+        if limit <= 0 or not self._on_disk(q):
+            return []
+        out: list[Entry] = []
+        while first < min(end, self._visible_next) and len(out) < limit:
+            rows = self._held_rows(q, _DEFERRED, first, end, limit)
+            for row in rows:
+                entry = self._entry_of(q.key[0], row, _DEFERRED)
+                if session_id is None or entry.msg.session_id == session_id:
+                    out.append(entry)
+            if len(rows) < limit:
                 break
             first = rows[-1][0] + 1
         return out[:limit]
@@ -1223,6 +1312,8 @@ class PartitionBroker:
             return
         if msg.state is MessageState.ACTIVE:
             self._push_ready(q, entry)
+        elif msg.state is _DEFERRED:
+            self._evict.append((q, entry))  # back on disk (its row already says DEFERRED)
         if count_delivery:
             writes.append(("update", entry.slot, [self._update_of(entry)]))
 
@@ -1249,14 +1340,31 @@ class PartitionBroker:
         msg.dead_letter_source = None
         entry.queue = sub_queue
         dlq = self._queue(entry.slot, sub_queue)
-        dlq.entries[entry.seq] = entry
+        seq = entry.seq
+        dlq.entries[seq] = entry
         self._hold(entry.size)
         dlq.count += 1
         dlq.bytes += entry.size
         self._size += entry.size
         self._dirty.add(dlq)
-        heapq.heappush(dlq.ready, entry.seq)
         writes.append(("update", entry.slot, [self._update_of(entry)]))
+        # Beyond the window (and the process's budget) a dead-letter queue's messages stay on disk as a queue's
+        # sends do. Its disk part may only begin above every message it ever held (``top``), as none of those
+        # can have a row that lingers there; one above ``disk_from`` stays resident until its move is stored,
+        # not receivable (a read-ahead that meets its row skips it), then leaves memory (``_evicted``).
+        if (
+            dlq.disk_from is None
+            and seq > dlq.top
+            and len(dlq.ready) >= self.read_ahead
+            and RESIDENT.bytes >= self.memory_budget
+        ):
+            dlq.disk_from = seq
+        if seq > dlq.top:
+            dlq.top = seq
+        if dlq.disk_from is not None and seq >= dlq.disk_from:
+            self._evict.append((dlq, entry))
+        else:
+            heapq.heappush(dlq.ready, seq)
 
     def _expire(self, q: MessageQueue, entry: Entry, settings: SlotSettings, writes: list[Op]) -> None:
         if settings.dead_letter_on_expiration:
@@ -1309,6 +1417,7 @@ class PartitionBroker:
             self._drop_lock(q, entry)
             entry.msg.state = MessageState.DEFERRED
             writes.append(("update", slot, [self._update_of(entry)]))
+            self._evict.append((q, entry))  # on disk only once that update is stored
         else:
             self._move_to_dead_letter(q, entry, settle.reason, settle.description, writes, settle.sub_queue)
 
@@ -1348,6 +1457,8 @@ class PartitionBroker:
                 dirty.add(q)
                 if q.disk_from is not None and seq >= q.disk_from:
                     q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
+                if entry.msg.state is _DEFERRED:
+                    self._left_deferred(entry)
                 size += entry.size
                 seqs.append(seq)
             self._size -= size
@@ -1431,6 +1542,7 @@ class PartitionBroker:
                 _, held = self._held_session(slot, session[0], session[1], now)
             elif q.sessions is not None:
                 raise InvalidOperation("Deferred messages of a session entity are received through their session.")
+            self._read_deferred(q, local_seqs)
             entries = []
             for seq in local_seqs:
                 entry = q.entries.get(seq)
@@ -1468,6 +1580,26 @@ class PartitionBroker:
                 future = self._write([("delete", slot, [e.seq for e in entries])])
             self._slot_stats(slot).delivered += len(out)
             return out, future
+
+    def _read_deferred(self, q: MessageQueue, local_seqs: list[int]) -> None:
+        """Deferred messages asked for by sequence number that are on disk only become resident (one read by
+        key); until something locks them they leave memory again with the next stored write."""
+        slot = q.key[0]
+        wanted = [s for s in local_seqs if s not in q.entries and (slot, s) not in self._leaving]
+        if not wanted or not self._on_disk(q):
+            return
+        assert self._store is not None
+        try:
+            rows = self._store.get(slot, wanted)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        held = 0
+        for row in rows:
+            if row[1] == q.key[1] and row[2] == _DEFERRED and row[0] not in q.entries:
+                entry = q.entries[row[0]] = self._entry_of(slot, row, _DEFERRED)
+                held += entry.size
+                self._evict.append((q, entry))
+        self._hold(held)
 
     # ------------------------------------------------------------------------------------------------------
     # sessions
@@ -1642,6 +1774,7 @@ class PartitionBroker:
                 candidates = (s for s, e in entries.items() if s >= from_local_seq and e.msg.session_id == session_id)
             found = [entries[s] for s in heapq.nsmallest(max_count, candidates)]
             found += self._disk_entries(q, from_local_seq, self._visible_next, max_count, session_id)
+            found += self._disk_deferred(q, from_local_seq, self._visible_next, max_count, session_id)
             return self._browsed(found, max_count)
 
     @staticmethod
@@ -1682,14 +1815,16 @@ class PartitionBroker:
                             first = s
                         if s >= count_from:
                             count += 1
-                if q.disk_from is not None:
-                    head = self._disk_entries(q, q.disk_from, end, 1)
+                if self._on_disk(q):
+                    head = self._disk_entries(q, q.disk_from, end, 1) if q.disk_from is not None else []
+                    head += self._disk_deferred(q, 1, end, 1)
                     if head:
-                        first = min(first, head[0].seq)
+                        first = min(first, *(e.seq for e in head))
                     # the disk-only messages at or above count_from: all of them but those below it
                     on_disk = q.count - len(q.entries) - q.staged
-                    below = self._disk_sizes(q, q.disk_from, count_from)
-                    count += max(0, on_disk - len(below))
+                    below = len(self._disk_sizes(q, q.disk_from, count_from)) if q.disk_from is not None else 0
+                    below += len(self._held_rows(q, _DEFERRED, 1, count_from, on_disk))
+                    count += max(0, on_disk - below)
             return first, end, self._marks.get((slot, queue), 1), count
 
     def _disk_sizes(self, q: MessageQueue, first: int, end: int) -> list[tuple[int, int]]:
@@ -1728,6 +1863,7 @@ class PartitionBroker:
             )
             found = [entries[s] for s in seqs]
             found += self._disk_entries(q, start, end, max_count)
+            found += self._disk_deferred(q, start, end, max_count)
             return self._browsed(found, max_count)
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:
@@ -1754,6 +1890,17 @@ class PartitionBroker:
                         self._drop_lock(q, entry)
                         self._remove(q, entry)
                         gone.append(s)
+                if self._on_disk(q):  # deferred ones on disk: by the index of held rows
+                    held = self._held_rows(q, _DEFERRED, previous, mark, q.count)
+                    for row in held:
+                        size = len(row[5])
+                        q.count -= 1
+                        q.bytes -= size
+                        self._size -= size
+                        self._dirty.add(q)
+                        gone.append(row[0])
+                        self._leaving.add((slot, row[0]))
+                        self._evict.append((None, (slot, row[0])))
                 if q.disk_from is not None:  # disk-only ones: counted by index, deleted as one range
                     first, last = max(previous, q.disk_from), min(mark, self._visible_next)
                     on_disk = self._disk_sizes(q, first, last)

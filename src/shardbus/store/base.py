@@ -89,14 +89,24 @@ class Snapshot:
 class MessageStore(Protocol):
     def load(self, resident: Collection[int] | None = None) -> Snapshot:
         """What the store holds. ``resident=None``: every row. Otherwise every row of the ``resident`` slots and,
-        of the other slots, only rows that are not ACTIVE (scheduled and deferred ones): ACTIVE rows are read
-        with ``scan`` when a delivery needs them."""
+        of the other slots, only SCHEDULED rows: ACTIVE rows are read with ``scan`` when a delivery needs them,
+        DEFERRED ones with ``get`` (by sequence number) or ``scan_held`` (a peek)."""
         ...
 
     def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
         """Up to ``limit`` ACTIVE rows of one sub-queue with ``first <= seq < end``, in sequence order (by index:
         the cost follows what is returned and skipped, not the table's size). Rows may be plain tuples in
         ``Row``'s order."""
+        ...
+
+    def get(self, slot: int, seqs: list[int]) -> list[Row]:
+        """The rows of one slot with these sequence numbers (any state and sub-queue; missing ones are left out),
+        in sequence order, by key."""
+        ...
+
+    def scan_held(self, slot: int, queue: int, state: int, first: int, end: int, limit: int) -> list[Row]:
+        """Up to ``limit`` rows of one sub-queue in ``state`` (not ACTIVE: by the ``_held`` index) with
+        ``first <= seq < end``, in sequence order."""
         ...
 
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:

@@ -43,6 +43,8 @@ except ImportError as exc:
 from .base import Op, Row, Snapshot, StoreError, StoreFull, Update, op_handlers
 
 COUNTS_KEPT = "counts_kept"  # meta key, as in the SQLite store
+SCHEDULED = 2  # MessageState.SCHEDULED: the rows ``load`` reads of a slot that is not resident
+_COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
 LEASE_SCHEMA = "shardbus"
 _REQUIRE_LEASE = f"{LEASE_SCHEMA}.require_lease"
@@ -274,7 +276,7 @@ class PostgresStore:
                 for slot, session, state in cur.execute(f"SELECT slot, session, state FROM {q}.session_state"):
                     snap.session_states[(slot, _py_text(session))] = bytes(state)
                 for (slot,) in cur.execute(f"SELECT slot FROM {q}.slots ORDER BY slot").fetchall():
-                    held = "" if resident is None or slot in resident else " WHERE state <> 0"
+                    held = "" if resident is None or slot in resident else f" WHERE state <> 0 AND state = {SCHEDULED}"
                     cur.execute(
                         f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)}{held} "
                         "ORDER BY seq"
@@ -310,6 +312,29 @@ class PostgresStore:
         except psycopg.Error as exc:
             self._reset_reader()
             raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def _rows(self, query: str, params: tuple[Any, ...]) -> list[Row]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(query, params)
+                return [
+                    Row(seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d)) for seq, qu, st, dc, dl, d in cur
+                ]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def get(self, slot: int, seqs: list[int]) -> list[Row]:
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE seq = ANY(%s) ORDER BY seq", ([int(s) for s in seqs],)
+        )
+
+    def scan_held(self, slot: int, queue: int, state: int, first: int, end: int, limit: int) -> list[Row]:
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE state <> 0 AND state = %s AND queue = %s "
+            "AND seq >= %s AND seq < %s ORDER BY seq LIMIT %s",
+            (state, queue, first, end, limit),
+        )
 
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:
         try:

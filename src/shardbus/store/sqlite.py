@@ -23,7 +23,8 @@ failure (an I/O error, a failed fsync whose commit may or may not be durable) st
 Each slot (a queue, or one subscription of a topic partition) is its own table whose rowid is the
 partition-relative sequence number: a sub-queue's ACTIVE messages are read in sequence order by a range of the
 rowid (``scan``). Two partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
-nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled and deferred rows, loaded at start)
+nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled rows, loaded at start, and deferred
+ones, read by key or by ``scan_held``)
 and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)). The kept counts are in
 ``counts``. A file written before these existed gets them when opened (indexes built and counts computed once).
 
@@ -55,6 +56,7 @@ CREATE TABLE IF NOT EXISTS counts (
     PRIMARY KEY (slot, queue)
 ) WITHOUT ROWID;
 """
+SCHEDULED = 2  # MessageState.SCHEDULED: the rows ``load`` reads of a slot that is not resident
 COUNTS_KEPT = "counts_kept"  # meta key: the counts table is kept by the broker (set when created or migrated)
 
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
@@ -203,7 +205,8 @@ class SqliteStore:
                 for slot, queue, n, size in db.execute("SELECT slot, queue, n, bytes FROM counts"):
                     snap.counts[(slot, queue)] = (n, size)
                 for (slot,) in db.execute("SELECT slot FROM slots").fetchall():
-                    held = "" if resident is None or slot in resident else " WHERE state != 0"
+                    # the partial index's own term first, so SQLite uses it: SCHEDULED rows only
+                    held = "" if resident is None or slot in resident else f" WHERE state != 0 AND state = {SCHEDULED}"
                     cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)}{held} ORDER BY seq")
                     snap.rows[slot] = [Row(*r) for r in cursor]
             finally:
@@ -219,6 +222,27 @@ class SqliteStore:
                 (queue, first, end, limit),
             )
             return cursor.fetchall()  # tuples in Row's order: a Row each would cost more than reading it
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def get(self, slot: int, seqs: list[int]) -> list[Row]:
+        try:
+            marks = ",".join("?" * len(seqs))
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE seq IN ({marks}) ORDER BY seq", [int(s) for s in seqs]
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_held(self, slot: int, queue: int, state: int, first: int, end: int, limit: int) -> list[Row]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE state != 0 AND state = ? AND queue = ? "
+                "AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?",
+                (state, queue, first, end, limit),
+            )
+            return cursor.fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
