@@ -681,7 +681,7 @@ def test_sqlite_file_of_the_earlier_schema_opens_with_its_counts(tmp_path) -> No
         snap = store.load(resident=())
         assert snap.counts == {(0, 0): (3, 10), (0, 1): (1, 1)}
         assert snap.meta == {"next_seq": 5}
-        assert snap.rows[0] == []  # only scheduled rows are loaded: the deferred one is read by key
+        assert 0 not in snap.rows and snap.scheduled == {0: 0}  # no rows: the deferred one is read by key
         assert [r[0] for r in store.get(0, [2, 3, 9])] == [2, 3]
         assert [r[0] for r in store.scan_held(0, 0, 1, 0, 10, 10)] == [2]
         assert [r[0] for r in store.scan(0, 0, 0, 10, 10)] == [1, 4]
@@ -726,7 +726,8 @@ def test_store_reads_deferred_rows_by_key_and_by_index(kit: Kit, store: MessageS
     assert [r[0] for r in store.scan_held(0, 0, 1, 0, 10, 10)] == [2, 4]
     assert [r[0] for r in store.scan_held(0, 0, 1, 3, 10, 10)] == [4]
     assert [r[0] for r in store.scan_held(0, 1, 1, 0, 10, 1)] == [5]
-    assert [r.seq for r in store.load(resident=()).rows[0]] == [3]  # only the scheduled one
+    snap = store.load(resident=())
+    assert 0 not in snap.rows and snap.scheduled == {0: 1}  # counted, not read
 
 
 def test_partition_broker_keeps_deferred_and_dead_lettered_messages_on_disk(kit: Kit) -> None:
@@ -795,5 +796,111 @@ def test_partition_broker_keeps_deferred_and_dead_lettered_messages_on_disk(kit:
         broker.start()
         assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == [b"m10", b"m11"]
         assert broker.runtime(0).active_message_count == 2
+    finally:
+        broker.stop()
+
+
+def test_store_reads_scheduled_rows_by_their_time(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(s, state=2) for s in (1, 2, 3, 4)] + [_row(5)])])
+    store.apply([("due", 0, [(1, 500), (2, 100), (3, 100), (4, 300)])])
+    assert [(r[0], r[6]) for r in store.scan_due(0, (0, 0), 10)] == [(2, 100), (3, 100), (4, 300), (1, 500)]
+    assert [r[0] for r in store.scan_due(0, (100, 2), 2)] == [3, 4]
+    store.apply([("update", 0, [Update(3, 0, 0, 0, None)]), ("delete", 0, [4])])  # came due; cancelled
+    assert [r[0] for r in store.scan_due(0, (0, 0), 10)] == [2, 1]
+    assert store.load(resident=()).scheduled == {0: 2}
+
+
+def test_sqlite_file_without_the_due_column_gets_it_filled_from_its_records(tmp_path) -> None:
+    import sqlite3
+    from datetime import UTC, datetime
+
+    from shardbus.store.records import pack_message
+
+    msg = Message(b"later")
+    msg.scheduled_enqueue_time = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    path = tmp_path / "old.db"
+    store = SqliteStore(path)
+    store.apply([("create_slot", 0), ("put", 0, [_row(7, pack_message(msg), state=2), _row(8)])])
+    store.close()
+    db = sqlite3.connect(path)
+    db.executescript("DROP INDEX m0_due; ALTER TABLE m0 DROP COLUMN due;")  # as an earlier version wrote it
+    db.close()
+    store = SqliteStore(path)
+    try:
+        (row,) = store.scan_due(0, (0, 0), 10)
+        assert (row[0], row[6]) == (7, int(msg.scheduled_enqueue_time.timestamp() * 1000))
+        assert store.load(resident=()).scheduled == {0: 1}
+    finally:
+        store.close()
+
+
+def test_partition_broker_keeps_scheduled_messages_on_disk_by_their_time(kit: Kit, clock) -> None:
+    """Only the soonest-due scheduled messages are resident (a window of 2 here); the rest are read from the due
+    index as they come due, cancelled by key, counted without being read, and a restart does not load them."""
+    from datetime import UTC, datetime
+
+    settings = SlotSettings(path="orders")
+    config = PartitionConfig(path="orders", partition_id=2, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, clock)
+    broker.read_ahead = 2
+    broker.memory_budget = 0
+    broker.configure_slot(0, settings)
+    start = clock()
+    order = [5, 1, 9, 3, 7, 2, 8, 4, 6, 10]  # message i comes due after order[i] minutes
+
+    def scheduled(i: int) -> Message:
+        msg = Message(f"s{i}".encode())
+        msg.scheduled_enqueue_time = datetime.fromtimestamp(start + 60 * order[i], UTC)
+        return msg
+
+    def resident() -> int:
+        return len(broker._queues[(0, SubQueue.MAIN)].entries)
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        for i in range(10):  # one send each: the window is trimmed as they come
+            broker.enqueue([(None, [(0, scheduled(i))])]).result(30)
+        broker.enqueue([(None, [(0, Message(b"now"))])]).result(30)
+        assert resident() <= 2 * 2 + 1
+        assert broker.runtime(0).scheduled_message_count == 10
+        assert broker.scheduled_count() == 10
+        peeked = broker.peek(0, SubQueue.MAIN, 0, 50)
+        assert [m.body for m in peeked] == [f"s{i}".encode() for i in range(10)] + [b"now"]
+        assert [m.state for m in peeked[:10]] == [MessageState.SCHEDULED] * 10
+        assert broker.range_offsets(0, SubQueue.MAIN, 0)[3] == 1  # a scheduled message is not readable yet
+        # cancel one that is on disk only (s9: due last), and one twice
+        s9 = peeked[9].sequence_number & 0xFFFFFFFFFF
+        assert s9 not in broker._queues[(0, SubQueue.MAIN)].entries
+        broker.cancel_scheduled([s9]).result(30)
+        with pytest.raises(MessageNotFound):
+            broker.cancel_scheduled([s9])
+        assert broker.runtime(0).scheduled_message_count == 9
+        broker.stop()
+        broker.start()
+        assert resident() == 0  # nothing read at start, the counts are right
+        props = broker.runtime(0)
+        assert (props.scheduled_message_count, props.active_message_count) == (9, 1)
+        assert broker.next_due_ms(0, SubQueue.MAIN) is not None
+        (now,) = broker.lock_messages(0, SubQueue.MAIN, 5)
+        assert now.body == b"now"
+        broker.complete(0, [now.lock_token]).result(30)
+        got = []
+        for minute in range(1, 10):  # each comes due in its turn, read from the due index
+            clock.advance(60)
+            batch = broker.lock_messages(0, SubQueue.MAIN, 5)
+            got += [m.body for m in batch]
+            assert resident() <= 2 * 2 + 1
+            if batch:
+                broker.complete(0, [m.lock_token for m in batch]).result(30)
+            if minute == 4:  # a restart midway: the ones that came due stay due
+                broker.stop()
+                broker.start()
+        assert got == [f"s{order.index(m)}".encode() for m in range(1, 10)]
+        assert broker.runtime(0).scheduled_message_count == 0
+        broker.stop()
+        broker.start()
+        props = broker.runtime(0)
+        assert (props.scheduled_message_count, props.active_message_count, props.size_in_bytes) == (0, 0, 0)
     finally:
         broker.stop()

@@ -275,6 +275,7 @@ class MessageQueue:
         "key",
         "lock_heap",
         "ready",
+        "sched_disk",
         "scheduled",
         "scheduled_count",
         "session_locks",
@@ -288,7 +289,7 @@ class MessageQueue:
         self.key = key
         self.count = 0  # messages in the sub-queue, resident or not (kept, stored with "counts")
         self.bytes = 0  # and their stored size
-        self.scheduled_count = 0  # of them SCHEDULED (all resident)
+        self.scheduled_count = 0  # of them SCHEDULED (resident or not)
         self.staged = 0  # of them sent but not yet visible (their commit is under way)
         self.staged_bytes = 0
         # ACTIVE messages numbered at or above it may be on disk only; None: every message is resident
@@ -298,7 +299,9 @@ class MessageQueue:
         self.entries: dict[int, Entry] = {}
         self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
         self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
-        self.scheduled: list[tuple[int, int]] = []  # (enqueue time, seq)
+        self.scheduled: list[tuple[int, int]] = []  # (enqueue time, seq) of resident SCHEDULED messages
+        # SCHEDULED messages with (enqueue time, seq) at or above it may be on disk only; None: all are resident
+        self.sched_disk: tuple[int, int] | None = None
         self.sessions: dict[str, SessionQueue] | None = {} if session_mode else None
         self.session_locks: list[tuple[int, str, uuid.UUID]] = []  # (locked_until, session id, token)
 
@@ -397,7 +400,7 @@ class PartitionBroker:
 
     def start(self) -> None:
         """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers):
-        counts, scheduled, deferred and session messages; ACTIVE messages stay on disk until read ahead."""
+        counts, session states, the messages of session-enabled slots; the rest stays on disk until needed."""
         with self._lock:
             if self._healthy:
                 return
@@ -430,6 +433,11 @@ class PartitionBroker:
             for slot, rows in snapshot.rows.items():
                 for row in rows:
                     self._load_row(slot, row, now)
+            for slot, n in snapshot.scheduled.items():
+                if n:  # on disk, by their time: the soonest are read as they come due (``_process_due``)
+                    q = self._queue(slot, _MAIN)
+                    q.scheduled_count = n
+                    q.sched_disk = (0, 0)
             for q in self._queues.values():
                 if q.count > len(q.entries):  # the rest is on disk
                     q.disk_from = 1
@@ -511,6 +519,7 @@ class PartitionBroker:
         # "Memory and the store"), or (None, (slot, seq)) of a deferred message whose row goes with that write.
         self._evict: list[tuple[MessageQueue | None, Any]] = []
         self._leaving: set[tuple[int, int]] = set()  # deferred messages that left, their rows not yet changed
+        self._dues: list[tuple[int, int, int]] = []  # (slot, seq, due ms) of scheduled sends being staged
 
     def _on_store_failure(self, exc: BaseException) -> BaseException:
         with self._lock:
@@ -624,11 +633,13 @@ class PartitionBroker:
         state = entry.msg.state
         if state is _SCHEDULED:
             q.scheduled_count -= 1
+            self._left_held(entry)
         elif state is _DEFERRED:
-            self._left_deferred(entry)
+            self._left_held(entry)
 
-    def _left_deferred(self, entry: Entry) -> None:
-        """A deferred message left: until the write of that is stored, its row must not be read back by key."""
+    def _left_held(self, entry: Entry) -> None:
+        """A deferred or scheduled message left: until the write of that is stored, its row must not be read
+        back (by key, by the held index or by the due index)."""
         key = (entry.slot, entry.seq)
         self._leaving.add(key)
         self._evict.append((None, key))
@@ -680,6 +691,47 @@ class PartitionBroker:
             if gone:
                 q.gone = {s for s in gone if s >= first}
 
+    def _refill_scheduled(self, q: MessageQueue) -> None:
+        """The next SCHEDULED messages by enqueue time from ``sched_disk`` (``READ_BATCH`` at most, within the
+        window) become resident. Rows not yet visible are left to ``make_visible`` (which keeps a message
+        resident when it is due before ``sched_disk``)."""
+        after = q.sched_disk
+        assert after is not None and self._store is not None
+        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
+        slot = q.key[0]
+        try:
+            rows = self._store.scan_due(slot, (after[0], after[1] - 1), limit)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        entries, visible_next, leaving = q.entries, self._visible_next, self._leaving
+        held = 0
+        for row in rows:
+            seq = row[0]
+            if seq in entries or seq >= visible_next or (slot, seq) in leaving:
+                continue
+            entry = entries[seq] = self._entry_of(slot, row, _SCHEDULED)
+            held += entry.size
+            heapq.heappush(q.scheduled, (row[6], seq))
+        self._hold(held)
+        q.sched_disk = None if len(rows) < limit else (rows[-1][6], rows[-1][0] + 1)
+
+    def _trim_scheduled(self, q: MessageQueue) -> None:
+        """Too many SCHEDULED messages are resident (sends due sooner than the disk's): the window keeps the
+        ``read_ahead`` soonest, the rest (stored and unchanged since) leave memory and ``sched_disk`` moves down
+        to the first of them. Amortised: it runs once per ``read_ahead`` such sends at most."""
+        entries = q.entries
+        keys = sorted(k for k in q.scheduled if (e := entries.get(k[1])) is not None and e.msg.state is _SCHEDULED)
+        keep, drop = keys[: self.read_ahead], keys[self.read_ahead :]
+        if not drop:
+            q.scheduled = keys
+            return
+        held = 0
+        for _, seq in drop:
+            held += entries.pop(seq).size
+        self._hold(-held)
+        q.scheduled = keep  # sorted: a heap
+        q.sched_disk = drop[0] if q.sched_disk is None else min(drop[0], q.sched_disk)
+
     def _disk_entries(
         self, q: MessageQueue, first: int, end: int, limit: int, session_id: str | None = None
     ) -> list[Entry]:
@@ -722,17 +774,18 @@ class PartitionBroker:
             first = rows[-1][0] + 1
         return out[:limit]
 
-    def _disk_deferred(
-        self, q: MessageQueue, first: int, end: int, limit: int, session_id: str | None = None
+    def _disk_held(
+        self, q: MessageQueue, state: MessageState, first: int, end: int, limit: int, session_id: str | None = None
     ) -> list[Entry]:
-        """Up to ``limit`` disk-only DEFERRED messages of a sub-queue with ``first <= seq < end``, in order."""
+        """Up to ``limit`` disk-only messages in ``state`` (DEFERRED or SCHEDULED) of a sub-queue with
+        ``first <= seq < end``, in order."""
         if limit <= 0 or not self._on_disk(q):
             return []
         out: list[Entry] = []
         while first < min(end, self._visible_next) and len(out) < limit:
-            rows = self._held_rows(q, _DEFERRED, first, end, limit)
+            rows = self._held_rows(q, state, first, end, limit)
             for row in rows:
-                entry = self._entry_of(q.key[0], row, _DEFERRED)
+                entry = self._entry_of(q.key[0], row, state)
                 if session_id is None or entry.msg.session_id == session_id:
                     out.append(entry)
             if len(rows) < limit:
@@ -971,6 +1024,9 @@ class PartitionBroker:
             entries = q.entries
             found = [entries[s] for s in range(first, end) if s in entries]
             found += self._disk_entries(q, first, end, end - first)  # as if resident: the same steps
+            if self._on_disk(q):
+                for state in (_DEFERRED, _SCHEDULED):
+                    found += self._disk_held(q, state, first, end, end - first)
             for entry in found:
                 seq = entry.seq
                 if seq in entries:
@@ -1053,6 +1109,7 @@ class PartitionBroker:
         except Exception:
             for dedup_id, _ in dedup_new:  # nothing of a refused batch is remembered
                 self._dedup.pop(dedup_id, None)
+            self._dues.clear()
             raise
         self._next_seq = seq
         self._size += added_size
@@ -1064,6 +1121,12 @@ class PartitionBroker:
             q.bytes += size
             self._dirty.add(q)
         ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
+        if self._dues:
+            by_slot: dict[int, list[tuple[int, int]]] = {}
+            for slot, s, due in self._dues:
+                by_slot.setdefault(slot, []).append((s, due))
+            ops += [("due", slot, dues) for slot, dues in by_slot.items()]
+            self._dues.clear()
         ops.append(("meta", "next_seq", seq))
         if dedup_new:
             ops.append(("dedup", dedup_new))
@@ -1103,6 +1166,7 @@ class PartitionBroker:
             if scheduled_ms > now:
                 state = MessageState.SCHEDULED
                 start = scheduled_ms
+                self._dues.append((slot, seq, scheduled_ms))  # its row's place in the _due index
         if msg.time_to_live is not None:
             own = int(msg.time_to_live.total_seconds() * 1000)
             ttl = own if ttl is None else min(ttl, own)
@@ -1137,6 +1201,7 @@ class PartitionBroker:
         push = heapq.heappush
         read_ahead = self.read_ahead
         room = self.memory_budget - RESIDENT.bytes  # beyond the windows, while the process's budget lasts
+        budget = self.memory_budget
         held = 0
         for slot, entries in visible.items():
             q = self._queue(slot, _MAIN)
@@ -1145,10 +1210,17 @@ class PartitionBroker:
             for entry in entries:
                 seq = entry.seq
                 if entry.msg.state is _SCHEDULED:
+                    q.scheduled_count += 1
+                    key = (_scheduled_ms(entry.msg), seq)
+                    if q.sched_disk is not None and key >= q.sched_disk:
+                        continue  # due after the resident ones: read from the store when its time nears
                     stored[seq] = entry
                     held += entry.size
-                    push(q.scheduled, (_scheduled_ms(entry.msg), seq))
-                    q.scheduled_count += 1
+                    push(q.scheduled, key)
+                    if sessions is None and len(q.scheduled) > 2 * read_ahead and RESIDENT.bytes + held >= budget:
+                        self._hold(held)
+                        held = 0
+                        self._trim_scheduled(q)
                 elif sessions is None:
                     if q.disk_from is None:
                         # a large message (Premium's reach 100 MB) stays resident only within the budget
@@ -1189,11 +1261,32 @@ class PartitionBroker:
                         deletes.setdefault(slot, []).append(seq)
                         found = True
                 if not found:
+                    found = self._cancel_on_disk(seq, deletes)
+                if not found:
                     raise MessageNotFound(
                         f"No scheduled message with sequence number {encode_sequence_number(self.id, seq)} "
                         f"exists in '{self.config.path}'."
                     )
             return self._write([("delete", slot, seqs) for slot, seqs in deletes.items()])
+
+    def _cancel_on_disk(self, seq: int, deletes: dict[int, list[int]]) -> bool:
+        """Cancel a scheduled message that is on disk only (read by key in every slot with such messages)."""
+        assert self._store is not None
+        found = False
+        for (slot, queue), q in list(self._queues.items()):
+            if queue != _MAIN or q.sched_disk is None or (slot, seq) in self._leaving or seq in q.entries:
+                continue
+            try:
+                rows = self._store.get(slot, [seq])
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            if rows and rows[0][1] == _MAIN and rows[0][2] == _SCHEDULED:
+                entry = q.entries[seq] = self._entry_of(slot, rows[0], _SCHEDULED)
+                self._hold(entry.size)
+                self._remove(q, entry)
+                deletes.setdefault(slot, []).append(seq)
+                found = True
+        return found
 
     # ------------------------------------------------------------------------------------------------------
     # receiving
@@ -1276,13 +1369,27 @@ class PartitionBroker:
             self._slot_stats(entry.slot).lock_expired += 1
             self._unlock(q, entry, settings, count_delivery=True, writes=writes)
         scheduled = q.scheduled
-        while scheduled and scheduled[0][0] <= now:
+        activated: list[Update] = []
+        while True:
+            if not scheduled:
+                # the next ones are on disk: read them once due, while the ready messages are within the window
+                # (the rest stay SCHEDULED on disk, counted so, until receivers make room)
+                due = q.sched_disk
+                if due is None or due[0] > now or len(q.ready) >= self.read_ahead:
+                    break
+                self._refill_scheduled(q)
+                continue
+            if scheduled[0][0] > now:
+                break
             _, seq = heapq.heappop(scheduled)
             entry = q.entries.get(seq)
             if entry is not None and entry.msg.state is MessageState.SCHEDULED:
                 entry.msg.state = MessageState.ACTIVE
                 q.scheduled_count -= 1
                 self._push_ready(q, entry)
+                activated.append(self._update_of(entry))  # its row leaves the due index, joins the ACTIVE ones
+        if activated:
+            writes.append(("update", q.key[0], activated))
 
     def next_due_ms(self, slot: int, queue: int) -> int | None:
         """When something in this sub-queue next becomes available without a send (lock expiry, schedule)."""
@@ -1291,6 +1398,8 @@ class PartitionBroker:
             if q is None or not self._healthy:
                 return None
             times = [h[0][0] for h in (q.lock_heap, q.scheduled, q.session_locks) if h]
+            if q.sched_disk is not None and not q.scheduled:
+                times.append(max(q.sched_disk[0], 0))  # no later than the first on disk comes due
             return min(times) if times else None
 
     def _unlock(
@@ -1458,7 +1567,7 @@ class PartitionBroker:
                 if q.disk_from is not None and seq >= q.disk_from:
                     q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
                 if entry.msg.state is _DEFERRED:
-                    self._left_deferred(entry)
+                    self._left_held(entry)
                 size += entry.size
                 seqs.append(seq)
             self._size -= size
@@ -1774,7 +1883,8 @@ class PartitionBroker:
                 candidates = (s for s, e in entries.items() if s >= from_local_seq and e.msg.session_id == session_id)
             found = [entries[s] for s in heapq.nsmallest(max_count, candidates)]
             found += self._disk_entries(q, from_local_seq, self._visible_next, max_count, session_id)
-            found += self._disk_deferred(q, from_local_seq, self._visible_next, max_count, session_id)
+            for state in (_DEFERRED, _SCHEDULED):
+                found += self._disk_held(q, state, from_local_seq, self._visible_next, max_count, session_id)
             return self._browsed(found, max_count)
 
     @staticmethod
@@ -1809,21 +1919,24 @@ class PartitionBroker:
             q = self._queues.get((slot, queue))
             if q is not None:
                 scheduled = MessageState.SCHEDULED
+                resident_scheduled = 0
                 for s, e in q.entries.items():
                     if e.msg.state is not scheduled:
                         if s < first:
                             first = s
                         if s >= count_from:
                             count += 1
+                    else:
+                        resident_scheduled += 1
                 if self._on_disk(q):
                     head = self._disk_entries(q, q.disk_from, end, 1) if q.disk_from is not None else []
-                    head += self._disk_deferred(q, 1, end, 1)
+                    head += self._disk_held(q, _DEFERRED, 1, end, 1)
                     if head:
                         first = min(first, *(e.seq for e in head))
                     # the disk-only messages at or above count_from: all of them but those below it
-                    on_disk = q.count - len(q.entries) - q.staged
+                    on_disk = q.count - len(q.entries) - q.staged - (q.scheduled_count - resident_scheduled)
                     below = len(self._disk_sizes(q, q.disk_from, count_from)) if q.disk_from is not None else 0
-                    below += len(self._held_rows(q, _DEFERRED, 1, count_from, on_disk))
+                    below += len(self._held_rows(q, _DEFERRED, 1, count_from, max(on_disk, 1)))
                     count += max(0, on_disk - below)
             return first, end, self._marks.get((slot, queue), 1), count
 
@@ -1863,7 +1976,7 @@ class PartitionBroker:
             )
             found = [entries[s] for s in seqs]
             found += self._disk_entries(q, start, end, max_count)
-            found += self._disk_deferred(q, start, end, max_count)
+            found += self._disk_held(q, _DEFERRED, start, end, max_count)
             return self._browsed(found, max_count)
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:
@@ -1962,10 +2075,13 @@ class PartitionBroker:
         with self._lock:
             self._check()
             seqs = set()
+            most = 0
             for (_, queue), q in self._queues.items():
                 if queue == SubQueue.MAIN:
                     seqs.update(s for s, e in q.entries.items() if e.msg.state is MessageState.SCHEDULED)
-            return len(seqs)
+                    most = max(most, q.scheduled_count)
+            # with some on disk only: the subscription with the most (copies share their sequence number)
+            return max(len(seqs), most)
 
     def size_bytes(self) -> int:
         return self._size

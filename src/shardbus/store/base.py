@@ -53,6 +53,7 @@ class Update(NamedTuple):
 #   ("session_state", slot, session_id, bytes | None)
 #   ("counts", slot, sub_queue, messages, bytes)  the sub-queue's kept counts (the last of a batch wins)
 #   ("delete_range", slot, sub_queue, first, end)  remove the ACTIVE rows of a sub-queue with first <= seq < end
+#   ("due", slot, [(seq, due_ms), ...])       when SCHEDULED rows (put in the same batch) come due: their index
 Op = tuple[Any, ...]
 OP_NAMES = (
     "put",
@@ -67,6 +68,7 @@ OP_NAMES = (
     "session_state",
     "counts",
     "delete_range",
+    "due",
 )
 
 
@@ -84,13 +86,15 @@ class Snapshot:
     dedup: dict[str, int] = field(default_factory=dict)
     session_states: dict[tuple[int, str], bytes] = field(default_factory=dict)
     counts: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # (slot, sub-queue) -> (n, bytes)
+    scheduled: dict[int, int] = field(default_factory=dict)  # slot -> SCHEDULED rows (of slots not loaded whole)
 
 
 class MessageStore(Protocol):
     def load(self, resident: Collection[int] | None = None) -> Snapshot:
         """What the store holds. ``resident=None``: every row. Otherwise every row of the ``resident`` slots and,
-        of the other slots, only SCHEDULED rows: ACTIVE rows are read with ``scan`` when a delivery needs them,
-        DEFERRED ones with ``get`` (by sequence number) or ``scan_held`` (a peek)."""
+        of the other slots no rows, only how many are SCHEDULED (``scheduled``, counted on their index): ACTIVE
+        rows are read with ``scan`` when a delivery needs them, SCHEDULED ones with ``scan_due`` in the order they
+        come due, DEFERRED ones with ``get`` (by sequence number); ``scan_held`` reads either for a peek."""
         ...
 
     def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
@@ -107,6 +111,11 @@ class MessageStore(Protocol):
     def scan_held(self, slot: int, queue: int, state: int, first: int, end: int, limit: int) -> list[Row]:
         """Up to ``limit`` rows of one sub-queue in ``state`` (not ACTIVE: by the ``_held`` index) with
         ``first <= seq < end``, in sequence order."""
+        ...
+
+    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` SCHEDULED rows of a slot with (due, seq) above ``after``, in that order (by the ``_due``
+        index): each is ``Row``'s columns followed by its due time (ms)."""
         ...
 
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:

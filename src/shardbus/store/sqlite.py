@@ -22,9 +22,10 @@ failure (an I/O error, a failed fsync whose commit may or may not be durable) st
 
 Each slot (a queue, or one subscription of a topic partition) is its own table whose rowid is the
 partition-relative sequence number: a sub-queue's ACTIVE messages are read in sequence order by a range of the
-rowid (``scan``). Two partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
-nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled rows, loaded at start, and deferred
-ones, read by key or by ``scan_held``)
+rowid (``scan``). Three partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
+nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled and deferred rows in sequence order,
+for a peek), ``m<slot>_due`` (scheduled rows by the time they come due, the ``due`` column: ``scan_due`` reads the
+soonest, ``load`` only counts them)
 and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)). The kept counts are in
 ``counts``. A file written before these existed gets them when opened (indexes built and counts computed once).
 
@@ -43,6 +44,7 @@ from typing import Any
 
 from .base import Op, Row, Snapshot, StoreError, StoreFull, op_handlers
 from .pools import CHECKPOINTS
+from .records import due_ms, unpack_message
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -56,7 +58,7 @@ CREATE TABLE IF NOT EXISTS counts (
     PRIMARY KEY (slot, queue)
 ) WITHOUT ROWID;
 """
-SCHEDULED = 2  # MessageState.SCHEDULED: the rows ``load`` reads of a slot that is not resident
+SCHEDULED = 2  # MessageState.SCHEDULED: the rows the ``_due`` index holds
 COUNTS_KEPT = "counts_kept"  # meta key: the counts table is kept by the broker (set when created or migrated)
 
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
@@ -79,6 +81,7 @@ def _indexes(slot: int) -> list[str]:
     return [
         f"CREATE INDEX IF NOT EXISTS {t}_held ON {t}(seq) WHERE state != 0",
         f"CREATE INDEX IF NOT EXISTS {t}_dl ON {t}(queue, seq) WHERE queue != 0",
+        f"CREATE INDEX IF NOT EXISTS {t}_due ON {t}(due, seq) WHERE state = {SCHEDULED}",
     ]
 
 
@@ -89,6 +92,15 @@ def _queue_terms(queue: int) -> str:
     return f"{dead}queue = ? AND seq >= ? AND seq < ? AND state = 0"
 
 
+def _add_due(db: sqlite3.Connection, slot: int) -> None:
+    """A slot table written before scheduled messages were indexed by their time gets the column (filled once
+    from its scheduled rows' records)."""
+    table = _table(slot)
+    db.execute(f"ALTER TABLE {table} ADD COLUMN due INTEGER")
+    scheduled = db.execute(f"SELECT seq, data FROM {table} WHERE state = {SCHEDULED}").fetchall()
+    db.executemany(f"UPDATE {table} SET due=? WHERE seq=?", [(due_ms(unpack_message(d)), s) for s, d in scheduled])
+
+
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
 _PUT_VALUES = [",".join(["(?,?,?,?,NULL,?)"] * (1 << k)) for k in range(_PUT_CHUNK.bit_length())]
@@ -96,7 +108,7 @@ _PUT_VALUES = [",".join(["(?,?,?,?,NULL,?)"] * (1 << k)) for k in range(_PUT_CHU
 
 def _put_sql(table: str, k: int) -> str:
     """The insert of ``2**k`` rows without dead-letter fields into ``table``."""
-    return f"INSERT OR REPLACE INTO {table} VALUES {_PUT_VALUES[k]}"
+    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}) VALUES {_PUT_VALUES[k]}"
 
 
 _LAST_VALUE_OPS = frozenset({"meta", "counts"})  # only the last value of each key is written, at the batch's end
@@ -164,6 +176,8 @@ class SqliteStore:
         try:
             slots = [slot for (slot,) in db.execute("SELECT slot FROM slots").fetchall()]
             for slot in slots:
+                if "due" not in {column[1] for column in db.execute(f"PRAGMA table_info({_table(slot)})")}:
+                    _add_due(db, slot)
                 for statement in _indexes(slot):
                     db.execute(statement)
             if db.execute("SELECT 1 FROM meta WHERE key=?", (COUNTS_KEPT,)).fetchone() is None:
@@ -205,10 +219,12 @@ class SqliteStore:
                 for slot, queue, n, size in db.execute("SELECT slot, queue, n, bytes FROM counts"):
                     snap.counts[(slot, queue)] = (n, size)
                 for (slot,) in db.execute("SELECT slot FROM slots").fetchall():
-                    # the partial index's own term first, so SQLite uses it: SCHEDULED rows only
-                    held = "" if resident is None or slot in resident else f" WHERE state != 0 AND state = {SCHEDULED}"
-                    cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)}{held} ORDER BY seq")
-                    snap.rows[slot] = [Row(*r) for r in cursor]
+                    if resident is None or slot in resident:
+                        cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)} ORDER BY seq")
+                        snap.rows[slot] = [Row(*r) for r in cursor]
+                    else:  # counted on the _due index alone
+                        (n,) = db.execute(f"SELECT count(*) FROM {_table(slot)} WHERE state = {SCHEDULED}").fetchone()
+                        snap.scheduled[slot] = n
             finally:
                 db.execute("COMMIT")
             return snap
@@ -241,6 +257,17 @@ class SqliteStore:
                 f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE state != 0 AND state = ? AND queue = ? "
                 "AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?",
                 (state, queue, first, end, limit),
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS}, due FROM {_table(slot)} WHERE state = {SCHEDULED} AND (due, seq) > (?, ?) "
+                "ORDER BY due, seq LIMIT ?",
+                (after[0], after[1], limit),
             )
             return cursor.fetchall()
         except sqlite3.Error as exc:
@@ -301,7 +328,7 @@ class SqliteStore:
     def _put(self, slot: int, rows: list[Row]) -> None:
         table = _table(slot)
         if any(row.dead_letter is not None for row in rows):
-            self._db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?,?,?,?,?,?)", rows)
+            self._db.executemany(f"INSERT OR REPLACE INTO {table}({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
             return
         # Every new message comes here, so this path binds as little as it can:
         # - many rows per statement, not ``executemany``: the sqlite3 module lets go of the GIL around every step,
@@ -357,7 +384,8 @@ class SqliteStore:
     def _create_slot(self, slot: int) -> None:
         self._db.execute(
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
-            "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL)"
+            "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL, "
+            "due INTEGER)"
         )
         for statement in _indexes(slot):
             self._db.execute(statement)
@@ -388,6 +416,9 @@ class SqliteStore:
 
     def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
         self._db.execute(f"DELETE FROM {_table(slot)} WHERE {_queue_terms(queue)}", (queue, first, end))
+
+    def _due(self, slot: int, dues: list[tuple[int, int]]) -> None:
+        self._db.executemany(f"UPDATE {_table(slot)} SET due=? WHERE seq=?", [(due, seq) for seq, due in dues])
 
     def _dedup(self, entries: list[tuple[str, int]]) -> None:
         self._db.executemany("INSERT OR REPLACE INTO dedup VALUES (?, ?)", entries)
