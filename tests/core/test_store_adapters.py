@@ -904,3 +904,62 @@ def test_partition_broker_keeps_scheduled_messages_on_disk_by_their_time(kit: Ki
         assert (props.scheduled_message_count, props.active_message_count, props.size_in_bytes) == (0, 0, 0)
     finally:
         broker.stop()
+
+
+@pytest.mark.parametrize("dead_letter", [False, True], ids=["dropped", "dead-lettered"])
+def test_partition_broker_expires_messages_anywhere_through_the_expiry_index(kit: Kit, clock, dead_letter) -> None:
+    """The upkeep expires messages past their time to live wherever they are (on disk beyond the window, deferred
+    on disk, resident), in batches through the store's expiry index, with the counts kept right; a locked one is
+    left to its lock, and one past its time is never delivered."""
+    from datetime import timedelta
+
+    settings = SlotSettings(path="orders", dead_letter_on_expiration=dead_letter)
+    config = PartitionConfig(path="orders", partition_id=3, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, clock)
+    broker.read_ahead = 2
+    broker.memory_budget = 0
+    broker.configure_slot(0, settings)
+
+    def message(body: str, ttl_s: int | None) -> Message:
+        msg = Message(body.encode())
+        msg.time_to_live = None if ttl_s is None else timedelta(seconds=ttl_s)
+        return msg
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        # m0..m2: locked, then m1 deferred (to disk); the rest stays beyond the window, on disk
+        ttls = [10, 10, 10, None, 10, 60, 10, None, 10, 10]
+        broker.enqueue([(None, [(0, message(f"m{i}", t))]) for i, t in enumerate(ttls)]).result(30)
+        locked = broker.lock_messages(0, SubQueue.MAIN, 3)
+        broker.defer(0, locked[1].lock_token).result(30)
+        _eventually(lambda: 2 not in broker._queues[(0, SubQueue.MAIN)].entries)
+        clock.advance(11)
+        broker.tick()
+        props = broker.runtime(0)
+        # gone: m1 (deferred), m4, m6, m8, m9; left: m0 and m2 (locked), m3, m5, m7
+        assert props.active_message_count == 5
+        assert props.dead_letter_message_count == (5 if dead_letter else 0)
+        assert broker._queues[(0, SubQueue.MAIN)].next_expiry is not None  # it looks again for the locked ones
+        broker.abandon(0, locked[0].lock_token).result(30)
+        broker.abandon(0, locked[2].lock_token).result(30)
+        got = broker.lock_messages(0, SubQueue.MAIN, 10)  # the head check: m0 and m2 expire on the way
+        assert [m.body for m in got] == [b"m3", b"m5", b"m7"]
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (3, 7 if dead_letter else 0)
+        if dead_letter:
+            dead = broker.peek(0, SubQueue.DEAD_LETTER, 0, 20)
+            assert [m.body for m in dead] == [f"m{i}".encode() for i in (0, 1, 2, 4, 6, 8, 9)]
+            assert {m.dead_letter_reason for m in dead} == {"TTLExpiredException"}
+        for m in got:
+            broker.release(0, m.lock_token)
+        broker.stop()
+        broker.start()  # the expiry index survives: m5 expires at 60 s, found after a restart
+        clock.advance(60)
+        broker.tick()
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (2, 8 if dead_letter else 0)
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 20)] == [b"m3", b"m7"]
+        assert broker._queues[(0, SubQueue.MAIN)].next_expiry is None
+    finally:
+        broker.stop()

@@ -151,6 +151,7 @@ READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
 # One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
 # query per 256 messages is already a small share of their delivery).
 READ_BATCH = 256
+EXPIRE_BATCHES = 8  # an upkeep expires at most this many READ_BATCHes per sub-queue (the rest at the next one)
 # A read-ahead brings at most this many bytes' worth of the largest message the partition accepts (Premium allows
 # 100 MB messages: 256 of them would be 25 GB), and at least one message.
 READ_BATCH_BYTES = 64 << 20
@@ -274,6 +275,7 @@ class MessageQueue:
         "gone",
         "key",
         "lock_heap",
+        "next_expiry",
         "ready",
         "sched_disk",
         "scheduled",
@@ -296,6 +298,7 @@ class MessageQueue:
         self.disk_from: int | None = None
         self.gone: set[int] = set()  # resident messages at or above disk_from that left (their rows may linger)
         self.top = 0  # the highest sequence number ever resident here (a dead-letter queue's disk_from is above it)
+        self.next_expiry: int | None = None  # no message of it expires before this (ms); None: none expires
         self.entries: dict[int, Entry] = {}
         self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
         self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
@@ -433,6 +436,9 @@ class PartitionBroker:
             for slot, rows in snapshot.rows.items():
                 for row in rows:
                     self._load_row(slot, row, now)
+            for (slot, queue), (count, _) in snapshot.counts.items():
+                if queue == _MAIN and count:
+                    self._queue(slot, queue).next_expiry = 0  # unknown: the first upkeep looks at the index
             for slot, n in snapshot.scheduled.items():
                 if n:  # on disk, by their time: the soonest are read as they come due (``_process_due``)
                     q = self._queue(slot, _MAIN)
@@ -520,6 +526,7 @@ class PartitionBroker:
         self._evict: list[tuple[MessageQueue | None, Any]] = []
         self._leaving: set[tuple[int, int]] = set()  # deferred messages that left, their rows not yet changed
         self._dues: list[tuple[int, int, int]] = []  # (slot, seq, due ms) of scheduled sends being staged
+        self._expiries: list[tuple[int, int, int]] = []  # (slot, seq, expiry ms) of sends being staged
 
     def _on_store_failure(self, exc: BaseException) -> BaseException:
         with self._lock:
@@ -1110,6 +1117,7 @@ class PartitionBroker:
             for dedup_id, _ in dedup_new:  # nothing of a refused batch is remembered
                 self._dedup.pop(dedup_id, None)
             self._dues.clear()
+            self._expiries.clear()
             raise
         self._next_seq = seq
         self._size += added_size
@@ -1127,6 +1135,15 @@ class PartitionBroker:
                 by_slot.setdefault(slot, []).append((s, due))
             ops += [("due", slot, dues) for slot, dues in by_slot.items()]
             self._dues.clear()
+        soonest: dict[int, int] = {}  # slot -> the batch's first expiry: the upkeep looks from then on
+        if self._expiries:
+            times: dict[int, list[tuple[int, int]]] = {}
+            for slot, s, ms in self._expiries:
+                times.setdefault(slot, []).append((s, ms))
+                if ms < soonest.get(slot, ms + 1):
+                    soonest[slot] = ms
+            ops += [("expires", slot, t) for slot, t in times.items()]
+            self._expiries.clear()
         ops.append(("meta", "next_seq", seq))
         if dedup_new:
             ops.append(("dedup", dedup_new))
@@ -1141,6 +1158,9 @@ class PartitionBroker:
                 revoked = batch_id is not None and batch_id in self._revoked_staged
                 if self._healthy and not revoked:
                     touched = self._add_visible(visible)
+                    for slot, ms in soonest.items():
+                        q = self._queue(slot, _MAIN)
+                        q.next_expiry = ms if q.next_expiry is None else min(q.next_expiry, ms)
                     # commits run in submission order, so everything numbered below ``seq`` is now visible
                     self._visible_next = max(self._visible_next, seq)
                 else:
@@ -1172,7 +1192,11 @@ class PartitionBroker:
             ttl = own if ttl is None else min(ttl, own)
         msg.sequence_number = sequence_number = (self.id << PARTITION_SHIFT) | seq
         msg.enqueued_time_ms = now
-        msg.expires_at_ms = None if ttl is None else start + ttl
+        if ttl is None:
+            msg.expires_at_ms = None
+        else:
+            msg.expires_at_ms = start + ttl
+            self._expiries.append((slot, seq, start + ttl))  # its row's place in the _exp index
         msg.state = state
         msg.partition_id = self.id
         msg.delivery_count = 0
@@ -1474,6 +1498,57 @@ class PartitionBroker:
             self._evict.append((dlq, entry))
         else:
             heapq.heappush(dlq.ready, seq)
+
+    def _expire_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> bool:
+        """(The upkeep.) Expire the sub-queue's messages whose time to live has passed, wherever they are (resident
+        or on disk, ACTIVE, DEFERRED or come-due SCHEDULED), through the store's expiry index, ``READ_BATCH`` at a
+        time and at most ``EXPIRE_BATCHES`` batches per call; a locked message is left to its lock's end (its
+        receiver has it; the head check expires it when it comes back). Sets ``next_expiry``; whether any
+        expired."""
+        assert self._store is not None
+        slot = q.key[0]
+        after = (-1, 0)
+        expired = held = False
+        for _ in range(EXPIRE_BATCHES):
+            try:
+                rows = self._store.scan_expiring(slot, after, READ_BATCH)
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            for row in rows:
+                expires, seq = row[6], row[0]
+                if expires > now:
+                    q.next_expiry = min(expires, now + 1000) if held else expires
+                    return expired
+                entry = q.entries.get(seq)
+                if entry is None:
+                    if not self._disk_only(q, row):
+                        continue  # it left (its row goes with a queued write) or is not visible yet
+                    entry = q.entries[seq] = self._entry_of(slot, row, MessageState(row[2]))
+                    self._hold(entry.size)
+                elif entry.msg.lock_token is not None:
+                    held = True
+                    continue
+                self._expire(q, entry, settings, writes)
+                expired = True
+            if len(rows) < READ_BATCH:
+                q.next_expiry = now + 1000 if held else None
+                return expired
+            after = (rows[-1][6], rows[-1][0])
+        q.next_expiry = now  # more at the next upkeep
+        return expired
+
+    def _disk_only(self, q: MessageQueue, row: tuple[Any, ...]) -> bool:
+        """Whether a stored row of a main queue whose message is not resident is a message on disk only (and
+        not one that left with its row's change still queued, or one not yet visible)."""
+        seq, state = row[0], row[2]
+        if seq >= self._visible_next or (q.key[0], seq) in self._leaving:
+            return False
+        if state == _ACTIVE:  # disk-only ACTIVE messages are all at or above disk_from
+            return q.disk_from is not None and seq >= q.disk_from and seq not in q.gone
+        if state == _DEFERRED:  # one that left is in _leaving
+            return True
+        # SCHEDULED: on disk only at or above sched_disk (one that came due below it was resident)
+        return q.sched_disk is not None and (_scheduled_ms(unpack_message(row[5])), seq) >= q.sched_disk
 
     def _expire(self, q: MessageQueue, entry: Entry, settings: SlotSettings, writes: list[Op]) -> None:
         if settings.dead_letter_on_expiration:
@@ -2123,11 +2198,14 @@ class PartitionBroker:
             now = _ms(self._clock)
             writes: list[Op] = []
             touched = set()
-            for (slot, _), q in list(self._queues.items()):
+            for (slot, queue), q in list(self._queues.items()):
                 before = len(q.ready)
                 settings = self._slots.get(slot)
                 if settings is not None:
                     self._process_due(q, settings, now, writes)
+                    expiring = queue == _MAIN and q.next_expiry is not None and q.next_expiry <= now
+                    if expiring and self._expire_due(q, settings, now, writes):
+                        touched.add(slot)  # its dead-letter queue gained messages
                 if len(q.ready) > before:
                     touched.add(slot)
             if writes:

@@ -54,6 +54,7 @@ class Update(NamedTuple):
 #   ("counts", slot, sub_queue, messages, bytes)  the sub-queue's kept counts (the last of a batch wins)
 #   ("delete_range", slot, sub_queue, first, end)  remove the ACTIVE rows of a sub-queue with first <= seq < end
 #   ("due", slot, [(seq, due_ms), ...])       when SCHEDULED rows (put in the same batch) come due: their index
+#   ("expires", slot, [(seq, ms), ...])       when rows (put in the same batch) expire: their index
 Op = tuple[Any, ...]
 OP_NAMES = (
     "put",
@@ -69,6 +70,7 @@ OP_NAMES = (
     "counts",
     "delete_range",
     "due",
+    "expires",
 )
 
 
@@ -116,6 +118,12 @@ class MessageStore(Protocol):
     def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
         """Up to ``limit`` SCHEDULED rows of a slot with (due, seq) above ``after``, in that order (by the ``_due``
         index): each is ``Row``'s columns followed by its due time (ms)."""
+        ...
+
+    def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` rows of a slot's main queue (any state) with (expires, seq) above ``after``, in that order
+        (by the ``_exp`` index; rows stored without an expiry time are not in it): ``Row``'s columns followed by the
+        expiry time (ms)."""
         ...
 
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:

@@ -243,6 +243,7 @@ class PostgresStore:
             for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall():
                 table = self._table(slot)
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS due bigint")
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS expires bigint")  # as in SqliteStore
                 with conn.cursor(binary=True) as cur:
                     scheduled = cur.execute(f"SELECT seq, data FROM {table} WHERE state = {SCHEDULED}").fetchall()
                 for seq, data in scheduled:
@@ -257,6 +258,8 @@ class PostgresStore:
             f"CREATE INDEX IF NOT EXISTS {name}_held ON {self._table(slot)} (seq) WHERE state <> 0",
             f"CREATE INDEX IF NOT EXISTS {name}_dl ON {self._table(slot)} (queue, seq) WHERE queue <> 0",
             f"CREATE INDEX IF NOT EXISTS {name}_due ON {self._table(slot)} (due, seq) WHERE state = {SCHEDULED}",
+            f"CREATE INDEX IF NOT EXISTS {name}_exp ON {self._table(slot)} (expires, seq) "
+            "WHERE expires IS NOT NULL AND queue = 0",
         ]
 
     def _reading(self) -> psycopg.Connection:
@@ -378,6 +381,22 @@ class PostgresStore:
             self._reset_reader()
             raise StoreError(f"cannot read store {self}: {exc}") from exc
 
+    def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(
+                    f"SELECT {_COLUMNS}, expires FROM {self._table(slot)} WHERE expires IS NOT NULL AND queue = 0 "
+                    "AND (expires, seq) > (%s, %s) ORDER BY expires, seq LIMIT %s",
+                    (after[0], after[1], limit),
+                )
+                return [
+                    (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), ex)
+                    for seq, qu, st, dc, dl, d, ex in cur
+                ]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:
         try:
             with self._reading().cursor() as cur:
@@ -449,7 +468,8 @@ class PostgresStore:
     def _create_slot(self, cur: psycopg.Cursor, slot: int) -> None:
         cur.execute(
             f"CREATE TABLE IF NOT EXISTS {self._table(slot)} (seq bigint PRIMARY KEY, queue bigint NOT NULL, "
-            "state bigint NOT NULL, delivery_count bigint NOT NULL, dead_letter bytea, data bytea NOT NULL, due bigint)"
+            "state bigint NOT NULL, delivery_count bigint NOT NULL, dead_letter bytea, data bytea NOT NULL, "
+            "due bigint, expires bigint)"
         )
         for statement in self._indexes(slot):
             cur.execute(statement)
@@ -462,6 +482,15 @@ class PostgresStore:
                 f"UPDATE {self._table(slot)} AS t SET due = u.due FROM unnest(%b::bigint[], %b::bigint[]) "
                 "AS u(seq, due) WHERE t.seq = u.seq",
                 (seqs, times),
+            )
+
+    def _expires(self, cur: psycopg.Cursor, slot: int, times: list[tuple[int, int]]) -> None:
+        if times:
+            seqs, ms = (list(c) for c in zip(*times, strict=True))
+            cur.execute(
+                f"UPDATE {self._table(slot)} AS t SET expires = u.expires FROM unnest(%b::bigint[], %b::bigint[]) "
+                "AS u(seq, expires) WHERE t.seq = u.seq",
+                (seqs, ms),
             )
 
     def _drop_slot(self, cur: psycopg.Cursor, slot: int) -> None:

@@ -25,7 +25,8 @@ partition-relative sequence number: a sub-queue's ACTIVE messages are read in se
 rowid (``scan``). Three partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
 nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled and deferred rows in sequence order,
 for a peek), ``m<slot>_due`` (scheduled rows by the time they come due, the ``due`` column: ``scan_due`` reads the
-soonest, ``load`` only counts them)
+soonest, ``load`` only counts them), ``m<slot>_exp`` (a main queue's rows with a time to live by their expiry time,
+the ``expires`` column: the upkeep expires them through it, ``scan_expiring``)
 and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)). The kept counts are in
 ``counts``. A file written before these existed gets them when opened (indexes built and counts computed once).
 
@@ -82,6 +83,7 @@ def _indexes(slot: int) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t}_held ON {t}(seq) WHERE state != 0",
         f"CREATE INDEX IF NOT EXISTS {t}_dl ON {t}(queue, seq) WHERE queue != 0",
         f"CREATE INDEX IF NOT EXISTS {t}_due ON {t}(due, seq) WHERE state = {SCHEDULED}",
+        f"CREATE INDEX IF NOT EXISTS {t}_exp ON {t}(expires, seq) WHERE expires IS NOT NULL AND queue = 0",
     ]
 
 
@@ -176,8 +178,11 @@ class SqliteStore:
         try:
             slots = [slot for (slot,) in db.execute("SELECT slot FROM slots").fetchall()]
             for slot in slots:
-                if "due" not in {column[1] for column in db.execute(f"PRAGMA table_info({_table(slot)})")}:
+                columns = {column[1] for column in db.execute(f"PRAGMA table_info({_table(slot)})")}
+                if "due" not in columns:
                     _add_due(db, slot)
+                if "expires" not in columns:  # rows stored before expire at the head of their queue, as they did
+                    db.execute(f"ALTER TABLE {_table(slot)} ADD COLUMN expires INTEGER")
                 for statement in _indexes(slot):
                     db.execute(statement)
             if db.execute("SELECT 1 FROM meta WHERE key=?", (COUNTS_KEPT,)).fetchone() is None:
@@ -267,6 +272,17 @@ class SqliteStore:
             cursor = self._read().execute(
                 f"SELECT {_COLUMNS}, due FROM {_table(slot)} WHERE state = {SCHEDULED} AND (due, seq) > (?, ?) "
                 "ORDER BY due, seq LIMIT ?",
+                (after[0], after[1], limit),
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS}, expires FROM {_table(slot)} WHERE expires IS NOT NULL AND queue = 0 "
+                "AND (expires, seq) > (?, ?) ORDER BY expires, seq LIMIT ?",
                 (after[0], after[1], limit),
             )
             return cursor.fetchall()
@@ -385,7 +401,7 @@ class SqliteStore:
         self._db.execute(
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
             "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL, "
-            "due INTEGER)"
+            "due INTEGER, expires INTEGER)"
         )
         for statement in _indexes(slot):
             self._db.execute(statement)
@@ -419,6 +435,9 @@ class SqliteStore:
 
     def _due(self, slot: int, dues: list[tuple[int, int]]) -> None:
         self._db.executemany(f"UPDATE {_table(slot)} SET due=? WHERE seq=?", [(due, seq) for seq, due in dues])
+
+    def _expires(self, slot: int, times: list[tuple[int, int]]) -> None:
+        self._db.executemany(f"UPDATE {_table(slot)} SET expires=? WHERE seq=?", [(ms, seq) for seq, ms in times])
 
     def _dedup(self, entries: list[tuple[str, int]]) -> None:
         self._db.executemany("INSERT OR REPLACE INTO dedup VALUES (?, ?)", entries)
