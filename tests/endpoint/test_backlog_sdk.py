@@ -137,3 +137,25 @@ def test_dead_lettered_messages_beyond_the_window_are_received_in_order(client, 
         for m in got:
             dlq.complete_message(m)
     assert ns.get_runtime_properties(q).dead_letter_message_count == 0
+
+
+def test_expired_messages_on_disk_are_dead_lettered_without_a_receive(client, queue, ns):
+    q = queue(enable_partitioning=True, dead_lettering_on_message_expiration=True)
+    with client.get_queue_sender(q) as sender:
+        sender.send_messages(_messages("t", 8, time_to_live=timedelta(seconds=2)))
+        sender.send_messages(_messages("keep", 1))
+    deadline = time.monotonic() + 20  # nobody receives: the upkeep expires them through the expiry index
+    while ns.get_runtime_properties(q).dead_letter_message_count < 8 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    props = ns.get_runtime_properties(q)
+    assert (props.active_message_count, props.dead_letter_message_count) == (1, 8)
+    with client.get_queue_receiver(q, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        got = _receive(dlq, 8)
+        assert [str(m) for m in got] == [f"t{i}" for i in range(8)]
+        assert {m.dead_letter_reason for m in got} == {"TTLExpiredException"}
+        for m in got:
+            dlq.complete_message(m)
+    with client.get_queue_receiver(q) as receiver:
+        (m,) = _receive(receiver, 1)
+        assert str(m) == "keep0"
+        receiver.complete_message(m)
