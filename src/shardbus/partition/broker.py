@@ -36,23 +36,44 @@ the disk (settlements are not counted: each frees what it settles).
 
 Memory and the store (what is resident, and why it is bounded): each sub-queue (``MessageQueue``) keeps
   - its counts (messages, bytes; scheduled ones), stored by a ``counts`` op in the same transaction as each change
-    that moves them, so a start reads them instead of counting and runtime properties never read messages;
+    that moves them, so a start reads them instead of counting and runtime properties never read messages (the
+    scheduled count is counted at start on the store's due index, which holds nothing else);
   - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (sends keep at most
     ``READ_AHEAD`` ready, ``SHARDBUS_READ_AHEAD``, and more while the process's brokers together hold less than
     ``MEMORY_BUDGET`` bytes of messages, ``SHARDBUS_MEMORY_MB``; a read brings ``READ_BATCH``), the locked ones
-    (bounded by receivers' credit and lock durations), and, for now, every SCHEDULED and DEFERRED message, every
-    message of a session-enabled slot, and messages dead-lettered since the start (a move is not read back);
+    (bounded by receivers' credit and lock durations), the soonest-due SCHEDULED ones (below), DEFERRED ones only
+    while locked or until the write that deferred them is stored, and (for now) every message of a session-enabled
+    slot's main queue;
   - ``disk_from``: ACTIVE messages numbered at or above it may be on disk only (None: all are resident). A send
     that finds the window full stays on disk (``disk_from`` is set to it); when the ready heap runs out below
     ``disk_from`` the next ``READ_BATCH`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
     moves past them. So a queue's oldest ACTIVE message is always resident or at ``disk_from``: FIFO holds, and
     a message above ``disk_from`` that became resident another way (a scheduled one come due, a dead-lettered one
-    in the DLQ) is only delivered after the disk before it is read;
+    in the DLQ) is only delivered after the disk before it is read. A dead-letter queue works the same way: a
+    move beyond its window (and the budget) starts its disk part above every message it ever held (``top``), and
+    a moved message at or above ``disk_from`` leaves memory once the move is stored (``_evict``, ``_evicted``);
   - ``gone``: resident messages at or above ``disk_from`` that left the sub-queue while their row may still be in
-    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them.
+    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them;
+  - ``scheduled`` and ``sched_disk``: the resident SCHEDULED messages by (enqueue time, seq), every one of them
+    before ``sched_disk``; those at or after it may be on disk only (None: all resident). A send due after
+    ``sched_disk`` stays on disk; when more than ``2 x READ_AHEAD`` are resident (and the budget is used) the
+    latest go (``_trim_scheduled``) and ``sched_disk`` moves down to them. When the resident ones run out and
+    ``sched_disk`` is due, the next ``READ_BATCH`` are read from the store's due index (``_refill_scheduled``), as
+    long as the ready messages are within the window (the rest wait on disk, still counted SCHEDULED); coming
+    due writes the row's ACTIVE state, which takes it out of the due index. Cancel reads a disk-only one by key;
+  - ``next_expiry``: no message of a main queue expires before it. The upkeep (``tick``) then reads the store's
+    expiry index from its start and expires what is past its time (``_expire_due``: dropped, or dead-lettered),
+    resident or on disk, in any state but locked, ``READ_BATCH`` at a time; ``_disk_only`` tells a disk-only row
+    from one whose message left with its row's change still queued. The head check stays: a message past its
+    time is never delivered.
+DEFERRED messages on disk are read by key (``receive_deferred``: ``_read_deferred``) and by the store's held
+index for a peek or a range read. ``_leaving`` holds the deferred and scheduled messages that left while their
+row's change is queued (so no read by key or by index brings them back), emptied as those writes are stored.
 Peek, browse_range, range_offsets, complete_below and revocations merge the resident messages with an indexed
-scan of the disk-only ones from ``disk_from`` on (a page costs what it returns). Scans only read rows numbered
-below ``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
+scan of the disk-only ones (a page costs what it returns). Scans only read rows numbered below
+``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
+What stays in memory per sub-queue is thus bounded by the windows, the budget, the locks and the writes in flight;
+per partition, by its sub-queues (and, for now, the backlog of its session-enabled slots).
 
 Health: a store error (a failed read included) or a stop makes the partition unavailable; every call then raises
 ``PartitionUnavailable``. ``start`` (again) reloads the resident set and the counts from the store.
@@ -878,6 +899,7 @@ class PartitionBroker:
         entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
         q = self._queue(slot, row.queue)
         q.entries[row.seq] = entry
+        q.top = max(q.top, row.seq)
         self._hold(entry.size)
         if state is MessageState.ACTIVE:
             self._push_ready(q, entry)
