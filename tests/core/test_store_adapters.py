@@ -963,3 +963,13 @@ def test_partition_broker_expires_messages_anywhere_through_the_expiry_index(kit
         assert broker._queues[(0, SubQueue.MAIN)].next_expiry is None
     finally:
         broker.stop()
+
+
+def test_store_indexes_rows_by_their_expiry_time(kit: Kit, store: MessageStore) -> None:
+    timed = [_row(1, expires=900), _row(2, expires=100), _row(3)]  # mixed: the generic insert
+    store.apply([("create_slot", 0), ("put", 0, timed), ("put", 0, [_row(4, expires=500), _row(5, expires=500)])])
+    store.apply([("put", 0, [_row(6), _row(7)])])  # none timed: NULL in the statement
+    assert [(r[0], r[6]) for r in store.scan_expiring(0, (-1, 0), 10)] == [(2, 100), (4, 500), (5, 500), (1, 900)]
+    assert [r[0] for r in store.scan_expiring(0, (500, 4), 2)] == [5, 1]
+    store.apply([("update", 0, [Update(4, 1, 0, 1, b"x")]), ("delete", 0, [2])])  # dead-lettered; gone
+    assert [r[0] for r in store.scan_expiring(0, (-1, 0), 10)] == [5, 1]

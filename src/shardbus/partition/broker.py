@@ -172,6 +172,7 @@ READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
 # One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
 # query per 256 messages is already a small share of their delivery).
 READ_BATCH = 256
+FAR_TTL_MS = 100 * 365 * 86_400_000  # a time to live this long never comes due in a running broker
 EXPIRE_BATCHES = 8  # an upkeep expires at most this many READ_BATCHes per sub-queue (the rest at the next one)
 # A read-ahead brings at most this many bytes' worth of the largest message the partition accepts (Premium allows
 # 100 MB messages: 256 of them would be 25 GB), and at least one message.
@@ -547,7 +548,7 @@ class PartitionBroker:
         self._evict: list[tuple[MessageQueue | None, Any]] = []
         self._leaving: set[tuple[int, int]] = set()  # deferred messages that left, their rows not yet changed
         self._dues: list[tuple[int, int, int]] = []  # (slot, seq, due ms) of scheduled sends being staged
-        self._expiries: list[tuple[int, int, int]] = []  # (slot, seq, expiry ms) of sends being staged
+        self._expiries: list[tuple[int, int]] = []  # (slot, expiry ms) of sends being staged (FAR_TTL_MS: none)
 
     def _on_store_failure(self, exc: BaseException) -> BaseException:
         with self._lock:
@@ -1159,12 +1160,9 @@ class PartitionBroker:
             self._dues.clear()
         soonest: dict[int, int] = {}  # slot -> the batch's first expiry: the upkeep looks from then on
         if self._expiries:
-            times: dict[int, list[tuple[int, int]]] = {}
-            for slot, s, ms in self._expiries:
-                times.setdefault(slot, []).append((s, ms))
+            for slot, ms in self._expiries:
                 if ms < soonest.get(slot, ms + 1):
                     soonest[slot] = ms
-            ops += [("expires", slot, t) for slot, t in times.items()]
             self._expiries.clear()
         ops.append(("meta", "next_seq", seq))
         if dedup_new:
@@ -1215,10 +1213,11 @@ class PartitionBroker:
         msg.sequence_number = sequence_number = (self.id << PARTITION_SHIFT) | seq
         msg.enqueued_time_ms = now
         if ttl is None:
-            msg.expires_at_ms = None
+            msg.expires_at_ms = expires = None
         else:
-            msg.expires_at_ms = start + ttl
-            self._expiries.append((slot, seq, start + ttl))  # its row's place in the _exp index
+            msg.expires_at_ms = expires = start + ttl
+            if ttl < FAR_TTL_MS:  # the upkeep's next look (the usual TimeSpan.MaxValue default never comes)
+                self._expiries.append((slot, expires))
         msg.state = state
         msg.partition_id = self.id
         msg.delivery_count = 0
@@ -1237,7 +1236,7 @@ class PartitionBroker:
         # raises and clears an AttributeError) for every parameter that is not an exact int, str or float. The row
         # is made as a tuple (a NamedTuple's own constructor is a Python function) and int() of an IntEnum
         # member is skipped for the usual state: together 40% of what Row(...) with int(state) cost.
-        row = _new_tuple(Row, (seq, 0, 0 if state is _ACTIVE else int(state), 0, None, data))
+        row = _new_tuple(Row, (seq, 0, 0 if state is _ACTIVE else int(state), 0, None, data, expires))
         return Entry(msg, slot, seq, _MAIN, len(data)), row
 
     def _add_visible(self, visible: dict[int, list[Entry]]) -> set[int]:

@@ -29,6 +29,7 @@ class Row(NamedTuple):
     delivery_count: int
     dead_letter: bytes | None  # packed (reason, description, source) once dead-lettered
     data: bytes  # see records.py
+    expires: int | None = None  # when it expires (ms), for the expiry index; written by ``put`` (rows read: None)
 
 
 class Update(NamedTuple):
@@ -54,7 +55,7 @@ class Update(NamedTuple):
 #   ("counts", slot, sub_queue, messages, bytes)  the sub-queue's kept counts (the last of a batch wins)
 #   ("delete_range", slot, sub_queue, first, end)  remove the ACTIVE rows of a sub-queue with first <= seq < end
 #   ("due", slot, [(seq, due_ms), ...])       when SCHEDULED rows (put in the same batch) come due: their index
-#   ("expires", slot, [(seq, ms), ...])       when rows (put in the same batch) expire: their index
+#   ("expires", slot, [(seq, ms), ...])       when rows expire: their index (``put`` writes a new row's own)
 Op = tuple[Any, ...]
 OP_NAMES = (
     "put",

@@ -440,10 +440,11 @@ class PostgresStore:
         if len(by_seq) != len(rows):
             rows = list(by_seq.values())
         cur.execute(
-            f"INSERT INTO {self._table(slot)} (seq, queue, state, delivery_count, dead_letter, data) "
-            "SELECT * FROM unnest(%b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[]) "
-            "ON CONFLICT (seq) DO UPDATE SET queue = EXCLUDED.queue, state = EXCLUDED.state, "
-            "delivery_count = EXCLUDED.delivery_count, dead_letter = EXCLUDED.dead_letter, data = EXCLUDED.data",
+            f"INSERT INTO {self._table(slot)} (seq, queue, state, delivery_count, dead_letter, data, expires) "
+            "SELECT * FROM unnest(%b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], "
+            "%b::bigint[]) ON CONFLICT (seq) DO UPDATE SET queue = EXCLUDED.queue, state = EXCLUDED.state, "
+            "delivery_count = EXCLUDED.delivery_count, dead_letter = EXCLUDED.dead_letter, data = EXCLUDED.data, "
+            "expires = EXCLUDED.expires",
             [list(column) for column in zip(*rows, strict=True)],
         )
 

@@ -105,12 +105,17 @@ def _add_due(db: sqlite3.Connection, slot: int) -> None:
 
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
-_PUT_VALUES = [",".join(["(?,?,?,?,NULL,?)"] * (1 << k)) for k in range(_PUT_CHUNK.bit_length())]
+_PUT_BITS = _PUT_CHUNK.bit_length()
+# An expiry time is a parameter, or NULL in the statement for rows without one (the usual case).
+_PUT_VALUES = {
+    timed: [",".join([f"(?,?,?,?,NULL,?,{'?' if timed else 'NULL'})"] * (1 << k)) for k in range(_PUT_BITS)]
+    for timed in (False, True)
+}
 
 
-def _put_sql(table: str, k: int) -> str:
-    """The insert of ``2**k`` rows without dead-letter fields into ``table``."""
-    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}) VALUES {_PUT_VALUES[k]}"
+def _put_sql(table: str, k: int, timed: bool) -> str:
+    """The insert of ``2**k`` rows without dead-letter fields (with expiry times if ``timed``) into ``table``."""
+    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {_PUT_VALUES[timed][k]}"
 
 
 _LAST_VALUE_OPS = frozenset({"meta", "counts"})  # only the last value of each key is written, at the batch's end
@@ -342,9 +347,12 @@ class SqliteStore:
             log.warning("background checkpoint of %s failed: %s", self.path, exc)
 
     def _put(self, slot: int, rows: list[Row]) -> None:
+        if not rows:
+            return
         table = _table(slot)
-        if any(row.dead_letter is not None for row in rows):
-            self._db.executemany(f"INSERT OR REPLACE INTO {table}({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
+        timed = rows[0][6] is not None
+        if any(row.dead_letter is not None or (row[6] is not None) is not timed for row in rows):
+            self._db.executemany(f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES (?,?,?,?,?,?,?)", rows)
             return
         # Every new message comes here, so this path binds as little as it can:
         # - many rows per statement, not ``executemany``: the sqlite3 module lets go of the GIL around every step,
@@ -359,10 +367,15 @@ class SqliteStore:
         while i < n:
             k = min(n - i, _PUT_CHUNK).bit_length() - 1
             values: list[Any] = []
-            for seq, queue, state, delivery_count, _, data in rows[i : i + (1 << k)]:
-                values += (seq, queue, state, delivery_count, bytearray(data))
-                written += len(data)
-            execute(_put_sql(table, k), values)
+            if timed:
+                for seq, queue, state, delivery_count, _, data, expires in rows[i : i + (1 << k)]:
+                    values += (seq, queue, state, delivery_count, bytearray(data), expires)
+                    written += len(data)
+            else:
+                for seq, queue, state, delivery_count, _, data, _ in rows[i : i + (1 << k)]:
+                    values += (seq, queue, state, delivery_count, bytearray(data))
+                    written += len(data)
+            execute(_put_sql(table, k, timed), values)
             i += 1 << k
         self._written += written
 
