@@ -973,3 +973,23 @@ def test_store_indexes_rows_by_their_expiry_time(kit: Kit, store: MessageStore) 
     assert [r[0] for r in store.scan_expiring(0, (500, 4), 2)] == [5, 1]
     store.apply([("update", 0, [Update(4, 1, 0, 1, b"x")]), ("delete", 0, [2])])  # dead-lettered; gone
     assert [r[0] for r in store.scan_expiring(0, (-1, 0), 10)] == [5, 1]
+
+
+def test_a_time_to_live_that_never_comes_is_not_indexed(kit: Kit) -> None:
+    """TimeSpan.MaxValue (the default) is not worth an index entry per send; a finite one is."""
+    from datetime import timedelta
+
+    settings = SlotSettings(path="orders", default_ttl_ms=10_675_199 * 86_400_000)
+    config = PartitionConfig(path="orders", partition_id=4, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, time.time)
+    broker.configure_slot(0, settings)
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        short = Message(b"short")
+        short.time_to_live = timedelta(minutes=5)
+        broker.enqueue([(None, [(0, Message(b"forever"))]), (None, [(0, short)])]).result(30)
+        assert [r[0] for r in broker._store.scan_expiring(0, (-1, 0), 10)] == [2]
+        assert broker._queues[(0, SubQueue.MAIN)].next_expiry is not None
+    finally:
+        broker.stop()
