@@ -14,13 +14,19 @@ What it prints (issue 25), for one standard-tier partitioned queue (16 partition
     first message received from the backlog (the SDK's connection set-up included); "0" holds one message;
   - ``disk``: the data directory's size.
 
+``--kind`` says what the backlog is made of (docs/backlog.md has the figures): ``active`` (the default) plain
+messages; ``scheduled`` messages scheduled for later (a random time between one hour and a day ahead: they stay
+SCHEDULED for the whole run); ``deferred`` messages received and deferred (in this process, through each
+partition's broker: lock a batch, defer it), after which one plain message is sent, for the first delivery after a
+restart. The rate rounds always send and receive plain messages, next to that backlog.
+
 The backlog is written between broker runs by this process through the Python API (``Namespace.submit_send`` of
 keyless 500-message batches, many in flight): the SDK's pace on this machine would take hours for 10 million,
 and what is measured is the broker holding the backlog, not the fill. The broker is a child process running
 ``shardbus.server.Broker`` (durable SQLite stores, partitions in its own process, as ``shardbus serve`` runs).
 
-    python bench/backlog.py [--messages N] [--quick] [--rounds R] [--round-messages M] [--restarts K]
-                            [--dir PATH] [--keep] [--measure-only]
+    python bench/backlog.py [--messages N] [--quick] [--kind active|scheduled|deferred] [--rounds R]
+                            [--round-messages M] [--restarts K] [--dir PATH] [--keep] [--measure-only]
 
 ``--quick`` (CI): N = 20,000, two rounds of 500 messages. The default (N = 10,000,000) writes about 12 GB and
 takes about 20 minutes here.
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -37,6 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,6 +60,7 @@ FILL_IN_FLIGHT = 16
 MILESTONE = 1_000_000
 KEY_NAME = "RootManageSharedAccessKey"
 KEY = "SAS_KEY_VALUE"
+KINDS = ("active", "scheduled", "deferred")
 
 
 # =================================================================================================================
@@ -108,13 +117,14 @@ def create(data_dir: Path) -> None:
         broker.stop()
 
 
-def fill(data_dir: Path, count: int) -> float:
-    """Add ``count`` messages to the backlog queue; returns msg/s."""
+def fill(data_dir: Path, count: int, kind: str = "active") -> float:
+    """Add ``count`` messages of ``kind`` to the backlog queue; returns msg/s."""
     from shardbus.model.message import Message
     from shardbus.server import Broker
 
     broker = Broker(data_dir, port=0)
     started = time.monotonic()
+    now = datetime.now(UTC)
     try:
         ns = broker.namespace
         pending = []
@@ -122,15 +132,36 @@ def fill(data_dir: Path, count: int) -> float:
         while sent < count:
             n = min(FILL_BATCH, count - sent)
             batch = [Message(BODY, message_id=uuid.uuid4().hex) for _ in range(n)]
+            if kind == "scheduled":
+                for m in batch:
+                    m.scheduled_enqueue_time = now + timedelta(seconds=random.uniform(3600, 86400))
             pending.append(ns.submit_send(QUEUE, batch))
             sent += n
             if len(pending) >= FILL_IN_FLIGHT:
                 pending.pop(0).result()
         for future in pending:
             future.result()
+        if kind == "deferred":
+            defer_all(ns)
+            ns.submit_send(QUEUE, [Message(BODY, message_id=uuid.uuid4().hex)]).result()  # for the first delivery
     finally:
         broker.stop()
     return count / (time.monotonic() - started)
+
+
+def defer_all(ns) -> None:
+    """Lock every ACTIVE message of the backlog queue and defer it, partition by partition."""
+    from shardbus.model.message import SubQueue
+    from shardbus.partition.broker import Settle
+
+    for partition in ns._queue(QUEUE).partitions:
+        pending = []
+        while batch := partition.lock_messages(0, SubQueue.MAIN, 256):
+            pending.append(partition.settle(0, [Settle("defer", m.lock_token) for m in batch]))
+            if len(pending) >= FILL_IN_FLIGHT:
+                pending.pop(0).result()
+        for future in pending:
+            future.result()
 
 
 # =================================================================================================================
@@ -252,6 +283,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10_000_000, help="backlog size N (default 10,000,000)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: N = 20,000, 2 rounds of 500")
+    parser.add_argument("--kind", choices=KINDS, default="active", help="what the backlog holds (default active)")
     parser.add_argument("--rounds", type=int, default=6, help="rate rounds per side (default 6)")
     parser.add_argument("--round-messages", type=int, default=2000, help="messages per rate round (default 2000)")
     parser.add_argument("--restarts", type=int, default=3, help="restarts timed per size (default 3)")
@@ -265,7 +297,10 @@ def main() -> None:
         args.messages, args.rounds, args.round_messages, args.restarts = 20_000, 2, 500, 1
     data_dir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="shardbus-backlog-"))
     try:
-        print(f"backlog of {args.messages:,} x 1 KB messages, one 16-partition queue; data in {data_dir}", flush=True)
+        print(
+            f"backlog of {args.messages:,} x 1 KB {args.kind} messages, one 16-partition queue; data in {data_dir}",
+            flush=True,
+        )
         if args.measure_only:
             measure(data_dir, args.messages, args, None)
             return
@@ -274,7 +309,7 @@ def main() -> None:
         measure(data_dir, 0, args, None)
         queued = 0
         for target in sorted({min(MILESTONE, args.messages), args.messages}):
-            speed = fill(data_dir, target - queued)
+            speed = fill(data_dir, target - queued, args.kind)
             queued = target
             print(f"filled to {queued:,} ({speed:,.0f} msg/s)", flush=True)
             measure(data_dir, queued, args, None)

@@ -25,7 +25,8 @@ import pytest
 from pg_server import ServerUnavailable
 from pg_server import start as start_pg
 from pg_server import stop as stop_pg
-from shardbus.model.message import Message, SubQueue
+from shardbus.model.errors import MessageNotFound
+from shardbus.model.message import Message, MessageState, SubQueue
 from shardbus.partition.broker import PartitionBroker, PartitionConfig, SlotSettings
 from shardbus.store import sqlite as sqlite_store
 from shardbus.store.base import MessageStore, Row, Snapshot, StoreError, Update
@@ -680,7 +681,9 @@ def test_sqlite_file_of_the_earlier_schema_opens_with_its_counts(tmp_path) -> No
         snap = store.load(resident=())
         assert snap.counts == {(0, 0): (3, 10), (0, 1): (1, 1)}
         assert snap.meta == {"next_seq": 5}
-        assert [r.seq for r in snap.rows[0]] == [2]  # only the deferred row is loaded
+        assert 0 not in snap.rows and snap.scheduled == {0: 0}  # no rows: the deferred one is read by key
+        assert [r[0] for r in store.get(0, [2, 3, 9])] == [2, 3]
+        assert [r[0] for r in store.scan_held(0, 0, 1, 0, 10, 10)] == [2]
         assert [r[0] for r in store.scan(0, 0, 0, 10, 10)] == [1, 4]
         assert [r[0] for r in store.scan(0, 1, 0, 10, 10)] == [3]
         assert [r.seq for r in store.load().rows[0]] == [1, 2, 3, 4]
@@ -706,3 +709,287 @@ def test_counts_keep_the_last_value_and_go_with_their_slot(kit: Kit, store: Mess
         ]
     )
     assert _reload(kit, store).counts == {(1, 0): (3, 30)}
+
+
+def _eventually(check: Callable[[], bool], limit: float = 10.0) -> None:
+    """Messages leave memory once their write is stored (a future's callbacks may run just after its waiters)."""
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, "not within the limit"
+        time.sleep(0.01)
+
+
+def test_store_reads_deferred_rows_by_key_and_by_index(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(1), _row(2, state=1), _row(3, state=2), _row(4, state=1)])])
+    store.apply([("put", 0, [_row(5, state=1, queue=1)])])
+    assert [r[0] for r in store.get(0, [4, 2, 9])] == [2, 4]
+    assert [r[0] for r in store.scan_held(0, 0, 1, 0, 10, 10)] == [2, 4]
+    assert [r[0] for r in store.scan_held(0, 0, 1, 3, 10, 10)] == [4]
+    assert [r[0] for r in store.scan_held(0, 1, 1, 0, 10, 1)] == [5]
+    snap = store.load(resident=())
+    assert 0 not in snap.rows and snap.scheduled == {0: 1}  # counted, not read
+
+
+def test_partition_broker_keeps_deferred_and_dead_lettered_messages_on_disk(kit: Kit) -> None:
+    """Deferred messages, and dead-lettered ones beyond the dead-letter queue's window, leave memory once their
+    change is stored: receive by sequence number reads them by key, peek and range reads show them, a restart
+    does not load them."""
+    settings = SlotSettings(path="orders", max_delivery_count=5)
+    config = PartitionConfig(path="orders", partition_id=1, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, time.time)
+    broker.read_ahead = 2
+    broker.memory_budget = 0
+    broker.configure_slot(0, settings)
+
+    def resident(queue: SubQueue = SubQueue.MAIN) -> int:
+        return len(broker._queues[(0, queue)].entries)
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        broker.enqueue([(None, [(0, Message(f"m{i}".encode()))]) for i in range(12)]).result(30)
+        locked = broker.lock_messages(0, SubQueue.MAIN, 10)
+        assert [m.body for m in locked] == [f"m{i}".encode() for i in range(10)]
+        for m in locked[:6]:
+            broker.defer(0, m.lock_token).result(30)
+        for m in locked[6:]:
+            broker.dead_letter(0, m.lock_token, "why", "because").result(30)
+        # in memory: nothing of the main queue (its window is read when a receiver asks), the DLQ's window
+        _eventually(lambda: resident() == 0 and resident(SubQueue.DEAD_LETTER) == 2)
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (8, 4)
+        everything = [f"m{i}".encode() for i in range(12)]
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == everything[:6] + everything[10:]
+        assert [m.state for m in broker.peek(0, SubQueue.MAIN, 0, 2)] == [MessageState.DEFERRED] * 2
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 4, 3)] == [b"m3", b"m4", b"m5"]
+        assert [m.body for m in broker.browse_range(0, SubQueue.MAIN, 2, 12, 3)] == [b"m1", b"m2", b"m3"]
+        assert broker.range_offsets(0, SubQueue.MAIN, 4) == (1, 13, 1, 5)  # m3, m4, m5, m10, m11
+        assert [m.body for m in broker.peek(0, SubQueue.DEAD_LETTER, 0, 50)] == everything[6:10]
+        # receive by sequence number reads a disk-only deferred message by key; it goes back to disk when released
+        (got,), _ = broker.receive_deferred(0, SubQueue.MAIN, [3], lock=True)
+        assert got.body == b"m2" and got.state is MessageState.DEFERRED
+        broker.abandon(0, got.lock_token).result(30)  # back to DEFERRED (and to disk once that is stored)
+        _eventually(lambda: 3 not in broker._queues[(0, SubQueue.MAIN)].entries)
+        (got,), _ = broker.receive_deferred(0, SubQueue.MAIN, [3], lock=True)
+        broker.complete(0, [got.lock_token])  # not waited for: its row is still there for a moment
+        with pytest.raises(MessageNotFound):
+            broker.receive_deferred(0, SubQueue.MAIN, [3], lock=True)
+        (gone,), future = broker.receive_deferred(0, SubQueue.MAIN, [4], lock=False)
+        assert gone.body == b"m3"
+        future.result(30)
+        # the dead-letter queue delivers its disk part in order
+        dead = broker.lock_messages(0, SubQueue.DEAD_LETTER, 10)
+        assert [m.body for m in dead] == everything[6:10]
+        broker.complete(0, [m.lock_token for m in dead]).result(30)
+        broker.stop()
+        broker.start()
+        assert resident() == 0
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (6, 0)
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == [b"m0", b"m1", b"m4", b"m5", b"m10", b"m11"]
+        msgs, future = broker.receive_deferred(0, SubQueue.MAIN, [1, 2], lock=False)
+        assert [m.body for m in msgs] == [b"m0", b"m1"]
+        future.result(30)
+        broker.complete_below(0, SubQueue.MAIN, 7).result(30)  # m4 and m5, deferred on disk
+        assert broker.runtime(0).active_message_count == 2
+        broker.stop()
+        broker.start()
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 50)] == [b"m10", b"m11"]
+        assert broker.runtime(0).active_message_count == 2
+    finally:
+        broker.stop()
+
+
+def test_store_reads_scheduled_rows_by_their_time(kit: Kit, store: MessageStore) -> None:
+    store.apply([("create_slot", 0), ("put", 0, [_row(s, state=2) for s in (1, 2, 3, 4)] + [_row(5)])])
+    store.apply([("due", 0, [(1, 500), (2, 100), (3, 100), (4, 300)])])
+    assert [(r[0], r[6]) for r in store.scan_due(0, (0, 0), 10)] == [(2, 100), (3, 100), (4, 300), (1, 500)]
+    assert [r[0] for r in store.scan_due(0, (100, 2), 2)] == [3, 4]
+    store.apply([("update", 0, [Update(3, 0, 0, 0, None)]), ("delete", 0, [4])])  # came due; cancelled
+    assert [r[0] for r in store.scan_due(0, (0, 0), 10)] == [2, 1]
+    assert store.load(resident=()).scheduled == {0: 2}
+
+
+def test_sqlite_file_without_the_due_column_gets_it_filled_from_its_records(tmp_path) -> None:
+    import sqlite3
+    from datetime import UTC, datetime
+
+    from shardbus.store.records import pack_message
+
+    msg = Message(b"later")
+    msg.scheduled_enqueue_time = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    path = tmp_path / "old.db"
+    store = SqliteStore(path)
+    store.apply([("create_slot", 0), ("put", 0, [_row(7, pack_message(msg), state=2), _row(8)])])
+    store.close()
+    db = sqlite3.connect(path)
+    db.executescript("DROP INDEX m0_due; ALTER TABLE m0 DROP COLUMN due;")  # as an earlier version wrote it
+    db.close()
+    store = SqliteStore(path)
+    try:
+        (row,) = store.scan_due(0, (0, 0), 10)
+        assert (row[0], row[6]) == (7, int(msg.scheduled_enqueue_time.timestamp() * 1000))
+        assert store.load(resident=()).scheduled == {0: 1}
+    finally:
+        store.close()
+
+
+def test_partition_broker_keeps_scheduled_messages_on_disk_by_their_time(kit: Kit, clock) -> None:
+    """Only the soonest-due scheduled messages are resident (a window of 2 here); the rest are read from the due
+    index as they come due, cancelled by key, counted without being read, and a restart does not load them."""
+    from datetime import UTC, datetime
+
+    settings = SlotSettings(path="orders")
+    config = PartitionConfig(path="orders", partition_id=2, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, clock)
+    broker.read_ahead = 2
+    broker.memory_budget = 0
+    broker.configure_slot(0, settings)
+    start = clock()
+    order = [5, 1, 9, 3, 7, 2, 8, 4, 6, 10]  # message i comes due after order[i] minutes
+
+    def scheduled(i: int) -> Message:
+        msg = Message(f"s{i}".encode())
+        msg.scheduled_enqueue_time = datetime.fromtimestamp(start + 60 * order[i], UTC)
+        return msg
+
+    def resident() -> int:
+        return len(broker._queues[(0, SubQueue.MAIN)].entries)
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        for i in range(10):  # one send each: the window is trimmed as they come
+            broker.enqueue([(None, [(0, scheduled(i))])]).result(30)
+        broker.enqueue([(None, [(0, Message(b"now"))])]).result(30)
+        assert resident() <= 2 * 2 + 1
+        assert broker.runtime(0).scheduled_message_count == 10
+        assert broker.scheduled_count() == 10
+        peeked = broker.peek(0, SubQueue.MAIN, 0, 50)
+        assert [m.body for m in peeked] == [f"s{i}".encode() for i in range(10)] + [b"now"]
+        assert [m.state for m in peeked[:10]] == [MessageState.SCHEDULED] * 10
+        assert broker.range_offsets(0, SubQueue.MAIN, 0)[3] == 1  # a scheduled message is not readable yet
+        # cancel one that is on disk only (s9: due last), and one twice
+        s9 = peeked[9].sequence_number & 0xFFFFFFFFFF
+        assert s9 not in broker._queues[(0, SubQueue.MAIN)].entries
+        broker.cancel_scheduled([s9]).result(30)
+        with pytest.raises(MessageNotFound):
+            broker.cancel_scheduled([s9])
+        assert broker.runtime(0).scheduled_message_count == 9
+        broker.stop()
+        broker.start()
+        assert resident() == 0  # nothing read at start, the counts are right
+        props = broker.runtime(0)
+        assert (props.scheduled_message_count, props.active_message_count) == (9, 1)
+        assert broker.next_due_ms(0, SubQueue.MAIN) is not None
+        (now,) = broker.lock_messages(0, SubQueue.MAIN, 5)
+        assert now.body == b"now"
+        broker.complete(0, [now.lock_token]).result(30)
+        got = []
+        for minute in range(1, 10):  # each comes due in its turn, read from the due index
+            clock.advance(60)
+            batch = broker.lock_messages(0, SubQueue.MAIN, 5)
+            got += [m.body for m in batch]
+            assert resident() <= 2 * 2 + 1
+            if batch:
+                broker.complete(0, [m.lock_token for m in batch]).result(30)
+            if minute == 4:  # a restart midway: the ones that came due stay due
+                broker.stop()
+                broker.start()
+        assert got == [f"s{order.index(m)}".encode() for m in range(1, 10)]
+        assert broker.runtime(0).scheduled_message_count == 0
+        broker.stop()
+        broker.start()
+        props = broker.runtime(0)
+        assert (props.scheduled_message_count, props.active_message_count, props.size_in_bytes) == (0, 0, 0)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("dead_letter", [False, True], ids=["dropped", "dead-lettered"])
+def test_partition_broker_expires_messages_anywhere_through_the_expiry_index(kit: Kit, clock, dead_letter) -> None:
+    """The upkeep expires messages past their time to live wherever they are (on disk beyond the window, deferred
+    on disk, resident), in batches through the store's expiry index, with the counts kept right; a locked one is
+    left to its lock, and one past its time is never delivered."""
+    from datetime import timedelta
+
+    settings = SlotSettings(path="orders", dead_letter_on_expiration=dead_letter)
+    config = PartitionConfig(path="orders", partition_id=3, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, clock)
+    broker.read_ahead = 2
+    broker.memory_budget = 0
+    broker.configure_slot(0, settings)
+
+    def message(body: str, ttl_s: int | None) -> Message:
+        msg = Message(body.encode())
+        msg.time_to_live = None if ttl_s is None else timedelta(seconds=ttl_s)
+        return msg
+
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        # m0..m2: locked, then m1 deferred (to disk); the rest stays beyond the window, on disk
+        ttls = [10, 10, 10, None, 10, 60, 10, None, 10, 10]
+        broker.enqueue([(None, [(0, message(f"m{i}", t))]) for i, t in enumerate(ttls)]).result(30)
+        locked = broker.lock_messages(0, SubQueue.MAIN, 3)
+        broker.defer(0, locked[1].lock_token).result(30)
+        _eventually(lambda: 2 not in broker._queues[(0, SubQueue.MAIN)].entries)
+        clock.advance(11)
+        broker.tick()
+        props = broker.runtime(0)
+        # gone: m1 (deferred), m4, m6, m8, m9; left: m0 and m2 (locked), m3, m5, m7
+        assert props.active_message_count == 5
+        assert props.dead_letter_message_count == (5 if dead_letter else 0)
+        assert broker._queues[(0, SubQueue.MAIN)].next_expiry is not None  # it looks again for the locked ones
+        broker.abandon(0, locked[0].lock_token).result(30)
+        broker.abandon(0, locked[2].lock_token).result(30)
+        got = broker.lock_messages(0, SubQueue.MAIN, 10)  # the head check: m0 and m2 expire on the way
+        assert [m.body for m in got] == [b"m3", b"m5", b"m7"]
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (3, 7 if dead_letter else 0)
+        if dead_letter:
+            dead = broker.peek(0, SubQueue.DEAD_LETTER, 0, 20)
+            assert [m.body for m in dead] == [f"m{i}".encode() for i in (0, 1, 2, 4, 6, 8, 9)]
+            assert {m.dead_letter_reason for m in dead} == {"TTLExpiredException"}
+        for m in got:
+            broker.release(0, m.lock_token)
+        broker.stop()
+        broker.start()  # the expiry index survives: m5 expires at 60 s, found after a restart
+        clock.advance(60)
+        broker.tick()
+        props = broker.runtime(0)
+        assert (props.active_message_count, props.dead_letter_message_count) == (2, 8 if dead_letter else 0)
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 20)] == [b"m3", b"m7"]
+        assert broker._queues[(0, SubQueue.MAIN)].next_expiry is None
+    finally:
+        broker.stop()
+
+
+def test_store_indexes_rows_by_their_expiry_time(kit: Kit, store: MessageStore) -> None:
+    timed = [_row(1, expires=900), _row(2, expires=100), _row(3)]  # mixed: the generic insert
+    store.apply([("create_slot", 0), ("put", 0, timed), ("put", 0, [_row(4, expires=500), _row(5, expires=500)])])
+    store.apply([("put", 0, [_row(6), _row(7)])])  # none timed: NULL in the statement
+    assert [(r[0], r[6]) for r in store.scan_expiring(0, (-1, 0), 10)] == [(2, 100), (4, 500), (5, 500), (1, 900)]
+    assert [r[0] for r in store.scan_expiring(0, (500, 4), 2)] == [5, 1]
+    store.apply([("update", 0, [Update(4, 1, 0, 1, b"x")]), ("delete", 0, [2])])  # dead-lettered; gone
+    assert [r[0] for r in store.scan_expiring(0, (-1, 0), 10)] == [5, 1]
+
+
+def test_a_time_to_live_that_never_comes_is_not_indexed(kit: Kit) -> None:
+    """TimeSpan.MaxValue (the default) is not worth an index entry per send; a finite one is."""
+    from datetime import timedelta
+
+    settings = SlotSettings(path="orders", default_ttl_ms=10_675_199 * 86_400_000)
+    config = PartitionConfig(path="orders", partition_id=4, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, time.time)
+    broker.configure_slot(0, settings)
+    broker.start()
+    try:
+        broker.create_slot(0, settings).result(30)
+        short = Message(b"short")
+        short.time_to_live = timedelta(minutes=5)
+        broker.enqueue([(None, [(0, Message(b"forever"))]), (None, [(0, short)])]).result(30)
+        assert [r[0] for r in broker._store.scan_expiring(0, (-1, 0), 10)] == [2]
+        assert broker._queues[(0, SubQueue.MAIN)].next_expiry is not None
+    finally:
+        broker.stop()

@@ -36,23 +36,44 @@ the disk (settlements are not counted: each frees what it settles).
 
 Memory and the store (what is resident, and why it is bounded): each sub-queue (``MessageQueue``) keeps
   - its counts (messages, bytes; scheduled ones), stored by a ``counts`` op in the same transaction as each change
-    that moves them, so a start reads them instead of counting and runtime properties never read messages;
+    that moves them, so a start reads them instead of counting and runtime properties never read messages (the
+    scheduled count is counted at start on the store's due index, which holds nothing else);
   - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (sends keep at most
     ``READ_AHEAD`` ready, ``SHARDBUS_READ_AHEAD``, and more while the process's brokers together hold less than
     ``MEMORY_BUDGET`` bytes of messages, ``SHARDBUS_MEMORY_MB``; a read brings ``READ_BATCH``), the locked ones
-    (bounded by receivers' credit and lock durations), and, for now, every SCHEDULED and DEFERRED message, every
-    message of a session-enabled slot, and messages dead-lettered since the start (a move is not read back);
+    (bounded by receivers' credit and lock durations), the soonest-due SCHEDULED ones (below), DEFERRED ones only
+    while locked or until the write that deferred them is stored, and (for now) every message of a session-enabled
+    slot's main queue;
   - ``disk_from``: ACTIVE messages numbered at or above it may be on disk only (None: all are resident). A send
     that finds the window full stays on disk (``disk_from`` is set to it); when the ready heap runs out below
     ``disk_from`` the next ``READ_BATCH`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
     moves past them. So a queue's oldest ACTIVE message is always resident or at ``disk_from``: FIFO holds, and
     a message above ``disk_from`` that became resident another way (a scheduled one come due, a dead-lettered one
-    in the DLQ) is only delivered after the disk before it is read;
+    in the DLQ) is only delivered after the disk before it is read. A dead-letter queue works the same way: a
+    move beyond its window (and the budget) starts its disk part above every message it ever held (``top``), and
+    a moved message at or above ``disk_from`` leaves memory once the move is stored (``_evict``, ``_evicted``);
   - ``gone``: resident messages at or above ``disk_from`` that left the sub-queue while their row may still be in
-    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them.
+    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them;
+  - ``scheduled`` and ``sched_disk``: the resident SCHEDULED messages by (enqueue time, seq), every one of them
+    before ``sched_disk``; those at or after it may be on disk only (None: all resident). A send due after
+    ``sched_disk`` stays on disk; when more than ``2 x READ_AHEAD`` are resident (and the budget is used) the
+    latest go (``_trim_scheduled``) and ``sched_disk`` moves down to them. When the resident ones run out and
+    ``sched_disk`` is due, the next ``READ_BATCH`` are read from the store's due index (``_refill_scheduled``), as
+    long as the ready messages are within the window (the rest wait on disk, still counted SCHEDULED); coming
+    due writes the row's ACTIVE state, which takes it out of the due index. Cancel reads a disk-only one by key;
+  - ``next_expiry``: no message of a main queue expires before it. The upkeep (``tick``) then reads the store's
+    expiry index from its start and expires what is past its time (``_expire_due``: dropped, or dead-lettered),
+    resident or on disk, in any state but locked, ``READ_BATCH`` at a time; ``_disk_only`` tells a disk-only row
+    from one whose message left with its row's change still queued. The head check stays: a message past its
+    time is never delivered.
+DEFERRED messages on disk are read by key (``receive_deferred``: ``_read_deferred``) and by the store's held
+index for a peek or a range read. ``_leaving`` holds the deferred and scheduled messages that left while their
+row's change is queued (so no read by key or by index brings them back), emptied as those writes are stored.
 Peek, browse_range, range_offsets, complete_below and revocations merge the resident messages with an indexed
-scan of the disk-only ones from ``disk_from`` on (a page costs what it returns). Scans only read rows numbered
-below ``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
+scan of the disk-only ones (a page costs what it returns). Scans only read rows numbered below
+``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
+What stays in memory per sub-queue is thus bounded by the windows, the budget, the locks and the writes in flight;
+per partition, by its sub-queues (and, for now, the backlog of its session-enabled slots).
 
 Health: a store error (a failed read included) or a stop makes the partition unavailable; every call then raises
 ``PartitionUnavailable``. ``start`` (again) reloads the resident set and the counts from the store.
@@ -155,6 +176,10 @@ READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
 # One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
 # query per 256 messages is already a small share of their delivery).
 READ_BATCH = 256
+# A time to live this long (the default, TimeSpan.MaxValue, is 29,000 years) never comes: such messages stay out of
+# the expiry index (each entry costs a send 4% more instructions) and expire, if ever, at the head of their queue.
+FAR_TTL_MS = 100 * 365 * 86_400_000
+EXPIRE_BATCHES = 8  # an upkeep expires at most this many READ_BATCHes per sub-queue (the rest at the next one)
 # A read-ahead brings at most this many bytes' worth of the largest message the partition accepts (Premium allows
 # 100 MB messages: 256 of them would be 25 GB), and at least one message.
 READ_BATCH_BYTES = 64 << 20
@@ -228,29 +253,36 @@ class MessageQueue:
         "gone",
         "key",
         "lock_heap",
+        "next_expiry",
         "ready",
+        "sched_disk",
         "scheduled",
         "scheduled_count",
         "session_locks",
         "sessions",
         "staged",
         "staged_bytes",
+        "top",
     )
 
     def __init__(self, key: tuple[int, int], session_mode: bool = False) -> None:
         self.key = key
         self.count = 0  # messages in the sub-queue, resident or not (kept, stored with "counts")
         self.bytes = 0  # and their stored size
-        self.scheduled_count = 0  # of them SCHEDULED (all resident)
+        self.scheduled_count = 0  # of them SCHEDULED (resident or not)
         self.staged = 0  # of them sent but not yet visible (their commit is under way)
         self.staged_bytes = 0
         # ACTIVE messages numbered at or above it may be on disk only; None: every message is resident
         self.disk_from: int | None = None
         self.gone: set[int] = set()  # resident messages at or above disk_from that left (their rows may linger)
+        self.top = 0  # the highest sequence number ever resident here (a dead-letter queue's disk_from is above it)
+        self.next_expiry: int | None = None  # no message of it expires before this (ms); None: none expires
         self.entries: dict[int, Entry] = {}
         self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
         self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
-        self.scheduled: list[tuple[int, int]] = []  # (enqueue time, seq)
+        self.scheduled: list[tuple[int, int]] = []  # (enqueue time, seq) of resident SCHEDULED messages
+        # SCHEDULED messages with (enqueue time, seq) at or above it may be on disk only; None: all are resident
+        self.sched_disk: tuple[int, int] | None = None
         self.sessions: dict[str, SessionQueue] | None = {} if session_mode else None
         self.session_locks: list[tuple[int, str, uuid.UUID]] = []  # (locked_until, session id, token)
 
@@ -261,6 +293,7 @@ _new_tuple = tuple.__new__
 # Enum class costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
 _ACTIVE = MessageState.ACTIVE
 _SCHEDULED = MessageState.SCHEDULED
+_DEFERRED = MessageState.DEFERRED
 _MAIN = SubQueue.MAIN
 
 
@@ -344,7 +377,7 @@ class PartitionBroker:
 
     def start(self) -> None:
         """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers):
-        counts, scheduled, deferred and session messages; ACTIVE messages stay on disk until read ahead."""
+        counts, session states, the messages of session-enabled slots; the rest stays on disk until needed."""
         with self._lock:
             if self._healthy:
                 return
@@ -377,6 +410,14 @@ class PartitionBroker:
             for slot, rows in snapshot.rows.items():
                 for row in rows:
                     self._load_row(slot, row, now)
+            for (slot, queue), (count, _) in snapshot.counts.items():
+                if queue == _MAIN and count:
+                    self._queue(slot, queue).next_expiry = 0  # unknown: the first upkeep looks at the index
+            for slot, n in snapshot.scheduled.items():
+                if n:  # on disk, by their time: the soonest are read as they come due (``_process_due``)
+                    q = self._queue(slot, _MAIN)
+                    q.scheduled_count = n
+                    q.sched_disk = (0, 0)
             for q in self._queues.values():
                 if q.count > len(q.entries):  # the rest is on disk
                     q.disk_from = 1
@@ -437,6 +478,12 @@ class PartitionBroker:
         self._batches: dict[str, tuple[int, int, int]] = {}  # batch id -> [first, end) seqs, kept since (ms)
         self._staged: dict[str, tuple[list[int], list[str]]] = {}  # uncommitted batch -> its slots, dedup ids
         self._revoked_staged: set[str] = set()  # revoked before their commit: never made visible
+        # What the next write's commit settles: (sub-queue, entry) to leave memory once its row is stored (see
+        # "Memory and the store"), or (None, (slot, seq)) of a deferred message whose row goes with that write.
+        self._evict: list[tuple[MessageQueue | None, Any]] = []
+        self._leaving: set[tuple[int, int]] = set()  # deferred messages that left, their rows not yet changed
+        self._dues: list[tuple[int, int, int]] = []  # (slot, seq, due ms) of scheduled sends being staged
+        self._expiries: list[tuple[int, int]] = []  # (slot, expiry ms) of sends being staged (FAR_TTL_MS: none)
 
     def _on_store_failure(self, exc: BaseException) -> BaseException:
         with self._lock:
@@ -492,7 +539,38 @@ class PartitionBroker:
         assert self._committer is not None
         if self._dirty:
             ops = ops + self._count_ops()
-        return self._committer.submit(ops, on_commit, linger, refusable)
+        future = self._committer.submit(ops, on_commit, linger, refusable)
+        if self._evict:  # commits run in order: once this one is stored, so is every change they wait for
+            evict, self._evict = self._evict, []
+            future.add_done_callback(partial(self._evicted, self._epoch, evict))
+        return future
+
+    def _evicted(self, epoch: int, items: list[tuple[MessageQueue | None, Any]], future: Future) -> None:
+        """A write that settles ``_evict``'s items is stored: deferred messages (and dead-lettered ones beyond
+        their queue's window) that are still unlocked leave memory; their rows say what they are now."""
+        with self._lock:
+            if epoch != self._epoch or future.cancelled() or future.exception() is not None:
+                return  # a failed write makes the partition reload (or it stays as it is: resident)
+            held = 0
+            for q, item in items:
+                if q is None:
+                    self._leaving.discard(item)
+                    continue
+                seq = item.seq
+                msg = item.msg
+                if q.entries.get(seq) is not item or msg.lock_token is not None or self._queues.get(q.key) is not q:
+                    continue
+                if msg.state is _DEFERRED:
+                    if q.sessions is None:  # a session-enabled queue keeps its messages (for now)
+                        del q.entries[seq]
+                        held -= item.size
+                elif msg.state is _ACTIVE and item.queue != _MAIN:  # dead-lettered beyond the window
+                    if q.disk_from is not None and seq >= q.disk_from:
+                        del q.entries[seq]
+                        held -= item.size
+                    else:  # a read-ahead passed it meanwhile (it skips resident messages): serve it from memory
+                        heapq.heappush(q.ready, seq)
+            self._hold(held)
 
     def _hold(self, size: int) -> None:
         """Resident messages of ``size`` stored bytes came (positive) or went (negative)."""
@@ -516,8 +594,19 @@ class PartitionBroker:
         self._dirty.add(q)
         if q.disk_from is not None and seq >= q.disk_from:
             q.gone.add(seq)  # its row may still be read until the delete commits
-        if entry.msg.state is _SCHEDULED:
+        state = entry.msg.state
+        if state is _SCHEDULED:
             q.scheduled_count -= 1
+            self._left_held(entry)
+        elif state is _DEFERRED:
+            self._left_held(entry)
+
+    def _left_held(self, entry: Entry) -> None:
+        """A deferred or scheduled message left: until the write of that is stored, its row must not be read
+        back (by key, by the held index or by the due index)."""
+        key = (entry.slot, entry.seq)
+        self._leaving.add(key)
+        self._evict.append((None, key))
 
     def _scan(self, q: MessageQueue, first: int, end: int, limit: int) -> list[Row]:
         """The next stored ACTIVE rows of a sub-queue (only committed, visible ones: ``end`` <= _visible_next)."""
@@ -527,15 +616,15 @@ class PartitionBroker:
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
 
-    def _entry_of(self, slot: int, row: Row) -> Entry:
-        """A resident entry for a stored ACTIVE row."""
+    def _entry_of(self, slot: int, row: Row, state: MessageState = _ACTIVE) -> Entry:
+        """A resident entry for a stored row (an ACTIVE one unless ``state`` says otherwise)."""
         msg = unpack_message(row[5])
         msg.sequence_number = (self.id << PARTITION_SHIFT) | row[0]
         msg.delivery_count = row[3]
         msg.partition_id = self.id
         if row[4] is not None:
             unpack_dead_letter(msg, row[4])
-        msg.state = _ACTIVE
+        msg.state = state
         return Entry(msg, slot, row[0], row[1], len(row[5]))
 
     def _refill(self, q: MessageQueue) -> None:
@@ -556,6 +645,8 @@ class PartitionBroker:
             held += len(row[5])
             push(ready, seq)
         self._hold(held)
+        if rows:
+            q.top = max(q.top, rows[-1][0])
         if len(rows) < limit:
             q.disk_from = None  # everything is resident now
             gone.clear()
@@ -563,6 +654,47 @@ class PartitionBroker:
             q.disk_from = first = rows[-1][0] + 1
             if gone:
                 q.gone = {s for s in gone if s >= first}
+
+    def _refill_scheduled(self, q: MessageQueue) -> None:
+        """The next SCHEDULED messages by enqueue time from ``sched_disk`` (``READ_BATCH`` at most, within the
+        window) become resident. Rows not yet visible are left to ``make_visible`` (which keeps a message
+        resident when it is due before ``sched_disk``)."""
+        after = q.sched_disk
+        assert after is not None and self._store is not None
+        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
+        slot = q.key[0]
+        try:
+            rows = self._store.scan_due(slot, (after[0], after[1] - 1), limit)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        entries, visible_next, leaving = q.entries, self._visible_next, self._leaving
+        held = 0
+        for row in rows:
+            seq = row[0]
+            if seq in entries or seq >= visible_next or (slot, seq) in leaving:
+                continue
+            entry = entries[seq] = self._entry_of(slot, row, _SCHEDULED)
+            held += entry.size
+            heapq.heappush(q.scheduled, (row[6], seq))
+        self._hold(held)
+        q.sched_disk = None if len(rows) < limit else (rows[-1][6], rows[-1][0] + 1)
+
+    def _trim_scheduled(self, q: MessageQueue) -> None:
+        """Too many SCHEDULED messages are resident (sends due sooner than the disk's): the window keeps the
+        ``read_ahead`` soonest, the rest (stored and unchanged since) leave memory and ``sched_disk`` moves down
+        to the first of them. Amortised: it runs once per ``read_ahead`` such sends at most."""
+        entries = q.entries
+        keys = sorted(k for k in q.scheduled if (e := entries.get(k[1])) is not None and e.msg.state is _SCHEDULED)
+        keep, drop = keys[: self.read_ahead], keys[self.read_ahead :]
+        if not drop:
+            q.scheduled = keys
+            return
+        held = 0
+        for _, seq in drop:
+            held += entries.pop(seq).size
+        self._hold(-held)
+        q.scheduled = keep  # sorted: a heap
+        q.sched_disk = drop[0] if q.sched_disk is None else min(drop[0], q.sched_disk)
 
     def _disk_entries(
         self, q: MessageQueue, first: int, end: int, limit: int, session_id: str | None = None
@@ -580,6 +712,47 @@ class PartitionBroker:
                     if session_id is None or entry.msg.session_id == session_id:
                         out.append(entry)
             if len(rows) < max(limit, 64):
+                break
+            first = rows[-1][0] + 1
+        return out[:limit]
+
+    def _on_disk(self, q: MessageQueue) -> bool:
+        """Whether some of the sub-queue's messages are on disk only (ACTIVE beyond the window, or DEFERRED)."""
+        return q.count - q.staged > len(q.entries)
+
+    def _held_rows(self, q: MessageQueue, state: int, first: int, end: int, limit: int) -> list[Row]:
+        """Up to ``limit`` disk-only rows of a sub-queue in ``state`` (DEFERRED) with ``first <= seq < end``."""
+        assert self._store is not None
+        out: list[Row] = []
+        slot = q.key[0]
+        end = min(end, self._visible_next)
+        while first < end and len(out) < limit:
+            batch = max(limit - len(out), 64)
+            try:
+                rows = self._store.scan_held(slot, q.key[1], state, first, end, batch)
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            out += [r for r in rows if r[0] not in q.entries and (slot, r[0]) not in self._leaving]
+            if len(rows) < batch:
+                break
+            first = rows[-1][0] + 1
+        return out[:limit]
+
+    def _disk_held(
+        self, q: MessageQueue, state: MessageState, first: int, end: int, limit: int, session_id: str | None = None
+    ) -> list[Entry]:
+        """Up to ``limit`` disk-only messages in ``state`` (DEFERRED or SCHEDULED) of a sub-queue with
+        ``first <= seq < end``, in order."""
+        if limit <= 0 or not self._on_disk(q):
+            return []
+        out: list[Entry] = []
+        while first < min(end, self._visible_next) and len(out) < limit:
+            rows = self._held_rows(q, state, first, end, limit)
+            for row in rows:
+                entry = self._entry_of(q.key[0], row, state)
+                if session_id is None or entry.msg.session_id == session_id:
+                    out.append(entry)
+            if len(rows) < limit:
                 break
             first = rows[-1][0] + 1
         return out[:limit]
@@ -662,6 +835,7 @@ class PartitionBroker:
         entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
         q = self._queue(slot, row.queue)
         q.entries[row.seq] = entry
+        q.top = max(q.top, row.seq)
         self._hold(entry.size)
         if state is MessageState.ACTIVE:
             self._push_ready(q, entry)
@@ -819,6 +993,9 @@ class PartitionBroker:
             entries = q.entries
             found = [entries[s] for s in range(first, end) if s in entries]
             found += self._disk_entries(q, first, end, end - first)  # as if resident: the same steps
+            if self._on_disk(q):
+                for state in (_DEFERRED, _SCHEDULED):
+                    found += self._disk_held(q, state, first, end, end - first)
             for entry in found:
                 seq = entry.seq
                 if seq in entries:
@@ -896,6 +1073,8 @@ class PartitionBroker:
         except Exception:
             for dedup_id, _ in dedup_new:  # nothing of a refused batch is remembered
                 self._dedup.pop(dedup_id, None)
+            self._dues.clear()
+            self._expiries.clear()
             raise
         self._next_seq = seq
         self._size += added_size
@@ -911,6 +1090,18 @@ class PartitionBroker:
             q.bytes += size
             self._dirty.add(q)
         ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
+        if self._dues:
+            by_slot: dict[int, list[tuple[int, int]]] = {}
+            for slot, s, due in self._dues:
+                by_slot.setdefault(slot, []).append((s, due))
+            ops += [("due", slot, dues) for slot, dues in by_slot.items()]
+            self._dues.clear()
+        soonest: dict[int, int] = {}  # slot -> the batch's first expiry: the upkeep looks from then on
+        if self._expiries:
+            for slot, ms in self._expiries:
+                if ms < soonest.get(slot, ms + 1):
+                    soonest[slot] = ms
+            self._expiries.clear()
         ops.append(("meta", "next_seq", seq))
         if dedup_new:
             ops.append(("dedup", dedup_new))
@@ -925,6 +1116,9 @@ class PartitionBroker:
                 revoked = batch_id is not None and batch_id in self._revoked_staged
                 if self._healthy and not revoked:
                     touched = self._add_visible(visible)
+                    for slot, ms in soonest.items():
+                        q = self._queue(slot, _MAIN)
+                        q.next_expiry = ms if q.next_expiry is None else min(q.next_expiry, ms)
                     # commits run in submission order, so everything numbered below ``seq`` is now visible
                     self._visible_next = max(self._visible_next, seq)
                 else:
@@ -950,12 +1144,20 @@ class PartitionBroker:
             if scheduled_ms > now:
                 state = MessageState.SCHEDULED
                 start = scheduled_ms
+                self._dues.append((slot, seq, scheduled_ms))  # its row's place in the _due index
         if msg.time_to_live is not None:
             own = int(msg.time_to_live.total_seconds() * 1000)
             ttl = own if ttl is None else min(ttl, own)
         msg.sequence_number = sequence_number = (self.id << PARTITION_SHIFT) | seq
         msg.enqueued_time_ms = now
-        msg.expires_at_ms = None if ttl is None else start + ttl
+        expires = None  # in the expiry index: not for a time to live that never comes (TimeSpan.MaxValue's)
+        if ttl is None:
+            msg.expires_at_ms = None
+        else:
+            msg.expires_at_ms = start + ttl
+            if ttl < FAR_TTL_MS:
+                expires = start + ttl
+                self._expiries.append((slot, expires))  # the upkeep's next look
         msg.state = state
         msg.partition_id = self.id
         msg.delivery_count = 0
@@ -974,7 +1176,7 @@ class PartitionBroker:
         # raises and clears an AttributeError) for every parameter that is not an exact int, str or float. The row
         # is made as a tuple (a NamedTuple's own constructor is a Python function) and int() of an IntEnum
         # member is skipped for the usual state: together 40% of what Row(...) with int(state) cost.
-        row = _new_tuple(Row, (seq, 0, 0 if state is _ACTIVE else int(state), 0, None, data))
+        row = _new_tuple(Row, (seq, 0, 0 if state is _ACTIVE else int(state), 0, None, data, expires))
         return Entry(msg, slot, seq, _MAIN, len(data)), row
 
     def _add_visible(self, visible: dict[int, list[Entry]]) -> set[int]:
@@ -984,6 +1186,7 @@ class PartitionBroker:
         push = heapq.heappush
         read_ahead = self.read_ahead
         room = self.memory_budget - RESIDENT.bytes  # beyond the windows, while the process's budget lasts
+        budget = self.memory_budget
         held = 0
         for slot, entries in visible.items():
             q = self._queue(slot, _MAIN)
@@ -992,10 +1195,17 @@ class PartitionBroker:
             for entry in entries:
                 seq = entry.seq
                 if entry.msg.state is _SCHEDULED:
+                    q.scheduled_count += 1
+                    key = (_scheduled_ms(entry.msg), seq)
+                    if q.sched_disk is not None and key >= q.sched_disk:
+                        continue  # due after the resident ones: read from the store when its time nears
                     stored[seq] = entry
                     held += entry.size
-                    push(q.scheduled, (_scheduled_ms(entry.msg), seq))
-                    q.scheduled_count += 1
+                    push(q.scheduled, key)
+                    if sessions is None and len(q.scheduled) > 2 * read_ahead and RESIDENT.bytes + held >= budget:
+                        self._hold(held)
+                        held = 0
+                        self._trim_scheduled(q)
                 elif sessions is None:
                     if q.disk_from is None:
                         # a large message (Premium's reach 100 MB) stays resident only within the budget
@@ -1036,11 +1246,32 @@ class PartitionBroker:
                         deletes.setdefault(slot, []).append(seq)
                         found = True
                 if not found:
+                    found = self._cancel_on_disk(seq, deletes)
+                if not found:
                     raise MessageNotFound(
                         f"No scheduled message with sequence number {encode_sequence_number(self.id, seq)} "
                         f"exists in '{self.config.path}'."
                     )
             return self._write([("delete", slot, seqs) for slot, seqs in deletes.items()])
+
+    def _cancel_on_disk(self, seq: int, deletes: dict[int, list[int]]) -> bool:
+        """Cancel a scheduled message that is on disk only (read by key in every slot with such messages)."""
+        assert self._store is not None
+        found = False
+        for (slot, queue), q in list(self._queues.items()):
+            if queue != _MAIN or q.sched_disk is None or (slot, seq) in self._leaving or seq in q.entries:
+                continue
+            try:
+                rows = self._store.get(slot, [seq])
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            if rows and rows[0][1] == _MAIN and rows[0][2] == _SCHEDULED:
+                entry = q.entries[seq] = self._entry_of(slot, rows[0], _SCHEDULED)
+                self._hold(entry.size)
+                self._remove(q, entry)
+                deletes.setdefault(slot, []).append(seq)
+                found = True
+        return found
 
     # ------------------------------------------------------------------------------------------------------
     # receiving
@@ -1142,13 +1373,27 @@ class PartitionBroker:
             self._slot_stats(entry.slot).lock_expired += 1
             self._unlock(q, entry, settings, count_delivery=True, writes=writes)
         scheduled = q.scheduled
-        while scheduled and scheduled[0][0] <= now:
+        activated: list[Update] = []
+        while True:
+            if not scheduled:
+                # the next ones are on disk: read them once due, while the ready messages are within the window
+                # (the rest stay SCHEDULED on disk, counted so, until receivers make room)
+                due = q.sched_disk
+                if due is None or due[0] > now or len(q.ready) >= self.read_ahead:
+                    break
+                self._refill_scheduled(q)
+                continue
+            if scheduled[0][0] > now:
+                break
             _, seq = heapq.heappop(scheduled)
             entry = q.entries.get(seq)
             if entry is not None and entry.msg.state is MessageState.SCHEDULED:
                 entry.msg.state = MessageState.ACTIVE
                 q.scheduled_count -= 1
                 self._push_ready(q, entry)
+                activated.append(self._update_of(entry))  # its row leaves the due index, joins the ACTIVE ones
+        if activated:
+            writes.append(("update", q.key[0], activated))
 
     def next_due_ms(self, slot: int, queue: int) -> int | None:
         """When something in this sub-queue next becomes available without a send (lock expiry, schedule)."""
@@ -1157,6 +1402,8 @@ class PartitionBroker:
             if q is None or not self._healthy:
                 return None
             times = [h[0][0] for h in (q.lock_heap, q.scheduled, q.session_locks) if h]
+            if q.sched_disk is not None and not q.scheduled:
+                times.append(max(q.sched_disk[0], 0))  # no later than the first on disk comes due
             return min(times) if times else None
 
     def _unlock(
@@ -1178,6 +1425,8 @@ class PartitionBroker:
             return
         if msg.state is MessageState.ACTIVE:
             self._push_ready(q, entry)
+        elif msg.state is _DEFERRED:
+            self._evict.append((q, entry))  # back on disk (its row already says DEFERRED)
         if count_delivery:
             writes.append(("update", entry.slot, [self._update_of(entry)]))
 
@@ -1204,14 +1453,82 @@ class PartitionBroker:
         msg.dead_letter_source = None
         entry.queue = sub_queue
         dlq = self._queue(entry.slot, sub_queue)
-        dlq.entries[entry.seq] = entry
+        seq = entry.seq
+        dlq.entries[seq] = entry
         self._hold(entry.size)
         dlq.count += 1
         dlq.bytes += entry.size
         self._size += entry.size
         self._dirty.add(dlq)
-        heapq.heappush(dlq.ready, entry.seq)
         writes.append(("update", entry.slot, [self._update_of(entry)]))
+        # Beyond the window (and the process's budget) a dead-letter queue's messages stay on disk as a queue's
+        # sends do. Its disk part may only begin above every message it ever held (``top``), as none of those
+        # can have a row that lingers there; one above ``disk_from`` stays resident until its move is stored,
+        # not receivable (a read-ahead that meets its row skips it), then leaves memory (``_evicted``).
+        if (
+            dlq.disk_from is None
+            and seq > dlq.top
+            and len(dlq.ready) >= self.read_ahead
+            and RESIDENT.bytes >= self.memory_budget
+        ):
+            dlq.disk_from = seq
+        if seq > dlq.top:
+            dlq.top = seq
+        if dlq.disk_from is not None and seq >= dlq.disk_from:
+            self._evict.append((dlq, entry))
+        else:
+            heapq.heappush(dlq.ready, seq)
+
+    def _expire_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> bool:
+        """(The upkeep.) Expire the sub-queue's messages whose time to live has passed, wherever they are (resident
+        or on disk, ACTIVE, DEFERRED or come-due SCHEDULED), through the store's expiry index, ``READ_BATCH`` at a
+        time and at most ``EXPIRE_BATCHES`` batches per call; a locked message is left to its lock's end (its
+        receiver has it; the head check expires it when it comes back). Sets ``next_expiry``; whether any
+        expired."""
+        assert self._store is not None
+        slot = q.key[0]
+        after = (-1, 0)
+        expired = held = False
+        for _ in range(EXPIRE_BATCHES):
+            try:
+                rows = self._store.scan_expiring(slot, after, READ_BATCH)
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            for row in rows:
+                expires, seq = row[6], row[0]
+                if expires > now:
+                    q.next_expiry = min(expires, now + 1000) if held else expires
+                    return expired
+                entry = q.entries.get(seq)
+                if entry is None:
+                    if not self._disk_only(q, row):
+                        continue  # it left (its row goes with a queued write) or is not visible yet
+                    entry = q.entries[seq] = self._entry_of(slot, row, MessageState(row[2]))
+                    self._hold(entry.size)
+                elif entry.msg.lock_token is not None:
+                    held = True
+                    continue
+                self._expire(q, entry, settings, writes)
+                expired = True
+            if len(rows) < READ_BATCH:
+                q.next_expiry = now + 1000 if held else None
+                return expired
+            after = (rows[-1][6], rows[-1][0])
+        q.next_expiry = now  # more at the next upkeep
+        return expired
+
+    def _disk_only(self, q: MessageQueue, row: tuple[Any, ...]) -> bool:
+        """Whether a stored row of a main queue whose message is not resident is a message on disk only (and
+        not one that left with its row's change still queued, or one not yet visible)."""
+        seq, state = row[0], row[2]
+        if seq >= self._visible_next or (q.key[0], seq) in self._leaving:
+            return False
+        if state == _ACTIVE:  # disk-only ACTIVE messages are all at or above disk_from
+            return q.disk_from is not None and seq >= q.disk_from and seq not in q.gone
+        if state == _DEFERRED:  # one that left is in _leaving
+            return True
+        # SCHEDULED: on disk only at or above sched_disk (one that came due below it was resident)
+        return q.sched_disk is not None and (_scheduled_ms(unpack_message(row[5])), seq) >= q.sched_disk
 
     def _expire(self, q: MessageQueue, entry: Entry, settings: SlotSettings, writes: list[Op]) -> None:
         if settings.dead_letter_on_expiration:
@@ -1264,6 +1581,7 @@ class PartitionBroker:
             self._drop_lock(q, entry)
             entry.msg.state = MessageState.DEFERRED
             writes.append(("update", slot, [self._update_of(entry)]))
+            self._evict.append((q, entry))  # on disk only once that update is stored
         else:
             self._move_to_dead_letter(q, entry, settle.reason, settle.description, writes, settle.sub_queue)
 
@@ -1315,6 +1633,8 @@ class PartitionBroker:
                 dirty.add(q)
                 if q.disk_from is not None and seq >= q.disk_from:
                     q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
+                if entry.msg.state is _DEFERRED:
+                    self._left_held(entry)
                 size += entry.size
                 seqs.append(seq)
             self._size -= size
@@ -1326,7 +1646,11 @@ class PartitionBroker:
                 ops.append(("counts", q.key[0], q.key[1], q.count, q.bytes))
             dirty.clear()
             assert self._committer is not None
-            return self._committer.submit(ops, None, SETTLE_LINGER)
+            future = self._committer.submit(ops, None, SETTLE_LINGER)
+            if self._evict:  # a completed deferred message's key leaves ``_leaving`` once this is stored
+                evict, self._evict = self._evict, []
+                future.add_done_callback(partial(self._evicted, self._epoch, evict))
+            return future
 
     def abandon(self, slot: int, token: uuid.UUID) -> Future:
         return self.settle(slot, [Settle("abandon", token)])
@@ -1405,6 +1729,7 @@ class PartitionBroker:
                 _, held = self._held_session(slot, session[0], session[1], now)
             elif q.sessions is not None:
                 raise InvalidOperation("Deferred messages of a session entity are received through their session.")
+            self._read_deferred(q, local_seqs)
             entries = []
             for seq in local_seqs:
                 entry = q.entries.get(seq)
@@ -1442,6 +1767,26 @@ class PartitionBroker:
                 future = self._write([("delete", slot, [e.seq for e in entries])])
             self._slot_stats(slot).delivered += len(out)
             return out, future
+
+    def _read_deferred(self, q: MessageQueue, local_seqs: list[int]) -> None:
+        """Deferred messages asked for by sequence number that are on disk only become resident (one read by
+        key); until something locks them they leave memory again with the next stored write."""
+        slot = q.key[0]
+        wanted = [s for s in local_seqs if s not in q.entries and (slot, s) not in self._leaving]
+        if not wanted or not self._on_disk(q):
+            return
+        assert self._store is not None
+        try:
+            rows = self._store.get(slot, wanted)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        held = 0
+        for row in rows:
+            if row[1] == q.key[1] and row[2] == _DEFERRED and row[0] not in q.entries:
+                entry = q.entries[row[0]] = self._entry_of(slot, row, _DEFERRED)
+                held += entry.size
+                self._evict.append((q, entry))
+        self._hold(held)
 
     # ------------------------------------------------------------------------------------------------------
     # sessions
@@ -1616,6 +1961,8 @@ class PartitionBroker:
                 candidates = (s for s, e in entries.items() if s >= from_local_seq and e.msg.session_id == session_id)
             found = [entries[s] for s in heapq.nsmallest(max_count, candidates)]
             found += self._disk_entries(q, from_local_seq, self._visible_next, max_count, session_id)
+            for state in (_DEFERRED, _SCHEDULED):
+                found += self._disk_held(q, state, from_local_seq, self._visible_next, max_count, session_id)
             return self._browsed(found, max_count)
 
     @staticmethod
@@ -1650,20 +1997,25 @@ class PartitionBroker:
             q = self._queues.get((slot, queue))
             if q is not None:
                 scheduled = MessageState.SCHEDULED
+                resident_scheduled = 0
                 for s, e in q.entries.items():
                     if e.msg.state is not scheduled:
                         if s < first:
                             first = s
                         if s >= count_from:
                             count += 1
-                if q.disk_from is not None:
-                    head = self._disk_entries(q, q.disk_from, end, 1)
+                    else:
+                        resident_scheduled += 1
+                if self._on_disk(q):
+                    head = self._disk_entries(q, q.disk_from, end, 1) if q.disk_from is not None else []
+                    head += self._disk_held(q, _DEFERRED, 1, end, 1)
                     if head:
-                        first = min(first, head[0].seq)
+                        first = min(first, *(e.seq for e in head))
                     # the disk-only messages at or above count_from: all of them but those below it
-                    on_disk = q.count - len(q.entries) - q.staged
-                    below = self._disk_sizes(q, q.disk_from, count_from)
-                    count += max(0, on_disk - len(below))
+                    on_disk = q.count - len(q.entries) - q.staged - (q.scheduled_count - resident_scheduled)
+                    below = len(self._disk_sizes(q, q.disk_from, count_from)) if q.disk_from is not None else 0
+                    below += len(self._held_rows(q, _DEFERRED, 1, count_from, max(on_disk, 1)))
+                    count += max(0, on_disk - below)
             return first, end, self._marks.get((slot, queue), 1), count
 
     def _disk_sizes(self, q: MessageQueue, first: int, end: int) -> list[tuple[int, int]]:
@@ -1699,6 +2051,7 @@ class PartitionBroker:
             )
             found = [entries[s] for s in seqs]
             found += self._disk_entries(q, start, end, max_count)
+            found += self._disk_held(q, _DEFERRED, start, end, max_count)
             return self._browsed(found, max_count)
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:
@@ -1725,6 +2078,17 @@ class PartitionBroker:
                         self._drop_lock(q, entry)
                         self._remove(q, entry)
                         gone.append(s)
+                if self._on_disk(q):  # deferred ones on disk: by the index of held rows
+                    held = self._held_rows(q, _DEFERRED, previous, mark, q.count)
+                    for row in held:
+                        size = len(row[5])
+                        q.count -= 1
+                        q.bytes -= size
+                        self._size -= size
+                        self._dirty.add(q)
+                        gone.append(row[0])
+                        self._leaving.add((slot, row[0]))
+                        self._evict.append((None, (slot, row[0])))
                 if q.disk_from is not None:  # disk-only ones: counted by index, deleted as one range
                     first, last = max(previous, q.disk_from), min(mark, self._visible_next)
                     on_disk = self._disk_sizes(q, first, last)
@@ -1786,10 +2150,13 @@ class PartitionBroker:
         with self._lock:
             self._check()
             seqs = set()
+            most = 0
             for (_, queue), q in self._queues.items():
                 if queue == SubQueue.MAIN:
                     seqs.update(s for s, e in q.entries.items() if e.msg.state is MessageState.SCHEDULED)
-            return len(seqs)
+                    most = max(most, q.scheduled_count)
+            # with some on disk only: the subscription with the most (copies share their sequence number)
+            return max(len(seqs), most)
 
     def size_bytes(self) -> int:
         return self._size
@@ -1831,11 +2198,14 @@ class PartitionBroker:
             now = _ms(self._clock)
             writes: list[Op] = []
             touched = set()
-            for (slot, _), q in list(self._queues.items()):
+            for (slot, queue), q in list(self._queues.items()):
                 before = len(q.ready)
                 settings = self._slots.get(slot)
                 if settings is not None:
                     self._process_due(q, settings, now, writes)
+                    expiring = queue == _MAIN and q.next_expiry is not None and q.next_expiry <= now
+                    if expiring and self._expire_due(q, settings, now, writes):
+                        touched.add(slot)  # its dead-letter queue gained messages
                 if len(q.ready) > before:
                     touched.add(slot)
             if writes:

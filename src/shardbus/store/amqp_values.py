@@ -3,8 +3,8 @@
 Application properties keep their exact AMQP types (symbol, long, timestamp, char, array, described, ...) across
 storage and the wire between processes. The store's packer (``records.register_type``) knows none of them until
 ``register_stored_types()`` is called: ``server.Broker``, every ``Namespace`` (the Python API's too), the
-partition worker and the test process call it where they start, not as an import's side effect. Keeps nothing beyond the packer's registry
-(one entry per type below).
+partition worker and the test process call it where they start, not as an import's side effect. Keeps nothing
+beyond the packer's registry (one entry per type below).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ class Row(NamedTuple):
     delivery_count: int
     dead_letter: bytes | None  # packed (reason, description, source) once dead-lettered
     data: bytes  # see records.py
+    expires: int | None = None  # when it expires (ms), for the expiry index; written by ``put`` (rows read: None)
 
 
 class Update(NamedTuple):
@@ -53,6 +54,8 @@ class Update(NamedTuple):
 #   ("session_state", slot, session_id, bytes | None)
 #   ("counts", slot, sub_queue, messages, bytes)  the sub-queue's kept counts (the last of a batch wins)
 #   ("delete_range", slot, sub_queue, first, end)  remove the ACTIVE rows of a sub-queue with first <= seq < end
+#   ("due", slot, [(seq, due_ms), ...])       when SCHEDULED rows (put in the same batch) come due: their index
+#   ("expires", slot, [(seq, ms), ...])       when rows expire: their index (``put`` writes a new row's own)
 Op = tuple[Any, ...]
 OP_NAMES = (
     "put",
@@ -67,6 +70,8 @@ OP_NAMES = (
     "session_state",
     "counts",
     "delete_range",
+    "due",
+    "expires",
 )
 
 
@@ -84,19 +89,42 @@ class Snapshot:
     dedup: dict[str, int] = field(default_factory=dict)
     session_states: dict[tuple[int, str], bytes] = field(default_factory=dict)
     counts: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # (slot, sub-queue) -> (n, bytes)
+    scheduled: dict[int, int] = field(default_factory=dict)  # slot -> SCHEDULED rows (of slots not loaded whole)
 
 
 class MessageStore(Protocol):
     def load(self, resident: Collection[int] | None = None) -> Snapshot:
         """What the store holds. ``resident=None``: every row. Otherwise every row of the ``resident`` slots and,
-        of the other slots, only rows that are not ACTIVE (scheduled and deferred ones): ACTIVE rows are read
-        with ``scan`` when a delivery needs them."""
+        of the other slots no rows, only how many are SCHEDULED (``scheduled``, counted on their index): ACTIVE
+        rows are read with ``scan`` when a delivery needs them, SCHEDULED ones with ``scan_due`` in the order they
+        come due, DEFERRED ones with ``get`` (by sequence number); ``scan_held`` reads either for a peek."""
         ...
 
     def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
         """Up to ``limit`` ACTIVE rows of one sub-queue with ``first <= seq < end``, in sequence order (by index:
         the cost follows what is returned and skipped, not the table's size). Rows may be plain tuples in
         ``Row``'s order."""
+        ...
+
+    def get(self, slot: int, seqs: list[int]) -> list[Row]:
+        """The rows of one slot with these sequence numbers (any state and sub-queue; missing ones are left out),
+        in sequence order, by key."""
+        ...
+
+    def scan_held(self, slot: int, queue: int, state: int, first: int, end: int, limit: int) -> list[Row]:
+        """Up to ``limit`` rows of one sub-queue in ``state`` (not ACTIVE: by the ``_held`` index) with
+        ``first <= seq < end``, in sequence order."""
+        ...
+
+    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` SCHEDULED rows of a slot with (due, seq) above ``after``, in that order (by the ``_due``
+        index): each is ``Row``'s columns followed by its due time (ms)."""
+        ...
+
+    def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` rows of a slot's main queue (any state) with (expires, seq) above ``after``, in that order
+        (by the ``_exp`` index; rows stored without an expiry time are not in it): ``Row``'s columns followed by the
+        expiry time (ms)."""
         ...
 
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:

@@ -2,8 +2,9 @@
 
 Each partition's store is a schema (``partition_schema`` names it) holding ``meta``, ``slots``, ``dedup``,
 ``session_state``, ``counts`` and one table per slot (``m<slot>``, keyed by the partition-relative sequence number,
-with the SQLite store's two partial indexes: see store/sqlite.py), so dropping a slot or a whole entity is a
-``DROP`` rather than a large ``DELETE``. Reads while the partition runs (``scan``) use a connection of their own.
+with the SQLite store's partial indexes and ``due`` column: see store/sqlite.py), so dropping a slot or a whole
+entity is a ``DROP`` rather than a large ``DELETE``. Reads while the partition runs (``scan``) use a connection of
+their own.
 ``apply`` runs its whole batch in one transaction sent in pipeline mode (every statement goes out before any
 reply is awaited), so a batch costs about one round trip plus the commit, whatever its size; bulk operations are
 single statements over arrays, sent in binary (``%b``) because text-format bytea arrays cost more to escape than
@@ -41,8 +42,12 @@ except ImportError as exc:
     raise MissingExtra("PostgreSQL (its store, --metadata)", "postgres", "psycopg") from exc
 
 from .base import Op, Row, Snapshot, StoreError, StoreFull, Update, op_handlers
+from .records import due_ms, unpack_message
 
 COUNTS_KEPT = "counts_kept"  # meta key, as in the SQLite store
+SCHEDULED = 2  # MessageState.SCHEDULED: the rows the ``_due`` index holds
+DUE_KEPT = "due_kept"  # meta key: every slot table has the ``due`` column and index (set when created or migrated)
+_COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
 LEASE_SCHEMA = "shardbus"
 _REQUIRE_LEASE = f"{LEASE_SCHEMA}.require_lease"
@@ -193,6 +198,7 @@ class PostgresStore:
                 ],
             )
             self._migrate()
+            self._migrate_due()
         except psycopg.Error as exc:
             self.close()
             raise StoreError(f"cannot open store {self}: {exc}") from exc
@@ -225,11 +231,35 @@ class PostgresStore:
                 f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (COUNTS_KEPT,)
             )
 
+    def _migrate_due(self) -> None:
+        """A schema written before scheduled messages were indexed by their time gets the ``due`` column and
+        index on every slot table (filled once from the scheduled rows' records)."""
+        q = self._q
+        conn = self._connection()
+        with conn.transaction():
+            if conn.execute(f"SELECT 1 FROM {q}.meta WHERE key = %s", (DUE_KEPT,)).fetchone():
+                return
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
+            for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall():
+                table = self._table(slot)
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS due bigint")
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS expires bigint")  # as in SqliteStore
+                with conn.cursor(binary=True) as cur:
+                    scheduled = cur.execute(f"SELECT seq, data FROM {table} WHERE state = {SCHEDULED}").fetchall()
+                for seq, data in scheduled:
+                    conn.execute(f"UPDATE {table} SET due = %s WHERE seq = %s", (due_ms(unpack_message(data)), seq))
+                for statement in self._indexes(slot):
+                    conn.execute(statement)
+            conn.execute(f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (DUE_KEPT,))
+
     def _indexes(self, slot: int) -> list[str]:
         name = f"m{int(slot)}"
         return [
             f"CREATE INDEX IF NOT EXISTS {name}_held ON {self._table(slot)} (seq) WHERE state <> 0",
             f"CREATE INDEX IF NOT EXISTS {name}_dl ON {self._table(slot)} (queue, seq) WHERE queue <> 0",
+            f"CREATE INDEX IF NOT EXISTS {name}_due ON {self._table(slot)} (due, seq) WHERE state = {SCHEDULED}",
+            f"CREATE INDEX IF NOT EXISTS {name}_exp ON {self._table(slot)} (expires, seq) "
+            "WHERE expires IS NOT NULL AND queue = 0",
         ]
 
     def _reading(self) -> psycopg.Connection:
@@ -268,18 +298,19 @@ class PostgresStore:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 snap.meta = dict(cur.execute(f"SELECT key, value FROM {q}.meta").fetchall())
                 snap.meta.pop(COUNTS_KEPT, None)
+                snap.meta.pop(DUE_KEPT, None)
                 for slot, queue, n, size in cur.execute(f"SELECT slot, queue, n, bytes FROM {q}.counts").fetchall():
                     snap.counts[(slot, queue)] = (n, size)
                 snap.dedup = {_py_text(m): seen for m, seen in cur.execute(f"SELECT message_id, seen FROM {q}.dedup")}
                 for slot, session, state in cur.execute(f"SELECT slot, session, state FROM {q}.session_state"):
                     snap.session_states[(slot, _py_text(session))] = bytes(state)
                 for (slot,) in cur.execute(f"SELECT slot FROM {q}.slots ORDER BY slot").fetchall():
-                    held = "" if resident is None or slot in resident else " WHERE state <> 0"
-                    cur.execute(
-                        f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)}{held} "
-                        "ORDER BY seq"
-                    )
-                    snap.rows[slot] = [Row(*r) for r in cur]
+                    if resident is None or slot in resident:
+                        cur.execute(f"SELECT {_COLUMNS} FROM {self._table(slot)} ORDER BY seq")
+                        snap.rows[slot] = [Row(*r) for r in cur]
+                    else:  # counted on the _due index alone
+                        cur.execute(f"SELECT count(*) FROM {self._table(slot)} WHERE state = {SCHEDULED}")
+                        snap.scheduled[slot] = int(cur.fetchone()[0])
             return snap
         except psycopg.Error as exc:
             self._reset()
@@ -306,6 +337,61 @@ class PostgresStore:
                 )
                 return [
                     Row(seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d)) for seq, qu, st, dc, dl, d in cur
+                ]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def _rows(self, query: str, params: tuple[Any, ...]) -> list[Row]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(query, params)
+                return [
+                    Row(seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d)) for seq, qu, st, dc, dl, d in cur
+                ]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def get(self, slot: int, seqs: list[int]) -> list[Row]:
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE seq = ANY(%s) ORDER BY seq", ([int(s) for s in seqs],)
+        )
+
+    def scan_held(self, slot: int, queue: int, state: int, first: int, end: int, limit: int) -> list[Row]:
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE state <> 0 AND state = %s AND queue = %s "
+            "AND seq >= %s AND seq < %s ORDER BY seq LIMIT %s",
+            (state, queue, first, end, limit),
+        )
+
+    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(
+                    f"SELECT {_COLUMNS}, due FROM {self._table(slot)} WHERE state = {SCHEDULED} "
+                    "AND (due, seq) > (%s, %s) ORDER BY due, seq LIMIT %s",
+                    (after[0], after[1], limit),
+                )
+                return [
+                    (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), due)
+                    for seq, qu, st, dc, dl, d, due in cur
+                ]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(
+                    f"SELECT {_COLUMNS}, expires FROM {self._table(slot)} WHERE expires IS NOT NULL AND queue = 0 "
+                    "AND (expires, seq) > (%s, %s) ORDER BY expires, seq LIMIT %s",
+                    (after[0], after[1], limit),
+                )
+                return [
+                    (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), ex)
+                    for seq, qu, st, dc, dl, d, ex in cur
                 ]
         except psycopg.Error as exc:
             self._reset_reader()
@@ -354,10 +440,11 @@ class PostgresStore:
         if len(by_seq) != len(rows):
             rows = list(by_seq.values())
         cur.execute(
-            f"INSERT INTO {self._table(slot)} (seq, queue, state, delivery_count, dead_letter, data) "
-            "SELECT * FROM unnest(%b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[]) "
-            "ON CONFLICT (seq) DO UPDATE SET queue = EXCLUDED.queue, state = EXCLUDED.state, "
-            "delivery_count = EXCLUDED.delivery_count, dead_letter = EXCLUDED.dead_letter, data = EXCLUDED.data",
+            f"INSERT INTO {self._table(slot)} (seq, queue, state, delivery_count, dead_letter, data, expires) "
+            "SELECT * FROM unnest(%b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], "
+            "%b::bigint[]) ON CONFLICT (seq) DO UPDATE SET queue = EXCLUDED.queue, state = EXCLUDED.state, "
+            "delivery_count = EXCLUDED.delivery_count, dead_letter = EXCLUDED.dead_letter, data = EXCLUDED.data, "
+            "expires = EXCLUDED.expires",
             [list(column) for column in zip(*rows, strict=True)],
         )
 
@@ -382,11 +469,30 @@ class PostgresStore:
     def _create_slot(self, cur: psycopg.Cursor, slot: int) -> None:
         cur.execute(
             f"CREATE TABLE IF NOT EXISTS {self._table(slot)} (seq bigint PRIMARY KEY, queue bigint NOT NULL, "
-            "state bigint NOT NULL, delivery_count bigint NOT NULL, dead_letter bytea, data bytea NOT NULL)"
+            "state bigint NOT NULL, delivery_count bigint NOT NULL, dead_letter bytea, data bytea NOT NULL, "
+            "due bigint, expires bigint)"
         )
         for statement in self._indexes(slot):
             cur.execute(statement)
         cur.execute(f"INSERT INTO {self._q}.slots VALUES (%s) ON CONFLICT DO NOTHING", (slot,))
+
+    def _due(self, cur: psycopg.Cursor, slot: int, dues: list[tuple[int, int]]) -> None:
+        if dues:
+            seqs, times = (list(c) for c in zip(*dues, strict=True))
+            cur.execute(
+                f"UPDATE {self._table(slot)} AS t SET due = u.due FROM unnest(%b::bigint[], %b::bigint[]) "
+                "AS u(seq, due) WHERE t.seq = u.seq",
+                (seqs, times),
+            )
+
+    def _expires(self, cur: psycopg.Cursor, slot: int, times: list[tuple[int, int]]) -> None:
+        if times:
+            seqs, ms = (list(c) for c in zip(*times, strict=True))
+            cur.execute(
+                f"UPDATE {self._table(slot)} AS t SET expires = u.expires FROM unnest(%b::bigint[], %b::bigint[]) "
+                "AS u(seq, expires) WHERE t.seq = u.seq",
+                (seqs, ms),
+            )
 
     def _drop_slot(self, cur: psycopg.Cursor, slot: int) -> None:
         cur.execute(f"DROP TABLE IF EXISTS {self._table(slot)}")

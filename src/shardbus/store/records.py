@@ -148,6 +148,12 @@ _BLANK = Message()
 _BODY_TYPES = {int(t): t for t in BodyType}
 
 
+def due_ms(msg: Message) -> int:
+    """When a scheduled message comes due (ms since the epoch), as the ``_due`` index of the stores keeps it."""
+    assert msg.scheduled_enqueue_time is not None
+    return int(msg.scheduled_enqueue_time.timestamp() * 1000)
+
+
 def unpack_message(data: bytes) -> Message:
     (
         body,

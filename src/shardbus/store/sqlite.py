@@ -22,8 +22,11 @@ failure (an I/O error, a failed fsync whose commit may or may not be durable) st
 
 Each slot (a queue, or one subscription of a topic partition) is its own table whose rowid is the
 partition-relative sequence number: a sub-queue's ACTIVE messages are read in sequence order by a range of the
-rowid (``scan``). Two partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
-nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled and deferred rows, loaded at start)
+rowid (``scan``). Three partial indexes cover the rows that are not a main queue's ACTIVE ones, so they cost
+nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled and deferred rows in sequence order,
+for a peek), ``m<slot>_due`` (scheduled rows by the time they come due, the ``due`` column: ``scan_due`` reads the
+soonest, ``load`` only counts them), ``m<slot>_exp`` (a main queue's rows with a time to live by their expiry time,
+the ``expires`` column: the upkeep expires them through it, ``scan_expiring``)
 and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)). The kept counts are in
 ``counts``. A file written before these existed gets them when opened (indexes built and counts computed once).
 
@@ -42,6 +45,7 @@ from typing import Any
 
 from .base import Op, Row, Snapshot, StoreError, StoreFull, op_handlers
 from .pools import CHECKPOINTS
+from .records import due_ms, unpack_message
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -55,6 +59,7 @@ CREATE TABLE IF NOT EXISTS counts (
     PRIMARY KEY (slot, queue)
 ) WITHOUT ROWID;
 """
+SCHEDULED = 2  # MessageState.SCHEDULED: the rows the ``_due`` index holds
 COUNTS_KEPT = "counts_kept"  # meta key: the counts table is kept by the broker (set when created or migrated)
 
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
@@ -77,6 +82,8 @@ def _indexes(slot: int) -> list[str]:
     return [
         f"CREATE INDEX IF NOT EXISTS {t}_held ON {t}(seq) WHERE state != 0",
         f"CREATE INDEX IF NOT EXISTS {t}_dl ON {t}(queue, seq) WHERE queue != 0",
+        f"CREATE INDEX IF NOT EXISTS {t}_due ON {t}(due, seq) WHERE state = {SCHEDULED}",
+        f"CREATE INDEX IF NOT EXISTS {t}_exp ON {t}(expires, seq) WHERE expires IS NOT NULL AND queue = 0",
     ]
 
 
@@ -89,14 +96,30 @@ def _queue_terms(queue: int) -> str:
 
 LARGE_BLOB = 1 << 20  # a row with more data than this is written through incremental blob I/O (``_put_large``)
 _BLOB_CHUNK = 1 << 20  # bytes per blob write
+
+
+def _add_due(db: sqlite3.Connection, slot: int) -> None:
+    """A slot table written before scheduled messages were indexed by their time gets the column (filled once
+    from its scheduled rows' records)."""
+    table = _table(slot)
+    db.execute(f"ALTER TABLE {table} ADD COLUMN due INTEGER")
+    scheduled = db.execute(f"SELECT seq, data FROM {table} WHERE state = {SCHEDULED}").fetchall()
+    db.executemany(f"UPDATE {table} SET due=? WHERE seq=?", [(due_ms(unpack_message(d)), s) for s, d in scheduled])
+
+
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
-_PUT_VALUES = [",".join(["(?,?,?,?,NULL,?)"] * (1 << k)) for k in range(_PUT_CHUNK.bit_length())]
+_PUT_BITS = _PUT_CHUNK.bit_length()
+# An expiry time is a parameter, or NULL in the statement for rows without one (the usual case).
+_PUT_VALUES = {
+    timed: [",".join([f"(?,?,?,?,NULL,?,{'?' if timed else 'NULL'})"] * (1 << k)) for k in range(_PUT_BITS)]
+    for timed in (False, True)
+}
 
 
-def _put_sql(table: str, k: int) -> str:
-    """The insert of ``2**k`` rows without dead-letter fields into ``table``."""
-    return f"INSERT OR REPLACE INTO {table} VALUES {_PUT_VALUES[k]}"
+def _put_sql(table: str, k: int, timed: bool) -> str:
+    """The insert of ``2**k`` rows without dead-letter fields (with expiry times if ``timed``) into ``table``."""
+    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {_PUT_VALUES[timed][k]}"
 
 
 def _merge_deletes(ops: list[Op]) -> list[Op]:
@@ -164,6 +187,11 @@ class SqliteStore:
         try:
             slots = [slot for (slot,) in db.execute("SELECT slot FROM slots").fetchall()]
             for slot in slots:
+                columns = {column[1] for column in db.execute(f"PRAGMA table_info({_table(slot)})")}
+                if "due" not in columns:
+                    _add_due(db, slot)
+                if "expires" not in columns:  # rows stored before expire at the head of their queue, as they did
+                    db.execute(f"ALTER TABLE {_table(slot)} ADD COLUMN expires INTEGER")
                 for statement in _indexes(slot):
                     db.execute(statement)
             if db.execute("SELECT 1 FROM meta WHERE key=?", (COUNTS_KEPT,)).fetchone() is None:
@@ -205,9 +233,12 @@ class SqliteStore:
                 for slot, queue, n, size in db.execute("SELECT slot, queue, n, bytes FROM counts"):
                     snap.counts[(slot, queue)] = (n, size)
                 for (slot,) in db.execute("SELECT slot FROM slots").fetchall():
-                    held = "" if resident is None or slot in resident else " WHERE state != 0"
-                    cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)}{held} ORDER BY seq")
-                    snap.rows[slot] = [Row(*r) for r in cursor]
+                    if resident is None or slot in resident:
+                        cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)} ORDER BY seq")
+                        snap.rows[slot] = [Row(*r) for r in cursor]
+                    else:  # counted on the _due index alone
+                        (n,) = db.execute(f"SELECT count(*) FROM {_table(slot)} WHERE state = {SCHEDULED}").fetchone()
+                        snap.scheduled[slot] = n
             finally:
                 db.execute("COMMIT")
             return snap
@@ -221,6 +252,49 @@ class SqliteStore:
                 (queue, first, end, limit),
             )
             return cursor.fetchall()  # tuples in Row's order: a Row each would cost more than reading it
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def get(self, slot: int, seqs: list[int]) -> list[Row]:
+        try:
+            marks = ",".join("?" * len(seqs))
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE seq IN ({marks}) ORDER BY seq", [int(s) for s in seqs]
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_held(self, slot: int, queue: int, state: int, first: int, end: int, limit: int) -> list[Row]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE state != 0 AND state = ? AND queue = ? "
+                "AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?",
+                (state, queue, first, end, limit),
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS}, due FROM {_table(slot)} WHERE state = {SCHEDULED} AND (due, seq) > (?, ?) "
+                "ORDER BY due, seq LIMIT ?",
+                (after[0], after[1], limit),
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS}, expires FROM {_table(slot)} WHERE expires IS NOT NULL AND queue = 0 "
+                "AND (expires, seq) > (?, ?) ORDER BY expires, seq LIMIT ?",
+                (after[0], after[1], limit),
+            )
+            return cursor.fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
@@ -277,12 +351,15 @@ class SqliteStore:
             log.warning("background checkpoint of %s failed: %s", self.path, exc)
 
     def _put(self, slot: int, rows: list[Row]) -> None:
+        if not rows:
+            return
         table = _table(slot)
         if len(rows) == 1 and len(rows[0][5]) > LARGE_BLOB:  # a large message comes alone (batches are <= 1 MB)
             self._put_large(table, rows[0])
             return
-        if any(row.dead_letter is not None for row in rows):
-            self._db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?,?,?,?,?,?)", rows)
+        timed = rows[0][6] is not None
+        if any(row.dead_letter is not None or (row[6] is not None) is not timed for row in rows):
+            self._db.executemany(f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES (?,?,?,?,?,?,?)", rows)
             return
         # Every new message comes here, so this path binds as little as it can:
         # - many rows per statement, not ``executemany``: the sqlite3 module lets go of the GIL around every step,
@@ -297,10 +374,15 @@ class SqliteStore:
         while i < n:
             k = min(n - i, _PUT_CHUNK).bit_length() - 1
             values: list[Any] = []
-            for seq, queue, state, delivery_count, _, data in rows[i : i + (1 << k)]:
-                values += (seq, queue, state, delivery_count, bytearray(data))
-                written += len(data)
-            execute(_put_sql(table, k), values)
+            if timed:
+                for seq, queue, state, delivery_count, _, data, expires in rows[i : i + (1 << k)]:
+                    values += (seq, queue, state, delivery_count, bytearray(data), expires)
+                    written += len(data)
+            else:
+                for seq, queue, state, delivery_count, _, data, _ in rows[i : i + (1 << k)]:
+                    values += (seq, queue, state, delivery_count, bytearray(data))
+                    written += len(data)
+            execute(_put_sql(table, k, timed), values)
             i += 1 << k
         self._written += written
 
@@ -308,11 +390,11 @@ class SqliteStore:
         """Write a large message's row through incremental blob I/O: a zeroblob of its size, then its bytes in
         place, a chunk at a time. Bound as a parameter, the record would be copied twice more (a bytearray here,
         and SQLite's own copy of a bound blob) while the page cache and the WAL take it anyway."""
-        seq, queue, state, delivery_count, dead_letter, data = row
+        seq, queue, state, delivery_count, dead_letter, data, expires = row
         n = len(data)
         self._db.execute(
-            f"INSERT OR REPLACE INTO {table} VALUES (?,?,?,?,?,zeroblob(?))",
-            (seq, queue, state, delivery_count, dead_letter, n),
+            f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES (?,?,?,?,?,zeroblob(?),?)",
+            (seq, queue, state, delivery_count, dead_letter, n, expires),
         )
         view = memoryview(data)
         with self._db.blobopen(table, "data", seq) as blob:  # seq is the rowid (INTEGER PRIMARY KEY)
@@ -354,7 +436,8 @@ class SqliteStore:
     def _create_slot(self, slot: int) -> None:
         self._db.execute(
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
-            "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL)"
+            "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL, "
+            "due INTEGER, expires INTEGER)"
         )
         for statement in _indexes(slot):
             self._db.execute(statement)
@@ -385,6 +468,12 @@ class SqliteStore:
 
     def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
         self._db.execute(f"DELETE FROM {_table(slot)} WHERE {_queue_terms(queue)}", (queue, first, end))
+
+    def _due(self, slot: int, dues: list[tuple[int, int]]) -> None:
+        self._db.executemany(f"UPDATE {_table(slot)} SET due=? WHERE seq=?", [(due, seq) for seq, due in dues])
+
+    def _expires(self, slot: int, times: list[tuple[int, int]]) -> None:
+        self._db.executemany(f"UPDATE {_table(slot)} SET expires=? WHERE seq=?", [(ms, seq) for seq, ms in times])
 
     def _dedup(self, entries: list[tuple[str, int]]) -> None:
         self._db.executemany("INSERT OR REPLACE INTO dedup VALUES (?, ?)", entries)
