@@ -17,6 +17,17 @@ sub-queue of one slot, in one of these states:
 A lock on a DEFERRED message returns it to DEFERRED, not ACTIVE, when released. Every transition is a method of
 ``PartitionBroker`` below and nothing else changes a message's state.
 
+This module is the one place where message states change: every transition above (and the session lock's, which
+locks and frees messages) is a method here. ``PartitionBroker`` is split by concern into parts that own no state
+(mixins; the state is this object's, all of it set up in ``__init__`` below), each in its own module:
+  - partition/lifecycle.py (``Lifecycle``): start, stop, close, delete, health, store failures, recovery;
+  - partition/window.py (``StoreWindow``): disk-only messages into memory and out again (read-ahead, refills,
+    disk scans for peeks and range reads, evictions) and the resident bytes; it moves no message to a new state;
+  - partition/queries.py (``Queries``): peek, the range reads (browse_range, range_offsets), counts and stats;
+  - partition/sessions.py (``SessionQueries``): session lookups (lock holder, state, list);
+  - partition/memory.py: the in-memory records (``Entry``, ``SessionQueue``, ``MessageQueue``, ``RESIDENT``) and
+    the names these modules share.
+
 Sessions: in a session-enabled slot every session (all messages with one SessionId, which the partition key rule
 pins to one partition) has its own ready heap, so its messages come out strictly in sequence order. A receiver
 first takes the *session lock* (a named session, or the next free one with messages); it then locks that
@@ -117,7 +128,6 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from ..model.entities import RuntimeProperties
 from ..model.errors import (
     ArgumentError,
     InvalidOperation,
@@ -125,7 +135,6 @@ from ..model.errors import (
     MessageNotFound,
     MessageSizeExceeded,
     PartitionFull,
-    PartitionUnavailable,
     QuotaExceeded,
     ServerBusy,
     SessionCannotBeLocked,
@@ -133,9 +142,29 @@ from ..model.errors import (
 )
 from ..model.message import Message, MessageState, SubQueue, _copy_message
 from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
-from ..store.base import MessageStore, Op, Row, StoreError, StoreFull, Update
-from ..store.committer import FULL_RETRY, GroupCommitter
-from ..store.records import PACK_ERRORS, pack_dead_letter, pack_message, unpack_dead_letter, unpack_message
+from ..store.base import MessageStore, Op, Row, StoreError, Update
+from ..store.committer import GroupCommitter
+from ..store.records import PACK_ERRORS, pack_dead_letter, pack_message
+from .lifecycle import Lifecycle
+from .memory import (
+    _ACTIVE,
+    _DEFERRED,
+    _MAIN,
+    _SCHEDULED,
+    BATCH_ID_PREFIX,
+    BATCH_ID_RETENTION_MS,
+    LARGE_MESSAGE,
+    MARK_PREFIX,
+    READ_BATCH,
+    RESIDENT,
+    Entry,
+    MessageQueue,
+    SessionQueue,
+    _ms,
+    _scheduled_ms,
+)
+from .queries import Queries
+from .sessions import SessionQueries
 from .values import (
     SETTLE_OUTCOMES,
     TRANSFER_ID_PREFIX,
@@ -145,18 +174,12 @@ from .values import (
     SlotSettings,
     SlotStats,
 )
+from .window import StoreWindow
 
 log = logging.getLogger(__name__)
 
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
-# Batch records (see "Sends whose outcome is unknown" above) live in the dedup table as
-# "\x00batch:<batch id>:<first seq>:<end seq>". A front end revokes within moments of reaching the partition again
-# (a dead worker prunes nothing, and a (re)started partition counts their age from its start), so two minutes of
-# running time is plenty and keeps the table small.
-BATCH_ID_PREFIX = "\x00batch:"
-BATCH_ID_RETENTION_MS = 120_000
 TTL_EXPIRED_REASON = "TTLExpiredException"
-MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-queue>"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
 
 
@@ -173,36 +196,16 @@ def _env_int(name: str, default: int, least: int) -> int:
 # Read-ahead: how many ACTIVE messages of one sub-queue sends always keep in memory ahead of its receivers; the
 # rest of a backlog stays on disk (but see MEMORY_BUDGET). SHARDBUS_READ_AHEAD sets it (docs/backlog.md).
 READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
-# One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
-# query per 256 messages is already a small share of their delivery).
-READ_BATCH = 256
 # A time to live this long (the default, TimeSpan.MaxValue, is 29,000 years) never comes: such messages stay out of
 # the expiry index (each entry costs a send 4% more instructions) and expire, if ever, at the head of their queue.
 FAR_TTL_MS = 100 * 365 * 86_400_000
 EXPIRE_BATCHES = 8  # an upkeep expires at most this many READ_BATCHes per sub-queue (the rest at the next one)
-# A read-ahead brings at most this many bytes' worth of the largest message the partition accepts (Premium allows
-# 100 MB messages: 256 of them would be 25 GB), and at least one message.
-READ_BATCH_BYTES = 64 << 20
-LARGE_MESSAGE = READ_BATCH_BYTES // 16  # a message above this is kept in a window only within MEMORY_BUDGET
 # Beyond its window a queue keeps sent messages in memory while every partition broker of this process together
 # holds less than this many bytes of (stored) messages: a backlog that fits is served from memory as before, a
 # larger one from the store. SHARDBUS_MEMORY_MB sets it (docs/backlog.md).
 MEMORY_BUDGET = _env_int("SHARDBUS_MEMORY_MB", 32, 0) << 20
 
 
-class _Resident:
-    """The stored bytes of the messages this process's partition brokers keep in memory (their ``entries``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # brokers change it under their own locks, on different threads
-        self.bytes = 0
-
-    def add(self, n: int) -> None:
-        with self._lock:
-            self.bytes += n
-
-
-RESIDENT = _Resident()
 # How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
@@ -214,87 +217,8 @@ SETTLE_LINGER = 0.002
 MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
 
 
-class Entry:
-    """A stored message in memory: the message (with its broker fields) and its stored size."""
-
-    __slots__ = ("msg", "queue", "seq", "size", "slot")
-
-    def __init__(self, msg: Message, slot: int, seq: int, queue: int, size: int) -> None:
-        self.msg = msg
-        self.slot = slot
-        self.seq = seq
-        self.queue = queue
-        self.size = size
-
-
-class SessionQueue:
-    """One session of a session-enabled queue or subscription: its ready messages and its lock."""
-
-    __slots__ = ("holder", "id", "locked", "locked_until", "ready", "updated_ms")
-
-    def __init__(self, session_id: str) -> None:
-        self.id = session_id
-        self.ready: list[int] = []  # heap of sequence numbers of this session's ACTIVE, unlocked messages
-        self.holder: uuid.UUID | None = None  # the session lock token
-        self.locked_until = 0
-        self.locked: set[uuid.UUID] = set()  # lock tokens of messages locked under this session lock
-        self.updated_ms = 0  # when its state last changed
-
-
-class MessageQueue:
-    """One sub-queue of one slot: its kept counts, its resident messages and their indexes, and where its
-    disk-only messages begin (see "Memory and the store" in the header)."""
-
-    __slots__ = (
-        "bytes",
-        "count",
-        "disk_from",
-        "entries",
-        "gone",
-        "key",
-        "lock_heap",
-        "next_expiry",
-        "ready",
-        "sched_disk",
-        "scheduled",
-        "scheduled_count",
-        "session_locks",
-        "sessions",
-        "staged",
-        "staged_bytes",
-        "top",
-    )
-
-    def __init__(self, key: tuple[int, int], session_mode: bool = False) -> None:
-        self.key = key
-        self.count = 0  # messages in the sub-queue, resident or not (kept, stored with "counts")
-        self.bytes = 0  # and their stored size
-        self.scheduled_count = 0  # of them SCHEDULED (resident or not)
-        self.staged = 0  # of them sent but not yet visible (their commit is under way)
-        self.staged_bytes = 0
-        # ACTIVE messages numbered at or above it may be on disk only; None: every message is resident
-        self.disk_from: int | None = None
-        self.gone: set[int] = set()  # resident messages at or above disk_from that left (their rows may linger)
-        self.top = 0  # the highest sequence number ever resident here (a dead-letter queue's disk_from is above it)
-        self.next_expiry: int | None = None  # no message of it expires before this (ms); None: none expires
-        self.entries: dict[int, Entry] = {}
-        self.ready: list[int] = []  # heap of sequence numbers of ACTIVE, unlocked messages (no session)
-        self.lock_heap: list[tuple[int, int, uuid.UUID]] = []  # (locked_until, seq, token)
-        self.scheduled: list[tuple[int, int]] = []  # (enqueue time, seq) of resident SCHEDULED messages
-        # SCHEDULED messages with (enqueue time, seq) at or above it may be on disk only; None: all are resident
-        self.sched_disk: tuple[int, int] | None = None
-        self.sessions: dict[str, SessionQueue] | None = {} if session_mode else None
-        self.session_locks: list[tuple[int, str, uuid.UUID]] = []  # (locked_until, session id, token)
-
-
 _UNSET = object()
 _new_tuple = tuple.__new__
-# Members that per-message code compares with, as module constants: in Python 3.11 reading a member off an
-# Enum class costs about ten times a global (EnumType defines __getattr__, which slows every class attribute).
-_ACTIVE = MessageState.ACTIVE
-_SCHEDULED = MessageState.SCHEDULED
-_DEFERRED = MessageState.DEFERRED
-_MAIN = SubQueue.MAIN
 
 
 def _tokens(partition: int, count: int) -> Iterator[uuid.UUID]:
@@ -302,10 +226,6 @@ def _tokens(partition: int, count: int) -> Iterator[uuid.UUID]:
     yield from new_lock_tokens(partition, count)
     while True:
         yield new_lock_token(partition)
-
-
-def _ms(clock: Callable[[], float]) -> int:
-    return int(clock() * 1000)
 
 
 def _batch_key(batch_id: str, first: int, end: int) -> str:
@@ -318,16 +238,7 @@ def _finished(value: Any) -> Future:
     return done
 
 
-def _mark_key(key: str) -> tuple[int, int]:
-    slot, queue = key[len(MARK_PREFIX) :].split(":")
-    return int(slot), int(queue)
-
-
-def _scheduled_ms(msg: Message) -> int:
-    return int(msg.scheduled_enqueue_time.timestamp() * 1000)
-
-
-class PartitionBroker:
+class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
     answers_at_once = True  # see ``PartitionHandle``
 
     def __init__(
@@ -365,142 +276,8 @@ class PartitionBroker:
         self._stats: dict[int, SlotStats] = {}
 
     # ------------------------------------------------------------------------------------------------------
-    # life cycle and health
+    # store writes (life cycle and health: lifecycle.py; the store window: window.py)
     # ------------------------------------------------------------------------------------------------------
-    @property
-    def healthy(self) -> bool:
-        return self._healthy
-
-    @property
-    def failure(self) -> str | None:
-        return self._failure
-
-    def start(self) -> None:
-        """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers):
-        counts, session states, the messages of session-enabled slots; the rest stays on disk until needed."""
-        with self._lock:
-            if self._healthy:
-                return
-            self._reset_memory()
-            try:
-                store = self._store_factory()
-                snapshot = store.load({slot for slot, settings in self._slots.items() if settings.requires_session})
-            except StoreError as exc:
-                self._failure = str(exc)
-                raise PartitionUnavailable(self._unavailable_text()) from exc
-            self._store = store
-            self._committer = GroupCommitter(
-                store,
-                self._on_store_failure,
-                on_full=self._on_store_full,
-                on_resumed=self._on_store_resumed,
-            )
-            now = _ms(self._clock)
-            self._next_seq = self._visible_next = snapshot.meta.get("next_seq", 1)
-            self._marks = {_mark_key(k): v for k, v in snapshot.meta.items() if k.startswith(MARK_PREFIX)}
-            self._dedup = snapshot.dedup
-            for key in [k for k in self._dedup if k.startswith(BATCH_ID_PREFIX)]:
-                del self._dedup[key]
-                batch_id, first, end = key[len(BATCH_ID_PREFIX) :].rsplit(":", 2)
-                self._batches[batch_id] = (int(first), int(end), now)  # age counts from this start
-            for (slot, queue), (count, size) in snapshot.counts.items():
-                q = self._queue(slot, queue)
-                q.count, q.bytes = count, size
-                self._size += size
-            for slot, rows in snapshot.rows.items():
-                for row in rows:
-                    self._load_row(slot, row, now)
-            for (slot, queue), (count, _) in snapshot.counts.items():
-                if queue == _MAIN and count:
-                    self._queue(slot, queue).next_expiry = 0  # unknown: the first upkeep looks at the index
-            for slot, n in snapshot.scheduled.items():
-                if n:  # on disk, by their time: the soonest are read as they come due (``_process_due``)
-                    q = self._queue(slot, _MAIN)
-                    q.scheduled_count = n
-                    q.sched_disk = (0, 0)
-            for q in self._queues.values():
-                if q.count > len(q.entries):  # the rest is on disk
-                    q.disk_from = 1
-            self._session_states = dict(snapshot.session_states)
-            if self._in_doubt:  # before anyone can see them: gone, and durably so, or the start fails
-                ops: list[Op] = []
-                try:
-                    for first, end in self._in_doubt:
-                        self._revoke_range(first, end, ops)
-                    ops += self._count_ops()
-                    if ops:
-                        store.apply(ops)
-                except (StoreError, PartitionUnavailable) as exc:
-                    store.close()
-                    self._store = self._committer = None
-                    self._reset_memory()
-                    self._failure = str(exc)
-                    raise PartitionUnavailable(self._unavailable_text()) from exc
-                self._in_doubt = []
-            self._healthy = True
-            self._failure = None
-
-    def stop(self, reason: str = "the partition broker is stopped") -> None:
-        """Stop serving: wait for queued writes, close the store, forget memory (locks are lost)."""
-        with self._lock:
-            committer, store = self._committer, self._store
-            if committer is not None and self._healthy and self._dirty:  # started: _dirty exists
-                self._write([])  # counts no write has carried yet (see _undo_refused): stored before the close
-            self._healthy = False
-            self._failure = reason
-            self._recover_at = None  # stopped on purpose (or by ``_recover``, which starts it again)
-        if committer is not None:
-            committer.wait_idle(30)
-        if store is not None:
-            store.close()
-        with self._lock:
-            self._store = None
-            self._committer = None
-            self._reset_memory()
-
-    def close(self) -> None:
-        """The namespace closes: stop (everything queued is written first)."""
-        self.stop("the namespace is closed")
-
-    def delete(self) -> None:
-        """The entity was deleted: stop for good (the namespace removes the store's folder)."""
-        self.stop("the entity was deleted")
-
-    def _reset_memory(self) -> None:
-        self._hold(-self._resident)
-        self._epoch += 1
-        self._queues = {}
-        self._dirty: set[MessageQueue] = set()  # sub-queues whose counts the next write stores
-        self._locks = {}
-        self._dedup = {}
-        self._session_states: dict[tuple[int, str], bytes] = {}
-        self._size = 0
-        self._batches: dict[str, tuple[int, int, int]] = {}  # batch id -> [first, end) seqs, kept since (ms)
-        self._staged: dict[str, tuple[list[int], list[str]]] = {}  # uncommitted batch -> its slots, dedup ids
-        self._revoked_staged: set[str] = set()  # revoked before their commit: never made visible
-        # What the next write's commit settles: (sub-queue, entry) to leave memory once its row is stored (see
-        # "Memory and the store"), or (None, (slot, seq)) of a deferred message whose row goes with that write.
-        self._evict: list[tuple[MessageQueue | None, Any]] = []
-        self._leaving: set[tuple[int, int]] = set()  # deferred messages that left, their rows not yet changed
-        self._dues: list[tuple[int, int, int]] = []  # (slot, seq, due ms) of scheduled sends being staged
-        self._expiries: list[tuple[int, int]] = []  # (slot, expiry ms) of sends being staged (FAR_TTL_MS: none)
-
-    def _on_store_failure(self, exc: BaseException) -> BaseException:
-        with self._lock:
-            running, self._healthy = self._healthy, False
-            self._failure = f"store error: {exc}"
-            if isinstance(exc, StoreFull) and running:  # transient: reload once the store can take writes again
-                self._recover_at = time.monotonic() + FULL_RETRY
-                log.warning("partition %s of '%s': %s; reloading it from its store", self.id, self.config.path, exc)
-        return PartitionUnavailable(self._unavailable_text())
-
-    def _on_store_full(self, exc: BaseException) -> BaseException:
-        """A send's write found the store full (see "Health"): the error its sender gets."""
-        log.warning("partition %s of '%s': %s; refusing sends until space returns", self.id, self.config.path, exc)
-        return PartitionFull(  # the store's path and error stay in the log: they are the operator's business
-            f"Partition {self.id} of '{self.config.path}' cannot store messages now: its store is full (no space "
-            "left on its disk). Receives and settlements go on; retry the send later."
-        )
 
     def _on_store_resumed(self) -> None:
         """(The committer's thread, no write in hand.) Counts a refused write carried are stored now, not left
@@ -509,27 +286,6 @@ class PartitionBroker:
         with self._lock:
             if self._healthy and self._dirty and self._committer is not None:
                 self._write([], linger=SETTLE_LINGER)
-
-    def _recover(self) -> None:
-        """Reload a partition its full store made unavailable (from ``tick``; see "Health")."""
-        self._recover_at = None
-        self.stop(self._failure or "recovering from a full store")
-        try:
-            self.start()
-        except PartitionUnavailable:
-            self._recover_at = time.monotonic() + FULL_RETRY
-            return
-        log.warning("partition %s of '%s' reloaded from its store: available again", self.id, self.config.path)
-
-    def _unavailable_text(self) -> str:
-        return (
-            f"Partition {self.id} of '{self.config.path}' is unavailable ({self._failure}). Messages with a "
-            "partition key that maps to it cannot be processed now; retry later."
-        )
-
-    def _check(self) -> None:
-        if not self._healthy:
-            raise PartitionUnavailable(self._unavailable_text())
 
     def _write(
         self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0, refusable: bool = False
@@ -544,39 +300,6 @@ class PartitionBroker:
             evict, self._evict = self._evict, []
             future.add_done_callback(partial(self._evicted, self._epoch, evict))
         return future
-
-    def _evicted(self, epoch: int, items: list[tuple[MessageQueue | None, Any]], future: Future) -> None:
-        """A write that settles ``_evict``'s items is stored: deferred messages (and dead-lettered ones beyond
-        their queue's window) that are still unlocked leave memory; their rows say what they are now."""
-        with self._lock:
-            if epoch != self._epoch or future.cancelled() or future.exception() is not None:
-                return  # a failed write makes the partition reload (or it stays as it is: resident)
-            held = 0
-            for q, item in items:
-                if q is None:
-                    self._leaving.discard(item)
-                    continue
-                seq = item.seq
-                msg = item.msg
-                if q.entries.get(seq) is not item or msg.lock_token is not None or self._queues.get(q.key) is not q:
-                    continue
-                if msg.state is _DEFERRED:
-                    if q.sessions is None:  # a session-enabled queue keeps its messages (for now)
-                        del q.entries[seq]
-                        held -= item.size
-                elif msg.state is _ACTIVE and item.queue != _MAIN:  # dead-lettered beyond the window
-                    if q.disk_from is not None and seq >= q.disk_from:
-                        del q.entries[seq]
-                        held -= item.size
-                    else:  # a read-ahead passed it meanwhile (it skips resident messages): serve it from memory
-                        heapq.heappush(q.ready, seq)
-            self._hold(held)
-
-    def _hold(self, size: int) -> None:
-        """Resident messages of ``size`` stored bytes came (positive) or went (negative)."""
-        if size:
-            self._resident += size
-            RESIDENT.add(size)
 
     def _count_ops(self) -> list[Op]:
         ops: list[Op] = [("counts", *q.key, q.count, q.bytes) for q in self._dirty]
@@ -600,162 +323,6 @@ class PartitionBroker:
             self._left_held(entry)
         elif state is _DEFERRED:
             self._left_held(entry)
-
-    def _left_held(self, entry: Entry) -> None:
-        """A deferred or scheduled message left: until the write of that is stored, its row must not be read
-        back (by key, by the held index or by the due index)."""
-        key = (entry.slot, entry.seq)
-        self._leaving.add(key)
-        self._evict.append((None, key))
-
-    def _scan(self, q: MessageQueue, first: int, end: int, limit: int) -> list[Row]:
-        """The next stored ACTIVE rows of a sub-queue (only committed, visible ones: ``end`` <= _visible_next)."""
-        assert self._store is not None
-        try:
-            return self._store.scan(q.key[0], q.key[1], first, min(end, self._visible_next), limit)
-        except StoreError as exc:
-            raise self._on_store_failure(exc) from exc
-
-    def _entry_of(self, slot: int, row: Row, state: MessageState = _ACTIVE) -> Entry:
-        """A resident entry for a stored row (an ACTIVE one unless ``state`` says otherwise)."""
-        msg = unpack_message(row[5])
-        msg.sequence_number = (self.id << PARTITION_SHIFT) | row[0]
-        msg.delivery_count = row[3]
-        msg.partition_id = self.id
-        if row[4] is not None:
-            unpack_dead_letter(msg, row[4])
-        msg.state = state
-        return Entry(msg, slot, row[0], row[1], len(row[5]))
-
-    def _refill(self, q: MessageQueue) -> None:
-        """Read ahead: the next stored ACTIVE messages from ``disk_from`` (``READ_BATCH`` at most, within the
-        window) become resident."""
-        first = q.disk_from
-        assert first is not None
-        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
-        rows = self._scan(q, first, self._visible_next, limit)
-        entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
-        push = heapq.heappush
-        held = 0
-        for row in rows:
-            seq = row[0]
-            if seq in entries or seq in gone:
-                continue
-            entries[seq] = self._entry_of(slot, row)
-            held += len(row[5])
-            push(ready, seq)
-        self._hold(held)
-        if rows:
-            q.top = max(q.top, rows[-1][0])
-        if len(rows) < limit:
-            q.disk_from = None  # everything is resident now
-            gone.clear()
-        else:
-            q.disk_from = first = rows[-1][0] + 1
-            if gone:
-                q.gone = {s for s in gone if s >= first}
-
-    def _refill_scheduled(self, q: MessageQueue) -> None:
-        """The next SCHEDULED messages by enqueue time from ``sched_disk`` (``READ_BATCH`` at most, within the
-        window) become resident. Rows not yet visible are left to ``make_visible`` (which keeps a message
-        resident when it is due before ``sched_disk``)."""
-        after = q.sched_disk
-        assert after is not None and self._store is not None
-        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
-        slot = q.key[0]
-        try:
-            rows = self._store.scan_due(slot, (after[0], after[1] - 1), limit)
-        except StoreError as exc:
-            raise self._on_store_failure(exc) from exc
-        entries, visible_next, leaving = q.entries, self._visible_next, self._leaving
-        held = 0
-        for row in rows:
-            seq = row[0]
-            if seq in entries or seq >= visible_next or (slot, seq) in leaving:
-                continue
-            entry = entries[seq] = self._entry_of(slot, row, _SCHEDULED)
-            held += entry.size
-            heapq.heappush(q.scheduled, (row[6], seq))
-        self._hold(held)
-        q.sched_disk = None if len(rows) < limit else (rows[-1][6], rows[-1][0] + 1)
-
-    def _trim_scheduled(self, q: MessageQueue) -> None:
-        """Too many SCHEDULED messages are resident (sends due sooner than the disk's): the window keeps the
-        ``read_ahead`` soonest, the rest (stored and unchanged since) leave memory and ``sched_disk`` moves down
-        to the first of them. Amortised: it runs once per ``read_ahead`` such sends at most."""
-        entries = q.entries
-        keys = sorted(k for k in q.scheduled if (e := entries.get(k[1])) is not None and e.msg.state is _SCHEDULED)
-        keep, drop = keys[: self.read_ahead], keys[self.read_ahead :]
-        if not drop:
-            q.scheduled = keys
-            return
-        held = 0
-        for _, seq in drop:
-            held += entries.pop(seq).size
-        self._hold(-held)
-        q.scheduled = keep  # sorted: a heap
-        q.sched_disk = drop[0] if q.sched_disk is None else min(drop[0], q.sched_disk)
-
-    def _disk_entries(
-        self, q: MessageQueue, first: int, end: int, limit: int, session_id: str | None = None
-    ) -> list[Entry]:
-        """Up to ``limit`` disk-only ACTIVE messages of a sub-queue with ``first <= seq < end``, in order."""
-        if q.disk_from is None or limit <= 0:
-            return []
-        first = max(first, q.disk_from)
-        out: list[Entry] = []
-        while first < min(end, self._visible_next) and len(out) < limit:
-            rows = self._scan(q, first, end, max(limit, 64))
-            for row in rows:
-                if row[0] not in q.entries and row[0] not in q.gone:
-                    entry = self._entry_of(q.key[0], row)
-                    if session_id is None or entry.msg.session_id == session_id:
-                        out.append(entry)
-            if len(rows) < max(limit, 64):
-                break
-            first = rows[-1][0] + 1
-        return out[:limit]
-
-    def _on_disk(self, q: MessageQueue) -> bool:
-        """Whether some of the sub-queue's messages are on disk only (ACTIVE beyond the window, or DEFERRED)."""
-        return q.count - q.staged > len(q.entries)
-
-    def _held_rows(self, q: MessageQueue, state: int, first: int, end: int, limit: int) -> list[Row]:
-        """Up to ``limit`` disk-only rows of a sub-queue in ``state`` (DEFERRED) with ``first <= seq < end``."""
-        assert self._store is not None
-        out: list[Row] = []
-        slot = q.key[0]
-        end = min(end, self._visible_next)
-        while first < end and len(out) < limit:
-            batch = max(limit - len(out), 64)
-            try:
-                rows = self._store.scan_held(slot, q.key[1], state, first, end, batch)
-            except StoreError as exc:
-                raise self._on_store_failure(exc) from exc
-            out += [r for r in rows if r[0] not in q.entries and (slot, r[0]) not in self._leaving]
-            if len(rows) < batch:
-                break
-            first = rows[-1][0] + 1
-        return out[:limit]
-
-    def _disk_held(
-        self, q: MessageQueue, state: MessageState, first: int, end: int, limit: int, session_id: str | None = None
-    ) -> list[Entry]:
-        """Up to ``limit`` disk-only messages in ``state`` (DEFERRED or SCHEDULED) of a sub-queue with
-        ``first <= seq < end``, in order."""
-        if limit <= 0 or not self._on_disk(q):
-            return []
-        out: list[Entry] = []
-        while first < min(end, self._visible_next) and len(out) < limit:
-            rows = self._held_rows(q, state, first, end, limit)
-            for row in rows:
-                entry = self._entry_of(q.key[0], row, state)
-                if session_id is None or entry.msg.session_id == session_id:
-                    out.append(entry)
-            if len(rows) < limit:
-                break
-            first = rows[-1][0] + 1
-        return out[:limit]
 
     # ------------------------------------------------------------------------------------------------------
     # slots
@@ -820,28 +387,6 @@ class PartitionBroker:
                     session.locked.discard(token)
         msg.lock_token = None
         msg.locked_until_ms = None
-
-    def _load_row(self, slot: int, row: Row, now: int) -> None:
-        msg = unpack_message(row.data)
-        msg.sequence_number = encode_sequence_number(self.id, row.seq)
-        msg.delivery_count = row.delivery_count
-        msg.partition_id = self.id
-        unpack_dead_letter(msg, row.dead_letter)
-        state = MessageState(row.state)
-        scheduled = _scheduled_ms(msg) if state is MessageState.SCHEDULED else None
-        if scheduled is not None and scheduled <= now:
-            state = MessageState.ACTIVE
-        msg.state = state
-        entry = Entry(msg, slot, row.seq, row.queue, len(row.data))
-        q = self._queue(slot, row.queue)
-        q.entries[row.seq] = entry
-        q.top = max(q.top, row.seq)
-        self._hold(entry.size)
-        if state is MessageState.ACTIVE:
-            self._push_ready(q, entry)
-        elif state is MessageState.SCHEDULED:
-            heapq.heappush(q.scheduled, (scheduled, row.seq))
-            q.scheduled_count += 1
 
     # ------------------------------------------------------------------------------------------------------
     # sending
@@ -1395,17 +940,6 @@ class PartitionBroker:
         if activated:
             writes.append(("update", q.key[0], activated))
 
-    def next_due_ms(self, slot: int, queue: int) -> int | None:
-        """When something in this sub-queue next becomes available without a send (lock expiry, schedule)."""
-        with self._lock:
-            q = self._queues.get((slot, queue))
-            if q is None or not self._healthy:
-                return None
-            times = [h[0][0] for h in (q.lock_heap, q.scheduled, q.session_locks) if h]
-            if q.sched_disk is not None and not q.scheduled:
-                times.append(max(q.sched_disk[0], 0))  # no later than the first on disk comes due
-            return min(times) if times else None
-
     def _unlock(
         self, q: MessageQueue, entry: Entry, settings: SlotSettings, count_delivery: bool, writes: list[Op]
     ) -> None:
@@ -1516,19 +1050,6 @@ class PartitionBroker:
             after = (rows[-1][6], rows[-1][0])
         q.next_expiry = now  # more at the next upkeep
         return expired
-
-    def _disk_only(self, q: MessageQueue, row: tuple[Any, ...]) -> bool:
-        """Whether a stored row of a main queue whose message is not resident is a message on disk only (and
-        not one that left with its row's change still queued, or one not yet visible)."""
-        seq, state = row[0], row[2]
-        if seq >= self._visible_next or (q.key[0], seq) in self._leaving:
-            return False
-        if state == _ACTIVE:  # disk-only ACTIVE messages are all at or above disk_from
-            return q.disk_from is not None and seq >= q.disk_from and seq not in q.gone
-        if state == _DEFERRED:  # one that left is in _leaving
-            return True
-        # SCHEDULED: on disk only at or above sched_disk (one that came due below it was resident)
-        return q.sched_disk is not None and (_scheduled_ms(unpack_message(row[5])), seq) >= q.sched_disk
 
     def _expire(self, q: MessageQueue, entry: Entry, settings: SlotSettings, writes: list[Op]) -> None:
         if settings.dead_letter_on_expiration:
@@ -1768,51 +1289,9 @@ class PartitionBroker:
             self._slot_stats(slot).delivered += len(out)
             return out, future
 
-    def _read_deferred(self, q: MessageQueue, local_seqs: list[int]) -> None:
-        """Deferred messages asked for by sequence number that are on disk only become resident (one read by
-        key); until something locks them they leave memory again with the next stored write."""
-        slot = q.key[0]
-        wanted = [s for s in local_seqs if s not in q.entries and (slot, s) not in self._leaving]
-        if not wanted or not self._on_disk(q):
-            return
-        assert self._store is not None
-        try:
-            rows = self._store.get(slot, wanted)
-        except StoreError as exc:
-            raise self._on_store_failure(exc) from exc
-        held = 0
-        for row in rows:
-            if row[1] == q.key[1] and row[2] == _DEFERRED and row[0] not in q.entries:
-                entry = q.entries[row[0]] = self._entry_of(slot, row, _DEFERRED)
-                held += entry.size
-                self._evict.append((q, entry))
-        self._hold(held)
-
     # ------------------------------------------------------------------------------------------------------
-    # sessions
+    # sessions (their lookups: sessions.py)
     # ------------------------------------------------------------------------------------------------------
-    def _is_session_slot(self, slot: int) -> bool:
-        settings = self._slots.get(slot)
-        return settings is not None and settings.requires_session
-
-    def _session_queue(self, slot: int) -> MessageQueue:
-        q = self._queue(slot, SubQueue.MAIN)
-        if q.sessions is None:
-            raise InvalidOperation(
-                f"'{self._slots[slot].path}' does not require sessions: it cannot be received from with sessions."
-            )
-        return q
-
-    def _held_session(
-        self, slot: int, session_id: str, token: uuid.UUID, now: int
-    ) -> tuple[MessageQueue, SessionQueue]:
-        q = self._session_queue(slot)
-        session = q.sessions.get(session_id)
-        if session is None or session.holder != token or session.locked_until <= now:
-            raise SessionLockLost(
-                f"The session lock of session '{session_id}' was lost: it expired or is held by another receiver."
-            )
-        return q, session
 
     def accept_session(self, slot: int, session_id: str | None) -> tuple[str, uuid.UUID, int] | None:
         """Lock a session: the named one, or (``None``) the free session with the oldest ready message.
@@ -1904,19 +1383,6 @@ class PartitionBroker:
                 self._write(writes)
         self._notify((slot,))
 
-    def session_lock_holder(self, slot: int, session_id: str) -> tuple[uuid.UUID, int] | None:
-        with self._lock:
-            q = self._queues.get((slot, SubQueue.MAIN))
-            session = q.sessions.get(session_id) if q is not None and q.sessions is not None else None
-            if session is None or session.holder is None:
-                return None
-            return session.holder, session.locked_until
-
-    def get_session_state(self, slot: int, session_id: str) -> bytes | None:
-        with self._lock:
-            self._check()
-            return self._session_states.get((slot, session_id))
-
     def set_session_state(self, slot: int, session_id: str, token: uuid.UUID, state: bytes | None) -> Future:
         """Store (or with ``None`` clear) a held session's state; it survives restarts."""
         with self._lock:
@@ -1930,129 +1396,13 @@ class PartitionBroker:
             session.updated_ms = now
             return self._write([("session_state", slot, session_id, None if state is None else bytes(state))])
 
-    def list_sessions(self, slot: int, updated_after_ms: int | None = None) -> list[str]:
-        """Sessions with messages or state; with ``updated_after_ms``, those whose state changed after it."""
-        with self._lock:
-            self._check()
-            q = self._session_queue(slot)
-            if updated_after_ms is not None:
-                return sorted(s.id for s in q.sessions.values() if s.updated_ms > updated_after_ms)
-            ids = {e.msg.session_id for e in q.entries.values() if e.msg.session_id is not None}
-            ids.update(sid for (s, sid) in self._session_states if s == slot)
-            return sorted(ids)
-
     # ------------------------------------------------------------------------------------------------------
-    # browsing and counting
+    # range completion and upkeep (browsing and counting: queries.py)
     # ------------------------------------------------------------------------------------------------------
-    def peek(
-        self, slot: int, queue: int, from_local_seq: int, max_count: int, session_id: str | None = None
-    ) -> list[Message]:
-        """The oldest messages from ``from_local_seq`` on, in any state (locked ones too), without locking;
-        only one session's with ``session_id``."""
-        with self._lock:
-            self._check()
-            q = self._queues.get((slot, queue))
-            if q is None or max_count <= 0:
-                return []
-            entries = q.entries
-            if session_id is None:
-                candidates = (s for s in entries if s >= from_local_seq)
-            else:
-                candidates = (s for s, e in entries.items() if s >= from_local_seq and e.msg.session_id == session_id)
-            found = [entries[s] for s in heapq.nsmallest(max_count, candidates)]
-            found += self._disk_entries(q, from_local_seq, self._visible_next, max_count, session_id)
-            for state in (_DEFERRED, _SCHEDULED):
-                found += self._disk_held(q, state, from_local_seq, self._visible_next, max_count, session_id)
-            return self._browsed(found, max_count)
-
-    @staticmethod
-    def _browsed(found: list[Entry], max_count: int) -> list[Message]:
-        """Copies of the oldest ``max_count`` of resident and disk entries, without anyone's lock."""
-        if len(found) > 1:
-            found.sort(key=lambda e: e.seq)
-        out = []
-        for entry in found[:max_count]:
-            copy = entry.msg.copy()
-            copy.lock_token = copy.locked_until_ms = None  # a peek never hands out someone's lock
-            out.append(copy)
-        return out
-
-    def last_sequence(self) -> int:
-        """The highest partition-relative sequence number assigned so far (0 if none)."""
-        with self._lock:
-            return self._next_seq - 1
 
     # ------------------------------------------------------------------------------------------------------
     # sequence-range reads (ours: replayable, non-destructive reads for stream processors such as Spark)
     # ------------------------------------------------------------------------------------------------------
-    def range_offsets(self, slot: int, queue: int, count_from: int = 0) -> tuple[int, int, int, int]:
-        """(first, end, mark, count) of a sub-queue: the lowest readable sequence number (``end`` when none),
-        the number every readable message is below (new ones arrive at or above it), the cumulative mark of
-        ``complete_below`` (1 when never called), and how many readable messages are at or above ``count_from``.
-        Readable: any state but SCHEDULED."""
-        with self._lock:
-            self._check()
-            end = self._visible_next
-            first, count = end, 0
-            q = self._queues.get((slot, queue))
-            if q is not None:
-                scheduled = MessageState.SCHEDULED
-                resident_scheduled = 0
-                for s, e in q.entries.items():
-                    if e.msg.state is not scheduled:
-                        if s < first:
-                            first = s
-                        if s >= count_from:
-                            count += 1
-                    else:
-                        resident_scheduled += 1
-                if self._on_disk(q):
-                    head = self._disk_entries(q, q.disk_from, end, 1) if q.disk_from is not None else []
-                    head += self._disk_held(q, _DEFERRED, 1, end, 1)
-                    if head:
-                        first = min(first, *(e.seq for e in head))
-                    # the disk-only messages at or above count_from: all of them but those below it
-                    on_disk = q.count - len(q.entries) - q.staged - (q.scheduled_count - resident_scheduled)
-                    below = len(self._disk_sizes(q, q.disk_from, count_from)) if q.disk_from is not None else 0
-                    below += len(self._held_rows(q, _DEFERRED, 1, count_from, max(on_disk, 1)))
-                    count += max(0, on_disk - below)
-            return first, end, self._marks.get((slot, queue), 1), count
-
-    def _disk_sizes(self, q: MessageQueue, first: int, end: int) -> list[tuple[int, int]]:
-        """(seq, size) of the disk-only ACTIVE rows of a sub-queue with ``first <= seq < end``."""
-        assert self._store is not None
-        end = min(end, self._visible_next)
-        if first >= end:
-            return []
-        try:
-            rows = self._store.scan_sizes(q.key[0], q.key[1], first, end)
-        except StoreError as exc:
-            raise self._on_store_failure(exc) from exc
-        return [r for r in rows if r[0] not in q.entries and r[0] not in q.gone]
-
-    def completed_mark(self, slot: int, queue: int) -> int:
-        """Everything readable below it was completed by ``complete_below`` (1 when never called)."""
-        with self._lock:
-            self._check()
-            return self._marks.get((slot, queue), 1)
-
-    def browse_range(self, slot: int, queue: int, start: int, end: int, max_count: int) -> list[Message]:
-        """Up to ``max_count`` readable messages with ``start <= sequence number < end``, oldest first, in any
-        state but SCHEDULED (a scheduled message is read once its time has come), without locking."""
-        with self._lock:
-            self._check()
-            q = self._queues.get((slot, queue))
-            if q is None or max_count <= 0 or start >= end:
-                return []
-            entries = q.entries
-            scheduled = MessageState.SCHEDULED
-            seqs = heapq.nsmallest(
-                max_count, (s for s, e in entries.items() if start <= s < end and e.msg.state is not scheduled)
-            )
-            found = [entries[s] for s in seqs]
-            found += self._disk_entries(q, start, end, max_count)
-            found += self._disk_held(q, _DEFERRED, start, end, max_count)
-            return self._browsed(found, max_count)
 
     def complete_below(self, slot: int, queue: int, mark: int) -> Future:
         """Cumulative, idempotent completion: remove every readable message from the previous mark up to
@@ -2108,58 +1458,6 @@ class PartitionBroker:
                 ops.insert(0, ("delete", slot, gone))
             ops.append(("meta", f"{MARK_PREFIX}{slot}:{queue}", mark))
             return self._write(ops)
-
-    def _slot_stats(self, slot: int) -> SlotStats:
-        stats = self._stats.get(slot)
-        if stats is None:
-            stats = self._stats[slot] = SlotStats()
-        return stats
-
-    def stats(self, slot: int) -> SlotStats:
-        """A copy of the slot's counters (zero for a slot that saw nothing)."""
-        with self._lock:
-            found = self._stats.get(slot)
-            return SlotStats() if found is None else SlotStats(found.incoming, found.delivered, found.lock_expired)
-
-    def runtime(self, slot: int) -> RuntimeProperties:
-        with self._lock:
-            self._check()
-            props = RuntimeProperties()
-            settings = self._slots.get(slot)
-            forwards = settings is not None and settings.forwards
-            for queue in SubQueue:  # the kept counts: nothing is counted by reading messages
-                q = self._queues.get((slot, queue))
-                if q is None:
-                    continue
-                props.size_in_bytes += q.bytes - q.staged_bytes  # what receivers can see
-                if queue == SubQueue.DEAD_LETTER:
-                    props.dead_letter_message_count += q.count
-                elif queue == SubQueue.TRANSFER_DEAD_LETTER:
-                    props.transfer_dead_letter_message_count += q.count
-                else:
-                    props.scheduled_message_count += q.scheduled_count
-                    ready = q.count - q.scheduled_count - q.staged
-                    if forwards:
-                        props.transfer_message_count += ready  # waiting to be forwarded
-                    else:
-                        props.active_message_count += ready
-            return props
-
-    def scheduled_count(self) -> int:
-        """Scheduled messages counted once however many subscriptions hold a copy (a topic's count)."""
-        with self._lock:
-            self._check()
-            seqs = set()
-            most = 0
-            for (_, queue), q in self._queues.items():
-                if queue == SubQueue.MAIN:
-                    seqs.update(s for s, e in q.entries.items() if e.msg.state is MessageState.SCHEDULED)
-                    most = max(most, q.scheduled_count)
-            # with some on disk only: the subscription with the most (copies share their sequence number)
-            return max(len(seqs), most)
-
-    def size_bytes(self) -> int:
-        return self._size
 
     def prune_dedup(self) -> None:
         """Forget message ids older than the duplicate-detection window."""
