@@ -1150,14 +1150,13 @@ class PartitionBroker:
             ttl = own if ttl is None else min(ttl, own)
         msg.sequence_number = sequence_number = (self.id << PARTITION_SHIFT) | seq
         msg.enqueued_time_ms = now
-        expires = None  # in the expiry index: not for a time to live that never comes (TimeSpan.MaxValue's)
-        if ttl is None:
-            msg.expires_at_ms = None
+        # in the expiry index: not for a time to live that never comes (TimeSpan.MaxValue's)
+        if ttl is None or ttl >= FAR_TTL_MS:
+            msg.expires_at_ms = None if ttl is None else start + ttl
+            expires = None
         else:
-            msg.expires_at_ms = start + ttl
-            if ttl < FAR_TTL_MS:
-                expires = start + ttl
-                self._expiries.append((slot, expires))  # the upkeep's next look
+            msg.expires_at_ms = expires = start + ttl
+            self._expiries.append((slot, expires))  # the upkeep's next look
         msg.state = state
         msg.partition_id = self.id
         msg.delivery_count = 0
@@ -1208,8 +1207,9 @@ class PartitionBroker:
                         self._trim_scheduled(q)
                 elif sessions is None:
                     if q.disk_from is None:
-                        # a large message (Premium's reach 100 MB) stays resident only within the budget
-                        if (len(ready) < read_ahead and entry.size <= LARGE_MESSAGE) or held < room:
+                        # a large message (Premium's reach 100 MB) stays resident only within the budget; the
+                        # budget first, as it usually has room: one comparison, no len()
+                        if held < room or (len(ready) < read_ahead and entry.size <= LARGE_MESSAGE):
                             stored[seq] = entry
                             held += entry.size
                             push(ready, seq)  # ``_push_ready`` without sessions
