@@ -1190,6 +1190,7 @@ class PartitionBroker:
         for slot, entries in visible.items():
             q = self._queue(slot, _MAIN)
             stored, ready, sessions = q.entries, q.ready, q.sessions
+            disk_from = q.disk_from  # a local: only this loop changes it (below)
             readied = False
             for entry in entries:
                 seq = entry.seq
@@ -1206,7 +1207,7 @@ class PartitionBroker:
                         held = 0
                         self._trim_scheduled(q)
                 elif sessions is None:
-                    if q.disk_from is None:
+                    if disk_from is None:
                         # a large message (Premium's reach 100 MB) stays resident only within the budget; the
                         # budget first, as it usually has room: one comparison, no len()
                         if held < room or (len(ready) < read_ahead and entry.size <= LARGE_MESSAGE):
@@ -1214,7 +1215,7 @@ class PartitionBroker:
                             held += entry.size
                             push(ready, seq)  # ``_push_ready`` without sessions
                         else:
-                            q.disk_from = seq  # the window is full: from here on, read from the store
+                            q.disk_from = disk_from = seq  # the window is full: from here on, read from the store
                     readied = True
                 else:
                     stored[seq] = entry
