@@ -287,9 +287,8 @@ class Link:
         if p is None:
             if t.delivery_id is None or t.delivery_tag is None:
                 raise LinkViolation(self, Condition.INVALID_FIELD, "first transfer needs delivery-id and tag")
-            limits = self.format_limits
-            if limits is not None:
-                own = limits.get(t.message_format or 0)
+            if self.format_limits is not None:
+                own = self.format_limits.get(t.message_format or 0)
                 if own is not None and own < size_limit:
                     size_limit = own
             if not t.more and not t.aborted:  # fast path: single-frame delivery
@@ -297,15 +296,26 @@ class Link:
                 if self.link_credit > 0:
                     self.link_credit -= 1
                 n = len(payload)
+                if n <= size_limit:
+                    return (
+                        t.delivery_id,
+                        t.delivery_tag,
+                        t.message_format or 0,
+                        t.settled is True,  # None (absent) is False; the decoders give nothing else
+                        t.state,
+                        payload,
+                        t.batchable,
+                        0,
+                    )
                 return (
                     t.delivery_id,
                     t.delivery_tag,
                     t.message_format or 0,
-                    t.settled is True,  # None (absent) is False; the decoders give nothing else
+                    t.settled is True,
                     t.state,
-                    payload if n <= size_limit else (n, size_limit),
+                    (n, size_limit),
                     t.batchable,
-                    0 if n <= size_limit else TOO_LARGE,
+                    TOO_LARGE,
                 )
             p = self._partial = [
                 t.delivery_id,

@@ -199,11 +199,10 @@ def _decode_plain(buf: bytes) -> Message | None:
     after the header is unchanging: deliveries carry what precedes the body as it came, behind a header of their own
     (see ``_unchanging_parts``)."""
     n = len(buf)
-    p = 0
+    p = kept = ttl = 0  # ``kept``: where deliveries' own sections start (after the header); ttl 0: none
     props: list[Any] | None = None  # the properties' 13 fields
     app: dict[Any, Any] | None = None
     body: bytes | None = None
-    ttl = None
     try:
         if buf[2] == HEADER and buf[0] == 0 and buf[1] == 0x53 and buf[3] in _LISTS:
             p = 5 + buf[4] if buf[3] == 0xC0 else 4 if buf[3] == 0x45 else 0
@@ -214,7 +213,7 @@ def _decode_plain(buf: bytes) -> Message | None:
                 if len(_HEADER_TTLS) >= 1024:
                     _HEADER_TTLS.clear()
                 _HEADER_TTLS[buf[:p]] = ttl
-        kept = p  # deliveries keep what follows the header
+            kept = p  # deliveries keep what follows the header
         while p < n:
             if buf[p] != 0 or buf[p + 1] != 0x53 or body is not None:
                 return None

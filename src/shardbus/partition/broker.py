@@ -695,14 +695,13 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             ttl = own if ttl is None else min(ttl, own)
         msg.sequence_number = sequence_number = (self.id << PARTITION_SHIFT) | seq
         msg.enqueued_time_ms = now
-        expires = None  # in the expiry index: not for a time to live that never comes (TimeSpan.MaxValue's)
-        if ttl is None:
-            msg.expires_at_ms = None
+        # in the expiry index: not for a time to live that never comes (TimeSpan.MaxValue's)
+        if ttl is None or ttl >= FAR_TTL_MS:
+            msg.expires_at_ms = None if ttl is None else start + ttl
+            expires = None
         else:
-            msg.expires_at_ms = start + ttl
-            if ttl < FAR_TTL_MS:
-                expires = start + ttl
-                self._expiries.append((slot, expires))  # the upkeep's next look
+            msg.expires_at_ms = expires = start + ttl
+            self._expiries.append((slot, expires))  # the upkeep's next look
         msg.state = state
         msg.partition_id = self.id
         msg.delivery_count = 0
@@ -736,6 +735,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         for slot, entries in visible.items():
             q = self._queue(slot, _MAIN)
             stored, ready, sessions = q.entries, q.ready, q.sessions
+            disk_from = q.disk_from  # a local: only this loop changes it (below)
             readied = False
             for entry in entries:
                 seq = entry.seq
@@ -752,14 +752,15 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                         held = 0
                         self._trim_scheduled(q)
                 elif sessions is None:
-                    if q.disk_from is None:
-                        # a large message (Premium's reach 100 MB) stays resident only within the budget
-                        if (len(ready) < read_ahead and entry.size <= LARGE_MESSAGE) or held < room:
+                    if disk_from is None:
+                        # a large message (Premium's reach 100 MB) stays resident only within the budget; the
+                        # budget first, as it usually has room: one comparison, no len()
+                        if held < room or (len(ready) < read_ahead and entry.size <= LARGE_MESSAGE):
                             stored[seq] = entry
                             held += entry.size
                             push(ready, seq)  # ``_push_ready`` without sessions
                         else:
-                            q.disk_from = seq  # the window is full: from here on, read from the store
+                            q.disk_from = disk_from = seq  # the window is full: from here on, read from the store
                     readied = True
                 else:
                     stored[seq] = entry

@@ -358,9 +358,13 @@ class SqliteStore:
             self._put_large(table, rows[0])
             return
         timed = rows[0][6] is not None
-        if any(row.dead_letter is not None or (row[6] is not None) is not timed for row in rows):
-            self._db.executemany(f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES (?,?,?,?,?,?,?)", rows)
-            return
+        # a loop with indexes, not any() over a generator with the field's name: every new message passes here
+        for row in rows:
+            if row[4] is not None or (row[6] is not None) is not timed:  # dead_letter, expires
+                self._db.executemany(
+                    f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES (?,?,?,?,?,?,?)", rows
+                )
+                return
         # Every new message comes here, so this path binds as little as it can:
         # - many rows per statement, not ``executemany``: the sqlite3 module lets go of the GIL around every step,
         #   and while the event loop is busy each take-back waits for it. Chunk sizes are powers of two, so a
