@@ -366,32 +366,24 @@ class PostgresStore:
         )
 
     def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
-        try:
-            with self._reading().cursor(binary=True) as cur:
-                cur.execute(
-                    f"SELECT {_COLUMNS}, due FROM {self._table(slot)} WHERE state = {SCHEDULED} "
-                    "AND (due, seq) > (%s, %s) ORDER BY due, seq LIMIT %s",
-                    (after[0], after[1], limit),
-                )
-                return [
-                    (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), due)
-                    for seq, qu, st, dc, dl, d, due in cur
-                ]
-        except psycopg.Error as exc:
-            self._reset_reader()
-            raise StoreError(f"cannot read store {self}: {exc}") from exc
+        return self._scan_by(slot, "due", f"state = {SCHEDULED}", after, limit)
 
     def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        return self._scan_by(slot, "expires", "expires IS NOT NULL AND queue = 0", after, limit)
+
+    def _scan_by(self, slot: int, key: str, where: str, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+        """Rows matching ``where`` after ``after`` in (``key``, seq) order, each with its ``key`` value last (the
+        scans along the due and expiry indexes)."""
         try:
             with self._reading().cursor(binary=True) as cur:
                 cur.execute(
-                    f"SELECT {_COLUMNS}, expires FROM {self._table(slot)} WHERE expires IS NOT NULL AND queue = 0 "
-                    "AND (expires, seq) > (%s, %s) ORDER BY expires, seq LIMIT %s",
+                    f"SELECT {_COLUMNS}, {key} FROM {self._table(slot)} WHERE {where} "
+                    f"AND ({key}, seq) > (%s, %s) ORDER BY {key}, seq LIMIT %s",
                     (after[0], after[1], limit),
                 )
                 return [
-                    (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), ex)
-                    for seq, qu, st, dc, dl, d, ex in cur
+                    (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), k)
+                    for seq, qu, st, dc, dl, d, k in cur
                 ]
         except psycopg.Error as exc:
             self._reset_reader()
