@@ -157,6 +157,7 @@ from .memory import (
     MARK_PREFIX,
     READ_BATCH,
     RESIDENT,
+    SESSION_TABLE,
     Entry,
     MessageQueue,
     SessionQueue,
@@ -315,7 +316,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         q.bytes -= entry.size
         self._size -= entry.size
         self._dirty.add(q)
-        if q.disk_from is not None and seq >= q.disk_from:
+        if q.sessions is not None:  # its row may still be read (by session, or from sess_from) until the change
+            self._left_held(entry)  # commits: sessions have no ``gone``, their disk parts have no common start
+        elif q.disk_from is not None and seq >= q.disk_from:
             q.gone.add(seq)  # its row may still be read until the delete commits
         state = entry.msg.state
         if state is _SCHEDULED:
@@ -369,8 +372,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         session_id = entry.msg.session_id
         if q.sessions is not None and session_id is not None:
             session = q.sessions.get(session_id)
-            if session is None:
-                session = q.sessions[session_id] = SessionQueue(session_id)
+            if session is None:  # (come due, say) its other messages are on disk from ``sess_from``, if any
+                session = q.sessions[session_id] = SessionQueue(session_id, q.sess_from)
             heapq.heappush(session.ready, entry.seq)
         else:
             heapq.heappush(q.ready, entry.seq)
@@ -627,6 +630,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             slot_sizes = dict.fromkeys(visible, added_size)
         else:
             slot_sizes = {slot: sum(e.size for e in entries) for slot, entries in visible.items()}
+        indexed: list[Op] = []
         for slot, size in slot_sizes.items():  # counted now: the counts commit with the rows
             q = self._queue(slot, _MAIN)
             q.count += len(rows_by_slot[slot])
@@ -634,7 +638,12 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             q.staged_bytes += size
             q.bytes += size
             self._dirty.add(q)
+            if q.sessions is not None:  # a session-enabled slot's rows go in its session index
+                pairs = [(e.seq, e.msg.session_id) for e in visible[slot] if e.msg.session_id is not None]
+                indexed.append(("sessions", slot, pairs))
         ops: list[Op] = [("put", slot, rows) for slot, rows in rows_by_slot.items()]
+        if indexed:
+            ops += indexed
         if self._dues:
             by_slot: dict[int, list[tuple[int, int]]] = {}
             for slot, s, due in self._dues:
@@ -747,7 +756,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     stored[seq] = entry
                     held += entry.size
                     push(q.scheduled, key)
-                    if sessions is None and len(q.scheduled) > 2 * read_ahead and RESIDENT.bytes + held >= budget:
+                    if len(q.scheduled) > 2 * read_ahead and RESIDENT.bytes + held >= budget:
                         self._hold(held)
                         held = 0
                         self._trim_scheduled(q)
@@ -763,15 +772,37 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                             q.disk_from = disk_from = seq  # the window is full: from here on, read from the store
                     readied = True
                 else:
-                    stored[seq] = entry
-                    held += entry.size
-                    self._push_ready(q, entry)
+                    self._session_visible(q, entry, held < room)
+                    held += entry.size if seq in stored else 0
                     readied = True
             if readied:
                 touched.add(slot)
             self._slot_stats(slot).incoming += len(entries)
         self._hold(held)
         return touched
+
+    def _session_visible(self, q: MessageQueue, entry: Entry, room: bool) -> None:
+        """A committed ACTIVE send of a session-enabled queue: resident in its session's heap while the queue's
+        window (or the budget: ``room``) has space and nothing of the session waits on disk before it; else on
+        disk only, read by session (``_refill_session``), or, for a session the table lacks, found from
+        ``sess_from`` (``_discover_sessions``)."""
+        sessions = q.sessions
+        assert sessions is not None
+        seq, session_id = entry.seq, entry.msg.session_id
+        session = sessions.get(session_id)
+        if session is None:
+            if q.sess_from is not None or len(sessions) >= SESSION_TABLE:
+                if q.sess_from is None:
+                    q.sess_from = seq
+                self._spill(q, seq)
+                return
+            session = sessions[session_id] = SessionQueue(session_id)
+        if session.disk_from is None and (room or (len(q.entries) < self.read_ahead and entry.size <= LARGE_MESSAGE)):
+            q.entries[seq] = entry
+            heapq.heappush(session.ready, seq)
+        elif session.disk_from is None:
+            session.disk_from = seq
+            self._spill(q, seq)
 
     def _notify(self, slots: Iterable[int]) -> None:
         for slot in slots:
@@ -925,7 +956,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 # the next ones are on disk: read them once due, while the ready messages are within the window
                 # (the rest stay SCHEDULED on disk, counted so, until receivers make room)
                 due = q.sched_disk
-                if due is None or due[0] > now or len(q.ready) >= self.read_ahead:
+                if due is None or due[0] > now:
+                    break
+                if len(q.ready if q.sessions is None else q.entries) >= self.read_ahead:
                     break
                 self._refill_scheduled(q)
                 continue
@@ -1143,18 +1176,19 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             for entry in entries:
                 q = queues[(slot, entry.queue)]
                 msg = entry.msg
+                seq = entry.seq
                 if q.sessions is None:  # ``_drop_lock`` inlined for a message without a session
                     locks.pop(msg.lock_token.int, None)
                     msg.lock_token = msg.locked_until_ms = None
+                    if q.disk_from is not None and seq >= q.disk_from:
+                        q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
                 else:
                     self._drop_lock(q, entry)
-                seq = entry.seq
+                    self._left_held(entry)  # see _remove
                 del q.entries[seq]
                 q.count -= 1
                 q.bytes -= entry.size
                 dirty.add(q)
-                if q.disk_from is not None and seq >= q.disk_from:
-                    q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
                 if entry.msg.state is _DEFERRED:
                     self._left_held(entry)
                 size += entry.size
@@ -1307,14 +1341,13 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             if writes:
                 self._write(writes)
             if session_id is None:
-                free = [s for s in q.sessions.values() if s.ready and (s.holder is None or s.locked_until <= now)]
-                if not free:
+                session = self._next_session(q, now)
+                if session is None:
                     return None
-                session = min(free, key=lambda s: s.ready[0])
             else:
                 session = q.sessions.get(session_id)
-                if session is None:
-                    session = q.sessions[session_id] = SessionQueue(session_id)
+                if session is None:  # its messages, if any, are on disk from sess_from (see _discover_sessions)
+                    session = q.sessions[session_id] = SessionQueue(session_id, q.sess_from)
                 elif session.holder is not None and session.locked_until > now:
                     raise SessionCannotBeLocked(
                         f"The requested session '{session_id}' cannot be accepted. It may be locked by another "
@@ -1325,6 +1358,63 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             session.locked_until = now + settings.lock_duration_ms
             heapq.heappush(q.session_locks, (session.locked_until, session.id, token))
             return session.id, token, session.locked_until
+
+    def _next_session(self, q: MessageQueue, now: int) -> SessionQueue | None:
+        """The free session whose oldest ACTIVE message is the oldest (as Service Bus hands them out), or None.
+        Sessions the table lacks all begin at or above ``sess_from``, so they are looked for (in head order) only
+        while no known one begins below it. A known session's head is its oldest resident ready message or
+        (nothing resident) a bound its disk part begins at or above, made exact by reading it. Sessions left
+        with nothing (unlocked, no messages, no state change to list) leave the table."""
+        sessions = q.sessions
+        assert sessions is not None
+        entries = q.entries
+        while True:
+            best = None
+            best_head = 0
+            for session in list(sessions.values()):
+                ready = session.ready
+                while ready and ((e := entries.get(ready[0])) is None or e.msg.lock_token is not None):
+                    heapq.heappop(ready)  # settled, locked or gone since it became ready
+                if session.holder is not None and session.locked_until > now:
+                    continue
+                if not ready and session.disk_from is None:
+                    if not session.locked and session.updated_ms == 0:
+                        del sessions[session.id]
+                    continue
+                head = ready[0] if ready else session.disk_from
+                if best is None or head < best_head:
+                    best, best_head = session, head
+            if q.sess_from is not None and (best is None or best_head >= q.sess_from):
+                before = q.sess_from
+                if self._discover_sessions(q) or q.sess_from != before:
+                    continue
+            if best is None or (best.ready and (best.disk_from is None or best.ready[0] < best.disk_from)):
+                return best
+            self._refill_session(q, best)  # only a bound is known: read it, then look again
+
+    def _next_session_lockable(
+        self, q: MessageQueue, session: SessionQueue, settings: SlotSettings, now: int, writes: list[Op]
+    ) -> Entry | None:
+        """Pop a session's oldest message that can be locked (``_next_lockable`` for one session: its disk part
+        is read by session first when it holds older messages)."""
+        entries, ready = q.entries, session.ready
+        while True:
+            disk_from = session.disk_from
+            if disk_from is not None and (not ready or ready[0] >= disk_from):
+                self._refill_session(q, session)
+                continue
+            if not ready:
+                return None
+            entry = entries.get(heapq.heappop(ready))
+            if entry is None:
+                continue
+            msg = entry.msg
+            if msg.lock_token is not None or msg.state is not _ACTIVE:
+                continue
+            if msg.expires_at_ms is not None and msg.expires_at_ms <= now:
+                self._expire(q, entry, settings, writes)
+                continue
+            return entry
 
     def lock_session_messages(self, slot: int, session_id: str, token: uuid.UUID, max_count: int) -> list[Message]:
         """Lock up to ``max_count`` of a held session's messages, in order; their locks end with the session's."""
@@ -1337,7 +1427,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             self._process_due(q, settings, now, writes)
             q, session = self._held_session(slot, session_id, token, now)
             out: list[Message] = []
-            while len(out) < max_count and (entry := self._next_lockable(q, session.ready, settings, now, writes)):
+            while len(out) < max_count and (entry := self._next_session_lockable(q, session, settings, now, writes)):
                 msg = entry.msg
                 message_token = new_lock_token(self.id)
                 msg.lock_token = message_token

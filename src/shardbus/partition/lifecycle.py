@@ -40,14 +40,15 @@ class Lifecycle:
 
     def start(self) -> None:
         """Open the store and rebuild the in-memory state from it (also how a stopped partition recovers):
-        counts, session states, the messages of session-enabled slots; the rest stays on disk until needed."""
+        counts, session states, meta; every message stays on disk until needed."""
         with self._lock:
             if self._healthy:
                 return
             self._reset_memory()
             try:
                 store = self._store_factory()
-                snapshot = store.load({slot for slot, settings in self._slots.items() if settings.requires_session})
+                sessions = {slot for slot, settings in self._slots.items() if settings.requires_session}
+                snapshot = store.load(set(), sessions=sessions)  # no rows: counts, states, meta
             except StoreError as exc:
                 self._failure = str(exc)
                 raise PartitionUnavailable(self._unavailable_text()) from exc
@@ -84,6 +85,8 @@ class Lifecycle:
             for q in self._queues.values():
                 if q.count > len(q.entries):  # the rest is on disk
                     q.disk_from = 1
+                    if q.sessions is not None:  # and so are its sessions: found as receivers ask for them
+                        q.sess_from = 1
             self._session_states = dict(snapshot.session_states)
             if self._in_doubt:  # before anyone can see them: gone, and durably so, or the start fails
                 ops: list[Op] = []

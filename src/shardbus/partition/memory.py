@@ -31,6 +31,11 @@ READ_BATCH = 256
 # 100 MB messages: 256 of them would be 25 GB), and at least one message.
 READ_BATCH_BYTES = 64 << 20
 LARGE_MESSAGE = READ_BATCH_BYTES // 16  # a message above this is kept in a window only within MEMORY_BUDGET
+# A session-enabled slot's table of sessions (``MessageQueue.sessions``) takes sessions it did not know (discovered
+# on disk, or new ones sent to) while it has fewer than this many; the rest wait on disk, found by the next look
+# (``sess_from``). Locked sessions, sessions with resident messages and sessions whose scheduled message came due
+# join it whatever its size: receivers, the read-ahead window and the scheduled window bound those.
+SESSION_TABLE = 1024
 
 
 class _Resident:
@@ -62,13 +67,17 @@ class Entry:
 
 
 class SessionQueue:
-    """One session of a session-enabled queue or subscription: its ready messages and its lock."""
+    """One session of a session-enabled queue or subscription: its resident ready messages, where its disk-only
+    ones begin, and its lock."""
 
-    __slots__ = ("holder", "id", "locked", "locked_until", "ready", "updated_ms")
+    __slots__ = ("disk_from", "holder", "id", "locked", "locked_until", "ready", "updated_ms")
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, disk_from: int | None = None) -> None:
         self.id = session_id
-        self.ready: list[int] = []  # heap of sequence numbers of this session's ACTIVE, unlocked messages
+        self.ready: list[int] = []  # heap of sequence numbers of this session's resident ACTIVE, unlocked messages
+        # its ACTIVE messages numbered at or above it may be on disk only (read by session: ``_refill_session``);
+        # None: all of them are resident
+        self.disk_from = disk_from
         self.holder: uuid.UUID | None = None  # the session lock token
         self.locked_until = 0
         self.locked: set[uuid.UUID] = set()  # lock tokens of messages locked under this session lock
@@ -92,6 +101,7 @@ class MessageQueue:
         "sched_disk",
         "scheduled",
         "scheduled_count",
+        "sess_from",
         "session_locks",
         "sessions",
         "staged",
@@ -118,6 +128,9 @@ class MessageQueue:
         # SCHEDULED messages with (enqueue time, seq) at or above it may be on disk only; None: all are resident
         self.sched_disk: tuple[int, int] | None = None
         self.sessions: dict[str, SessionQueue] | None = {} if session_mode else None
+        # (session-enabled) every session with an ACTIVE message numbered below it is in ``sessions``; the others
+        # are found on disk from it on (``_discover_sessions``); None: every session with messages is there
+        self.sess_from: int | None = None
         self.session_locks: list[tuple[int, str, uuid.UUID]] = []  # (locked_until, session id, token)
 
 

@@ -12,6 +12,7 @@ import uuid
 
 from ..model.errors import InvalidOperation, SessionLockLost
 from ..model.message import SubQueue
+from ..store.base import StoreError
 from .memory import MessageQueue, SessionQueue
 
 
@@ -63,4 +64,10 @@ class SessionQueries:
                 return sorted(s.id for s in q.sessions.values() if s.updated_ms > updated_after_ms)
             ids = {e.msg.session_id for e in q.entries.values() if e.msg.session_id is not None}
             ids.update(sid for (s, sid) in self._session_states if s == slot)
+            if self._on_disk(q):  # the sessions of disk-only messages, by the store's session index
+                assert self._store is not None
+                try:
+                    ids.update(self._store.session_ids(slot))
+                except StoreError as exc:
+                    raise self._on_store_failure(exc) from exc
             return sorted(ids)

@@ -26,8 +26,10 @@ from .memory import (
     READ_BATCH,
     READ_BATCH_BYTES,
     RESIDENT,
+    SESSION_TABLE,
     Entry,
     MessageQueue,
+    SessionQueue,
     _scheduled_ms,
 )
 
@@ -51,9 +53,8 @@ class StoreWindow:
                 if q.entries.get(seq) is not item or msg.lock_token is not None or self._queues.get(q.key) is not q:
                     continue
                 if msg.state is _DEFERRED:
-                    if q.sessions is None:  # a session-enabled queue keeps its messages (for now)
-                        del q.entries[seq]
-                        held -= item.size
+                    del q.entries[seq]
+                    held -= item.size
                 elif msg.state is _ACTIVE and item.queue != _MAIN:  # dead-lettered beyond the window
                     if q.disk_from is not None and seq >= q.disk_from:
                         del q.entries[seq]
@@ -122,6 +123,61 @@ class StoreWindow:
             if gone:
                 q.gone = {s for s in gone if s >= first}
 
+    def _spill(self, q: MessageQueue, seq: int) -> None:
+        """ACTIVE messages of a session-enabled queue numbered ``seq`` or above may be on disk only: its
+        ``disk_from`` is the lowest such bound of any of its sessions (so the queue-wide scans of a peek, an
+        expiry or a range read start there), and it never moves up."""
+        if q.disk_from is None or seq < q.disk_from:
+            q.disk_from = seq
+
+    def _refill_session(self, q: MessageQueue, session: SessionQueue) -> None:
+        """A session's next stored ACTIVE messages from its ``disk_from`` (``READ_BATCH`` at most, within the
+        window) become resident, read by the store's session index."""
+        first = session.disk_from
+        assert first is not None and self._store is not None
+        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
+        slot = q.key[0]
+        try:
+            rows = self._store.scan_session(slot, session.id, first, self._visible_next, limit)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        entries, ready, leaving = q.entries, session.ready, self._leaving
+        held = 0
+        for row in rows:
+            seq = row[0]
+            if seq in entries or (slot, seq) in leaving:
+                continue  # resident (come due from the schedule), or gone with its row's change still queued
+            entries[seq] = self._entry_of(slot, row)
+            held += len(row[5])
+            heapq.heappush(ready, seq)
+        self._hold(held)
+        session.disk_from = None if len(rows) < limit else rows[-1][0] + 1
+
+    def _discover_sessions(self, q: MessageQueue) -> bool:
+        """Find the sessions not in a session-enabled queue's table, in the order of their oldest messages: one
+        indexed read of the next ``READ_BATCH`` ACTIVE rows (their sequence numbers and sessions only) from
+        ``sess_from``; each session met that the table lacks joins it (nothing of it resident, its disk part
+        from that row) while the table has room. Whether any joined."""
+        first = q.sess_from
+        assert first is not None and self._store is not None and q.sessions is not None
+        slot = q.key[0]
+        try:
+            rows = self._store.scan_heads(slot, first, self._visible_next, READ_BATCH)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
+        sessions, entries, leaving = q.sessions, q.entries, self._leaving
+        joined = False
+        for seq, session_id in rows:
+            if session_id in sessions or seq in entries or (slot, seq) in leaving:
+                continue  # a known session reads its own disk part
+            if joined and len(sessions) >= SESSION_TABLE:  # one always joins: a table of held sessions still moves
+                q.sess_from = seq  # the table is full: the rest are found once it has room
+                return joined
+            sessions[session_id] = SessionQueue(session_id, seq)
+            joined = True
+        q.sess_from = None if len(rows) < READ_BATCH else rows[-1][0] + 1
+        return joined
+
     def _refill_scheduled(self, q: MessageQueue) -> None:
         """The next SCHEDULED messages by enqueue time from ``sched_disk`` (``READ_BATCH`` at most, within the
         window) become resident. Rows not yet visible are left to ``make_visible`` (which keeps a message
@@ -171,10 +227,22 @@ class StoreWindow:
             return []
         first = max(first, q.disk_from)
         out: list[Entry] = []
+        slot, leaving = q.key[0], self._leaving
         while first < min(end, self._visible_next) and len(out) < limit:
+            if session_id is not None and q.sessions is not None:  # one session's: by the session index
+                assert self._store is not None
+                try:
+                    rows = self._store.scan_session(slot, session_id, first, min(end, self._visible_next), limit)
+                except StoreError as exc:
+                    raise self._on_store_failure(exc) from exc
+                out += [self._entry_of(slot, r) for r in rows if r[0] not in q.entries and (slot, r[0]) not in leaving]
+                if len(rows) < limit:
+                    break
+                first = rows[-1][0] + 1
+                continue
             rows = self._scan(q, first, end, max(limit, 64))
             for row in rows:
-                if row[0] not in q.entries and row[0] not in q.gone:
+                if row[0] not in q.entries and row[0] not in q.gone and (slot, row[0]) not in leaving:
                     entry = self._entry_of(q.key[0], row)
                     if session_id is None or entry.msg.session_id == session_id:
                         out.append(entry)
@@ -213,7 +281,22 @@ class StoreWindow:
         if limit <= 0 or not self._on_disk(q):
             return []
         out: list[Entry] = []
+        slot = q.key[0]
         while first < min(end, self._visible_next) and len(out) < limit:
+            if session_id is not None and q.sessions is not None:  # one session's: by the session index
+                assert self._store is not None
+                try:
+                    found = self._store.scan_session_held(
+                        slot, session_id, int(state), first, min(end, self._visible_next), limit
+                    )
+                except StoreError as exc:
+                    raise self._on_store_failure(exc) from exc
+                rows = [r for r in found if r[0] not in q.entries and (slot, r[0]) not in self._leaving]
+                out += [self._entry_of(slot, r, state) for r in rows]
+                if len(found) < limit:
+                    break
+                first = found[-1][0] + 1
+                continue
             rows = self._held_rows(q, state, first, end, limit)
             for row in rows:
                 entry = self._entry_of(q.key[0], row, state)
@@ -267,4 +350,5 @@ class StoreWindow:
             rows = self._store.scan_sizes(q.key[0], q.key[1], first, end)
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
-        return [r for r in rows if r[0] not in q.entries and r[0] not in q.gone]
+        slot, leaving = q.key[0], self._leaving
+        return [r for r in rows if r[0] not in q.entries and r[0] not in q.gone and (slot, r[0]) not in leaving]

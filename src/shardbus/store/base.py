@@ -56,6 +56,8 @@ class Update(NamedTuple):
 #   ("delete_range", slot, sub_queue, first, end)  remove the ACTIVE rows of a sub-queue with first <= seq < end
 #   ("due", slot, [(seq, due_ms), ...])       when SCHEDULED rows (put in the same batch) come due: their index
 #   ("expires", slot, [(seq, ms), ...])       when rows expire: their index (``put`` writes a new row's own)
+#   ("sessions", slot, [(seq, session id), ...])  the session of rows (put in the same batch) of a session-enabled
+#                                             slot: their ``_ses`` index, by (session, seq)
 Op = tuple[Any, ...]
 OP_NAMES = (
     "put",
@@ -72,6 +74,7 @@ OP_NAMES = (
     "delete_range",
     "due",
     "expires",
+    "sessions",
 )
 
 
@@ -93,8 +96,10 @@ class Snapshot:
 
 
 class MessageStore(Protocol):
-    def load(self, resident: Collection[int] | None = None) -> Snapshot:
-        """What the store holds. ``resident=None``: every row. Otherwise every row of the ``resident`` slots and,
+    def load(self, resident: Collection[int] | None = None, sessions: Collection[int] = ()) -> Snapshot:
+        """What the store holds. ``sessions``: the session-enabled slots, whose rows a store written before the
+        ``session`` column existed gets filled in once (their ``_ses`` index). ``resident=None``: every row.
+        Otherwise every row of the ``resident`` slots and,
         of the other slots no rows, only how many are SCHEDULED (``scheduled``, counted on their index): ACTIVE
         rows are read with ``scan`` when a delivery needs them, SCHEDULED ones with ``scan_due`` in the order they
         come due, DEFERRED ones with ``get`` (by sequence number); ``scan_held`` reads either for a peek."""
@@ -125,6 +130,24 @@ class MessageStore(Protocol):
         """Up to ``limit`` rows of a slot's main queue (any state) with (expires, seq) above ``after``, in that order
         (by the ``_exp`` index; rows stored without an expiry time are not in it): ``Row``'s columns followed by the
         expiry time (ms)."""
+        ...
+
+    def scan_session(self, slot: int, session: str, first: int, end: int, limit: int) -> list[Row]:
+        """Up to ``limit`` ACTIVE rows of one session of a slot's main queue with ``first <= seq < end``, in
+        sequence order (by the ``_ses`` index, on (session, seq) of the rows that have a session)."""
+        ...
+
+    def scan_session_held(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
+        """As ``scan_session``, for the session's rows in ``state`` (DEFERRED or SCHEDULED), for a peek."""
+        ...
+
+    def scan_heads(self, slot: int, first: int, end: int, limit: int) -> list[tuple[int, str]]:
+        """(seq, session id) of up to ``limit`` ACTIVE rows with a session of a slot's main queue with
+        ``first <= seq < end``, in sequence order: the sessions in the order of their oldest messages."""
+        ...
+
+    def session_ids(self, slot: int) -> list[str]:
+        """The sessions that have messages (any state) in a slot's main queue (by the ``_ses`` index)."""
         ...
 
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:

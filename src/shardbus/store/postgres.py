@@ -47,6 +47,8 @@ from .records import due_ms, unpack_message
 COUNTS_KEPT = "counts_kept"  # meta key, as in the SQLite store
 SCHEDULED = 2  # MessageState.SCHEDULED: the rows the ``_due`` index holds
 DUE_KEPT = "due_kept"  # meta key: every slot table has the ``due`` column and index (set when created or migrated)
+SESSIONS_KEPT = "sessions_kept"  # meta key: every slot table has the ``session`` column and index, and the
+# session-enabled slots' rows have it filled (set when created, or by ``load`` for a schema written before)
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 MAX_IDENTIFIER = 63  # PostgreSQL truncates longer identifiers (NAMEDATALEN - 1), which could merge two names
 LEASE_SCHEMA = "shardbus"
@@ -197,6 +199,7 @@ class PostgresStore:
                     "state bytea NOT NULL, PRIMARY KEY (slot, session))",
                 ],
             )
+            self._migrate_sessions()  # first: the other migrations create every index, ``_ses`` included
             self._migrate()
             self._migrate_due()
         except psycopg.Error as exc:
@@ -252,6 +255,45 @@ class PostgresStore:
                     conn.execute(statement)
             conn.execute(f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (DUE_KEPT,))
 
+    def _migrate_sessions(self) -> None:
+        """Every slot table gets the ``session`` column and its index (the rows are filled by ``load``); a schema
+        without slot tables is marked at once."""
+        q = self._q
+        conn = self._connection()
+        with conn.transaction():
+            if conn.execute(f"SELECT 1 FROM {q}.meta WHERE key = %s", (SESSIONS_KEPT,)).fetchone():
+                return
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
+            slots = [slot for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall()]
+            for slot in slots:
+                conn.execute(f"ALTER TABLE {self._table(slot)} ADD COLUMN IF NOT EXISTS session bytea")
+                conn.execute(self._indexes(slot)[-1])  # ``_ses`` (the others may wait for their own migration)
+            if not slots:
+                conn.execute(
+                    f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (SESSIONS_KEPT,)
+                )
+
+    def _fill_sessions(self, sessions: Collection[int]) -> None:
+        """As SqliteStore._fill_sessions: the session-enabled slots' rows of a schema written before the column
+        existed get their session ids once."""
+        q = self._q
+        conn = self._connection()
+        with conn.transaction():
+            if conn.execute(f"SELECT 1 FROM {q}.meta WHERE key = %s", (SESSIONS_KEPT,)).fetchone():
+                return
+            tables = {slot for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall()}
+            for slot in set(sessions) & tables:
+                table = self._table(slot)
+                with conn.cursor(binary=True) as cur:
+                    rows = cur.execute(f"SELECT seq, data FROM {table} WHERE session IS NULL").fetchall()
+                for seq, data in rows:
+                    session = unpack_message(bytes(data)).session_id
+                    if session is not None:
+                        conn.execute(f"UPDATE {table} SET session = %s WHERE seq = %s", (_db_text(session), seq))
+            conn.execute(
+                f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (SESSIONS_KEPT,)
+            )
+
     def _indexes(self, slot: int) -> list[str]:
         name = f"m{int(slot)}"
         return [
@@ -260,6 +302,7 @@ class PostgresStore:
             f"CREATE INDEX IF NOT EXISTS {name}_due ON {self._table(slot)} (due, seq) WHERE state = {SCHEDULED}",
             f"CREATE INDEX IF NOT EXISTS {name}_exp ON {self._table(slot)} (expires, seq) "
             "WHERE expires IS NOT NULL AND queue = 0",
+            f"CREATE INDEX IF NOT EXISTS {name}_ses ON {self._table(slot)} (session, seq) WHERE session IS NOT NULL",
         ]
 
     def _reading(self) -> psycopg.Connection:
@@ -288,10 +331,12 @@ class PostgresStore:
         return f"{self._q}.m{int(slot)}"
 
     # --- reading -------------------------------------------------------------------------------------------
-    def load(self, resident: Collection[int] | None = None) -> Snapshot:
+    def load(self, resident: Collection[int] | None = None, sessions: Collection[int] = ()) -> Snapshot:
         q = self._q
         try:
             conn = self._connection()  # at start, before any write: the writer's connection is free
+            if sessions:
+                self._fill_sessions(sessions)
             snap = Snapshot()
             # One snapshot of the database for all tables, as SQLite's single reader sees.
             with conn.transaction(), conn.cursor(binary=True) as cur:
@@ -299,6 +344,7 @@ class PostgresStore:
                 snap.meta = dict(cur.execute(f"SELECT key, value FROM {q}.meta").fetchall())
                 snap.meta.pop(COUNTS_KEPT, None)
                 snap.meta.pop(DUE_KEPT, None)
+                snap.meta.pop(SESSIONS_KEPT, None)
                 for slot, queue, n, size in cur.execute(f"SELECT slot, queue, n, bytes FROM {q}.counts").fetchall():
                     snap.counts[(slot, queue)] = (n, size)
                 snap.dedup = {_py_text(m): seen for m, seen in cur.execute(f"SELECT message_id, seen FROM {q}.dedup")}
@@ -389,6 +435,42 @@ class PostgresStore:
             self._reset_reader()
             raise StoreError(f"cannot read store {self}: {exc}") from exc
 
+    def scan_session(self, slot: int, session: str, first: int, end: int, limit: int) -> list[Row]:
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE session = %s AND seq >= %s AND seq < %s "
+            "AND queue = 0 AND state = 0 ORDER BY session, seq LIMIT %s",
+            (_db_text(session), first, end, limit),
+        )
+
+    def scan_session_held(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
+        return self._rows(
+            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE session = %s AND seq >= %s AND seq < %s "
+            "AND queue = 0 AND state = %s ORDER BY session, seq LIMIT %s",
+            (_db_text(session), first, end, state, limit),
+        )
+
+    def scan_heads(self, slot: int, first: int, end: int, limit: int) -> list[tuple[int, str]]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(
+                    f"SELECT seq, session FROM {self._table(slot)} WHERE queue = 0 AND seq >= %s AND seq < %s "
+                    "AND state = 0 AND session IS NOT NULL ORDER BY seq LIMIT %s",
+                    (first, end, limit),
+                )
+                return [(int(seq), _py_text(session)) for seq, session in cur]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
+    def session_ids(self, slot: int) -> list[str]:
+        try:
+            with self._reading().cursor(binary=True) as cur:
+                cur.execute(f"SELECT DISTINCT session FROM {self._table(slot)} WHERE session IS NOT NULL AND queue = 0")
+                return [_py_text(session) for (session,) in cur]
+        except psycopg.Error as exc:
+            self._reset_reader()
+            raise StoreError(f"cannot read store {self}: {exc}") from exc
+
     def scan_sizes(self, slot: int, queue: int, first: int, end: int) -> list[tuple[int, int]]:
         try:
             with self._reading().cursor() as cur:
@@ -440,6 +522,14 @@ class PostgresStore:
             [list(column) for column in zip(*rows, strict=True)],
         )
 
+    def _sessions(self, cur: psycopg.Cursor, slot: int, pairs: list[tuple[int, str]]) -> None:
+        if pairs:
+            cur.execute(
+                f"UPDATE {self._table(slot)} AS t SET session = u.session "
+                "FROM unnest(%b::bigint[], %b::bytea[]) AS u(seq, session) WHERE t.seq = u.seq",
+                ([seq for seq, _ in pairs], [_db_text(sid) for _, sid in pairs]),
+            )
+
     def _delete(self, cur: psycopg.Cursor, slot: int, seqs: list[int]) -> None:
         if seqs:
             cur.execute(f"DELETE FROM {self._table(slot)} WHERE seq = ANY(%b::bigint[])", (list(seqs),))
@@ -462,7 +552,7 @@ class PostgresStore:
         cur.execute(
             f"CREATE TABLE IF NOT EXISTS {self._table(slot)} (seq bigint PRIMARY KEY, queue bigint NOT NULL, "
             "state bigint NOT NULL, delivery_count bigint NOT NULL, dead_letter bytea, data bytea NOT NULL, "
-            "due bigint, expires bigint)"
+            "due bigint, expires bigint, session bytea)"
         )
         for statement in self._indexes(slot):
             cur.execute(statement)

@@ -61,6 +61,9 @@ CREATE TABLE IF NOT EXISTS counts (
 """
 SCHEDULED = 2  # MessageState.SCHEDULED: the rows the ``_due`` index holds
 COUNTS_KEPT = "counts_kept"  # meta key: the counts table is kept by the broker (set when created or migrated)
+# meta key: the session-enabled slots' rows carry their session id in the ``session`` column (set when created, or
+# once ``load`` filled the column of a file written before it existed)
+SESSIONS_KEPT = "sessions_kept"
 
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 
@@ -84,6 +87,7 @@ def _indexes(slot: int) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t}_dl ON {t}(queue, seq) WHERE queue != 0",
         f"CREATE INDEX IF NOT EXISTS {t}_due ON {t}(due, seq) WHERE state = {SCHEDULED}",
         f"CREATE INDEX IF NOT EXISTS {t}_exp ON {t}(expires, seq) WHERE expires IS NOT NULL AND queue = 0",
+        f"CREATE INDEX IF NOT EXISTS {t}_ses ON {t}(session, seq) WHERE session IS NOT NULL",
     ]
 
 
@@ -165,7 +169,10 @@ class SqliteStore:
             self._db.execute("PRAGMA synchronous=FULL")
             if self._db.execute("SELECT 1 FROM sqlite_master WHERE name='slots'").fetchone() is None:
                 # a new file: its tables and the mark that its counts are kept, in one commit (one fsync)
-                self._db.executescript(f"BEGIN; {_SCHEMA} INSERT INTO meta VALUES ('{COUNTS_KEPT}', 1); COMMIT;")
+                self._db.executescript(
+                    f"BEGIN; {_SCHEMA} INSERT INTO meta VALUES ('{COUNTS_KEPT}', 1); "
+                    f"INSERT INTO meta VALUES ('{SESSIONS_KEPT}', 1); COMMIT;"
+                )
             else:
                 self._db.executescript(_SCHEMA)  # only what an older file lacks is created
                 self._migrate()
@@ -192,6 +199,8 @@ class SqliteStore:
                     _add_due(db, slot)
                 if "expires" not in columns:  # rows stored before expire at the head of their queue, as they did
                     db.execute(f"ALTER TABLE {_table(slot)} ADD COLUMN expires INTEGER")
+                if "session" not in columns:  # filled by ``load`` for the session-enabled slots (SESSIONS_KEPT)
+                    db.execute(f"ALTER TABLE {_table(slot)} ADD COLUMN session TEXT")
                 for statement in _indexes(slot):
                     db.execute(statement)
             if db.execute("SELECT 1 FROM meta WHERE key=?", (COUNTS_KEPT,)).fetchone() is None:
@@ -206,6 +215,8 @@ class SqliteStore:
                         ],
                     )
                 db.execute("INSERT OR REPLACE INTO meta VALUES (?, 1)", (COUNTS_KEPT,))
+            if not slots:  # nothing to fill
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, 1)", (SESSIONS_KEPT,))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -219,14 +230,37 @@ class SqliteStore:
         return reader
 
     # --- reading -------------------------------------------------------------------------------------------
-    def load(self, resident: Collection[int] | None = None) -> Snapshot:
+    def _fill_sessions(self, sessions: Collection[int]) -> None:
+        """A file written before the ``session`` column existed: its session-enabled slots' rows get their session
+        ids, once (read from their records), and the file is marked so (SESSIONS_KEPT)."""
+        db = self._db
+        if db.execute("SELECT 1 FROM meta WHERE key=?", (SESSIONS_KEPT,)).fetchone() is not None:
+            return
+        db.execute("BEGIN")
         try:
+            tables = {slot for (slot,) in db.execute("SELECT slot FROM slots")}
+            for slot in set(sessions) & tables:
+                rows = db.execute(f"SELECT seq, data FROM {_table(slot)} WHERE session IS NULL").fetchall()
+                filled = [(unpack_message(data).session_id, seq) for seq, data in rows]
+                db.executemany(f"UPDATE {_table(slot)} SET session=? WHERE seq=?", [f for f in filled if f[0]])
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, 1)", (SESSIONS_KEPT,))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def load(self, resident: Collection[int] | None = None, sessions: Collection[int] = ()) -> Snapshot:
+        try:
+            if sessions:
+                self._fill_sessions(sessions)
             snap = Snapshot()
             db = self._read()
             db.execute("BEGIN")  # one snapshot of every table
             try:
                 snap.meta = dict(db.execute("SELECT key, value FROM meta"))
                 snap.meta.pop(COUNTS_KEPT, None)
+                snap.meta.pop(SESSIONS_KEPT, None)
                 snap.dedup = dict(db.execute("SELECT message_id, seen FROM dedup"))
                 for slot, session, state in db.execute("SELECT slot, session, state FROM session_state"):
                     snap.session_states[(slot, session)] = state
@@ -295,6 +329,49 @@ class SqliteStore:
                 (after[0], after[1], limit),
             )
             return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_session(self, slot: int, session: str, first: int, end: int, limit: int) -> list[Row]:
+        try:  # the _ses index: the session's rows in sequence order, main-queue ACTIVE ones picked from them
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS} FROM {_table(slot)} INDEXED BY {_table(slot)}_ses WHERE session = ? "
+                "AND seq >= ? AND seq < ? AND queue = 0 AND state = 0 ORDER BY seq LIMIT ?",
+                (session, first, end, limit),
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_session_held(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT {_COLUMNS} FROM {_table(slot)} INDEXED BY {_table(slot)}_ses WHERE session = ? "
+                "AND seq >= ? AND seq < ? AND queue = 0 AND state = ? ORDER BY seq LIMIT ?",
+                (session, first, end, state, limit),
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def scan_heads(self, slot: int, first: int, end: int, limit: int) -> list[tuple[int, str]]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT seq, session FROM {_table(slot)} WHERE queue = 0 AND seq >= ? AND seq < ? AND state = 0 "
+                "AND session IS NOT NULL ORDER BY seq LIMIT ?",
+                (first, end, limit),
+            )
+            return cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def session_ids(self, slot: int) -> list[str]:
+        try:
+            cursor = self._read().execute(
+                f"SELECT DISTINCT session FROM {_table(slot)} INDEXED BY {_table(slot)}_ses "
+                "WHERE session IS NOT NULL AND queue = 0"
+            )
+            return [s for (s,) in cursor]
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
@@ -441,7 +518,7 @@ class SqliteStore:
         self._db.execute(
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
             "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL, "
-            "due INTEGER, expires INTEGER)"
+            "due INTEGER, expires INTEGER, session TEXT)"
         )
         for statement in _indexes(slot):
             self._db.execute(statement)
@@ -475,6 +552,9 @@ class SqliteStore:
 
     def _due(self, slot: int, dues: list[tuple[int, int]]) -> None:
         self._db.executemany(f"UPDATE {_table(slot)} SET due=? WHERE seq=?", [(due, seq) for seq, due in dues])
+
+    def _sessions(self, slot: int, pairs: list[tuple[int, str]]) -> None:
+        self._db.executemany(f"UPDATE {_table(slot)} SET session=? WHERE seq=?", [(sid, seq) for seq, sid in pairs])
 
     def _expires(self, slot: int, times: list[tuple[int, int]]) -> None:
         self._db.executemany(f"UPDATE {_table(slot)} SET expires=? WHERE seq=?", [(ms, seq) for seq, ms in times])

@@ -1,0 +1,183 @@
+"""A session-enabled slot's backlog on disk (issue 25): with a read-ahead window of 2 and no memory budget, the
+partition broker keeps only a window of each session in memory and a bounded table of sessions, reads the rest by
+session from the store's session index, and still hands sessions out oldest head first, FIFO per session, across
+restarts, on both stores."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from test_store_adapters import Kit, kit, pg_dsn  # noqa: F401  (fixtures)
+
+from shardbus.model.message import Message, SubQueue
+from shardbus.partition import broker as broker_module
+from shardbus.partition import window as window_module
+from shardbus.partition.broker import PartitionBroker, PartitionConfig, SlotSettings
+
+LOCAL = 0xFFFFFFFFFF
+
+
+def _broker(kit: Kit) -> PartitionBroker:  # noqa: F811
+    settings = SlotSettings(path="orders", requires_session=True, max_delivery_count=5)
+    config = PartitionConfig(path="orders", partition_id=1, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, kit.factory, time.time)
+    broker.read_ahead = 2
+    broker.memory_budget = 0  # nothing beyond the window
+    broker.configure_slot(0, settings)
+    broker.start()
+    broker.create_slot(0, settings).result(30)
+    return broker
+
+
+def _send(broker: PartitionBroker, messages: list[tuple[str, str]], **fields) -> list[int]:
+    items = [(None, [(0, Message(body.encode(), session_id=sid, **fields))]) for sid, body in messages]
+    return [s & LOCAL for s in broker.enqueue(items).result(30)]
+
+
+def _resident(broker: PartitionBroker) -> int:
+    return len(broker._queues[(0, SubQueue.MAIN)].entries)
+
+
+def _drain(broker: PartitionBroker, session_id: str | None) -> tuple[str, list[bytes]] | None:
+    accepted = broker.accept_session(0, session_id)
+    if accepted is None:
+        return None
+    sid, token, _ = accepted
+    got: list[bytes] = []
+    while batch := broker.lock_session_messages(0, sid, token, 3):
+        got += [m.body for m in batch]
+        assert _resident(broker) <= 2 + 3 + 3  # window, locked, one refill of the session
+        broker.complete(0, [m.lock_token for m in batch]).result(30)
+    broker.release_session(0, sid, token)
+    return sid, got
+
+
+def test_sessions_on_disk_come_out_oldest_head_first_and_in_order(kit: Kit) -> None:  # noqa: F811
+    broker = _broker(kit)
+    try:
+        sends = [("c", "c0"), ("a", "a0"), ("b", "b0")]
+        sends += [(s, f"{s}{i}") for i in range(1, 8) for s in "abc"]
+        _send(broker, sends)
+        assert _resident(broker) <= 2
+        assert broker.runtime(0).active_message_count == 24
+        sid, got = _drain(broker, None)
+        assert sid == "c" and got == [f"c{i}".encode() for i in range(8)]
+        broker.stop()
+        broker.start()
+        assert _resident(broker) == 0 and broker._queues[(0, SubQueue.MAIN)].sessions == {}
+        assert broker.runtime(0).active_message_count == 16
+        assert sorted(broker.list_sessions(0)) == ["a", "b"]
+        peeked = broker.peek(0, SubQueue.MAIN, 0, 5, session_id="b")
+        assert [m.body for m in peeked] == [b"b0", b"b1", b"b2", b"b3", b"b4"]
+        assert [m.body for m in broker.peek(0, SubQueue.MAIN, 0, 3)] == [b"a0", b"b0", b"a1"]
+        assert _drain(broker, "b") == ("b", [f"b{i}".encode() for i in range(8)])
+        assert _drain(broker, None) == ("a", [f"a{i}".encode() for i in range(8)])
+        assert _drain(broker, None) is None
+        assert broker.runtime(0).active_message_count == 0
+    finally:
+        broker.stop()
+
+
+def test_fifo_per_session_across_the_window_with_abandon_and_restart(kit: Kit) -> None:  # noqa: F811
+    broker = _broker(kit)
+    try:
+        _send(broker, [("s", f"m{i}") for i in range(10)])
+        sid, token, _ = broker.accept_session(0, None)
+        first = broker.lock_session_messages(0, sid, token, 3)
+        assert [m.body for m in first] == [b"m0", b"m1", b"m2"]
+        broker.abandon(0, first[0].lock_token).result(30)
+        broker.complete(0, [first[1].lock_token]).result(30)
+        _send(broker, [("s", "m10")])  # joins the disk part behind the rest
+        broker.release_session(0, sid, token)
+        broker.stop()
+        broker.start()
+        sid, got = _drain(broker, None)
+        assert got == [b"m0", b"m2", *(f"m{i}".encode() for i in range(3, 11))]
+    finally:
+        broker.stop()
+
+
+def test_more_sessions_than_the_table_holds(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.setattr(window_module, "SESSION_TABLE", 3)
+    monkeypatch.setattr(broker_module, "SESSION_TABLE", 3)
+    broker = _broker(kit)
+    try:
+        _send(broker, [(f"s{i:02}", f"x{i}") for i in range(12)] + [(f"s{i:02}", f"y{i}") for i in range(12)])
+        q = broker._queues[(0, SubQueue.MAIN)]
+        assert len(q.sessions) <= 3
+        order = []
+        held = []
+        for _ in range(12):  # every session, oldest head first, while the earlier ones stay locked
+            sid, token, _ = broker.accept_session(0, None)
+            order.append(sid)
+            held.append((sid, token))
+            assert len(q.sessions) <= 3 + len(held)
+        assert order == [f"s{i:02}" for i in range(12)]
+        assert broker.accept_session(0, None) is None
+        for sid, token in held:
+            got = broker.lock_session_messages(0, sid, token, 5)
+            assert [m.body for m in got] == [f"x{int(sid[1:])}".encode(), f"y{int(sid[1:])}".encode()]
+            broker.complete(0, [m.lock_token for m in got]).result(30)
+            broker.release_session(0, sid, token)
+        assert broker.accept_session(0, None) is None and len(q.sessions) == 0
+    finally:
+        broker.stop()
+
+
+def test_deferred_and_scheduled_messages_of_a_session_on_disk(kit: Kit) -> None:  # noqa: F811
+    broker = _broker(kit)
+    try:
+        _send(broker, [("s", f"m{i}") for i in range(5)])
+        soon = datetime.now(UTC) + timedelta(seconds=1)
+        (scheduled,) = _send(broker, [("s", "later")], scheduled_enqueue_time=soon)
+        sid, token, _ = broker.accept_session(0, "s")
+        got = broker.lock_session_messages(0, sid, token, 2)
+        broker.defer(0, got[0].lock_token).result(30)
+        broker.complete(0, [got[1].lock_token]).result(30)
+        deferred = got[0].sequence_number
+        broker.release_session(0, sid, token)
+        broker.stop()
+        broker.start()
+        assert _resident(broker) == 0
+        peeked = broker.peek(0, SubQueue.MAIN, 0, 10, session_id="s")
+        assert [m.body for m in peeked] == [b"m0", b"m2", b"m3", b"m4", b"later"]
+        sid, token, _ = broker.accept_session(0, "s")
+        (again,), _ = broker.receive_deferred(0, SubQueue.MAIN, [deferred & LOCAL], True, (sid, token))
+        assert again.body == b"m0"
+        broker.complete(0, [again.lock_token]).result(30)
+        time.sleep(1.2)
+        broker.tick()
+        got = []
+        while batch := broker.lock_session_messages(0, sid, token, 10):
+            got += batch
+            broker.complete(0, [m.lock_token for m in batch]).result(30)
+        assert [m.body for m in got] == [b"m2", b"m3", b"m4", b"later"]
+        assert got[-1].sequence_number & LOCAL == scheduled
+        assert broker.runtime(0).active_message_count == 0
+    finally:
+        broker.stop()
+
+
+def test_session_lock_expiry_and_ttl_on_disk(kit: Kit) -> None:  # noqa: F811
+    broker = _broker(kit)
+    try:
+        _send(broker, [("s", "short")], time_to_live=timedelta(milliseconds=300))
+        _send(broker, [("s", f"m{i}") for i in range(4)])
+        time.sleep(0.5)
+        broker.tick()  # the expiry index: the expired one goes although it is on disk
+        assert broker.runtime(0).active_message_count == 4
+        sid, token, _ = broker.accept_session(0, None)
+        got = broker.lock_session_messages(0, sid, token, 3)
+        assert [m.body for m in got] == [b"m0", b"m1", b"m2"]
+        q, session = broker._held_session(0, sid, token, int(time.time() * 1000))
+        session.locked_until = 0  # the session lock expires
+        for entry in [broker._locks[m.lock_token.int] for m in got]:
+            entry.msg.locked_until_ms = 0
+        q.session_locks = [(0, sid, token)]
+        assert broker.accept_session(0, None)[0] == "s"  # back, counting a delivery
+        (first,) = broker.peek(0, SubQueue.MAIN, 0, 1, session_id="s")
+        assert first.body == b"m0" and first.delivery_count == 1
+    finally:
+        broker.stop()
