@@ -18,7 +18,11 @@ What it prints (issue 25), for one standard-tier partitioned queue (16 partition
 messages; ``scheduled`` messages scheduled for later (a random time between one hour and a day ahead: they stay
 SCHEDULED for the whole run); ``deferred`` messages received and deferred (in this process, through each
 partition's broker: lock a batch, defer it), after which one plain message is sent, for the first delivery after a
-restart. The rate rounds always send and receive plain messages, next to that backlog.
+restart; ``sessions`` plain messages on session-enabled queues, spread round-robin over ``--sessions`` sessions
+(default 1,000); ``session-each`` one message per session (a million sessions at 1M). The rate rounds always send
+and receive plain messages, next to that backlog; on the session kinds a round's messages go to a session of its
+own, received by a receiver of that session, and the first delivery after a restart is the next available
+session's (the broker finds it on disk: it knows no session at start).
 
 The backlog is written between broker runs by this process through the Python API (``Namespace.submit_send`` of
 keyless 500-message batches, many in flight): the SDK's pace on this machine would take hours for 10 million,
@@ -27,6 +31,7 @@ and what is measured is the broker holding the backlog, not the fill. The broker
 
     python bench/backlog.py [--messages N] [--quick] [--kind active|scheduled|deferred] [--rounds R]
                             [--round-messages M] [--restarts K] [--dir PATH] [--keep] [--measure-only]
+                            [--sessions S]
 
 ``--quick`` (CI): N = 20,000, two rounds of 500 messages. The default (N = 10,000,000) writes about 12 GB and
 takes about 20 minutes here.
@@ -60,7 +65,8 @@ FILL_IN_FLIGHT = 16
 MILESTONE = 1_000_000
 KEY_NAME = "RootManageSharedAccessKey"
 KEY = "SAS_KEY_VALUE"
-KINDS = ("active", "scheduled", "deferred")
+KINDS = ("active", "scheduled", "deferred", "sessions", "session-each")
+SESSION_KINDS = ("sessions", "session-each")
 
 
 # =================================================================================================================
@@ -106,19 +112,21 @@ class BrokerProcess(ChildProcess):
 # =================================================================================================================
 # filling (this process, between broker runs)
 # =================================================================================================================
-def create(data_dir: Path) -> None:
+def create(data_dir: Path, sessions: bool = False) -> None:
     from shardbus.server import Broker
 
     broker = Broker(data_dir, port=0)
     try:
         for name in (QUEUE, EMPTY):
-            broker.namespace.create_queue(name, enable_partitioning=True, max_size_in_megabytes=5120)
+            broker.namespace.create_queue(
+                name, enable_partitioning=True, max_size_in_megabytes=5120, requires_session=sessions
+            )
     finally:
         broker.stop()
 
 
-def fill(data_dir: Path, count: int, kind: str = "active") -> float:
-    """Add ``count`` messages of ``kind`` to the backlog queue; returns msg/s."""
+def fill(data_dir: Path, count: int, kind: str = "active", sessions: int = 1000, first: int = 0) -> float:
+    """Add ``count`` messages of ``kind`` to the backlog queue (``first``: how many it holds); returns msg/s."""
     from shardbus.model.message import Message
     from shardbus.server import Broker
 
@@ -127,6 +135,9 @@ def fill(data_dir: Path, count: int, kind: str = "active") -> float:
     now = datetime.now(UTC)
     try:
         ns = broker.namespace
+        if kind in SESSION_KINDS:
+            fill_sessions(ns, count, first, sessions if kind == "sessions" else 0)
+            return count / (time.monotonic() - started)
         pending = []
         sent = 0
         while sent < count:
@@ -149,6 +160,33 @@ def fill(data_dir: Path, count: int, kind: str = "active") -> float:
     return count / (time.monotonic() - started)
 
 
+def fill_sessions(ns, count: int, first: int, sessions: int) -> None:
+    """Messages ``first`` .. ``first + count`` of the session backlog, message j in session ``s<j % sessions>``
+    (``sessions`` 0: ``e<j>``, one each), straight to the partitions their sessions map to, in batches of
+    ``FILL_BATCH`` (a batch of the SDK or the Python API holds one session)."""
+    from shardbus.model.message import Message
+    from shardbus.model.routing import partition_for_key
+
+    partitions = ns._queue(QUEUE).partitions
+    batches: list[list] = [[] for _ in partitions]
+    pending = []
+    for j in range(first, first + count):
+        sid = f"s{j % sessions}" if sessions else f"e{j}"
+        p = partition_for_key(sid, len(partitions))
+        batch = batches[p]
+        batch.append((None, [(0, Message(BODY, message_id=uuid.uuid4().hex, session_id=sid))]))
+        if len(batch) >= FILL_BATCH:
+            pending.append(partitions[p].enqueue(batch))
+            batches[p] = []
+            if len(pending) >= FILL_IN_FLIGHT:
+                pending.pop(0).result()
+    for p, batch in enumerate(batches):
+        if batch:
+            pending.append(partitions[p].enqueue(batch))
+    for future in pending:
+        future.result()
+
+
 def defer_all(ns) -> None:
     """Lock every ACTIVE message of the backlog queue and defer it, partition by partition."""
     from shardbus.model.message import SubQueue
@@ -167,10 +205,38 @@ def defer_all(ns) -> None:
 # =================================================================================================================
 # measuring (the SDK against the broker process)
 # =================================================================================================================
-def rate(conn: str, queue: str, messages: int) -> float:
+def session_rate(conn: str, queue: str, messages: int) -> float:
+    """``rate`` on a session-enabled queue: the 100s go to a new session, received by a receiver of that session."""
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+    sid = f"rate-{uuid.uuid4().hex[:12]}"
+    with (
+        ServiceBusClient.from_connection_string(conn) as client,
+        client.get_queue_sender(queue) as sender,
+        client.get_queue_receiver(queue, session_id=sid, prefetch_count=0) as receiver,
+    ):
+        done = 0
+        started = time.monotonic()
+        while done < messages:
+            sender.send_messages([ServiceBusMessage(BODY, session_id=sid) for _ in range(100)])
+            got = 0
+            while got < 100:
+                batch = receiver.receive_messages(max_message_count=100 - got, max_wait_time=5)
+                if not batch:
+                    break
+                for m in batch:
+                    receiver.complete_message(m)
+                got += len(batch)
+            done += 100
+        return done / (time.monotonic() - started)
+
+
+def rate(conn: str, queue: str, messages: int, sessions: bool = False) -> float:
     """msg/s of send 100 + receive 100 (peek-lock) + complete each, ``messages`` in all."""
     from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
+    if sessions:
+        return session_rate(conn, queue, messages)
     with ServiceBusClient.from_connection_string(conn) as client:
         with client.get_queue_sender(queue) as sender, client.get_queue_receiver(queue, prefetch_count=0) as receiver:
             sender.send_messages([ServiceBusMessage(BODY) for _ in range(10)])  # links attached and warm
@@ -192,21 +258,26 @@ def rate(conn: str, queue: str, messages: int) -> float:
             return done / (time.monotonic() - started)
 
 
-def rates(conn: str, rounds: int, per_round: int) -> tuple[list[float], list[float]]:
+def rates(conn: str, rounds: int, per_round: int, sessions: bool = False) -> tuple[list[float], list[float]]:
     empty: list[float] = []
     full: list[float] = []
     for r in range(rounds):  # alternating which goes first
         order = [(EMPTY, empty), (QUEUE, full)] if r % 2 == 0 else [(QUEUE, full), (EMPTY, empty)]
         for queue, out in order:
-            out.append(rate(conn, queue, per_round))
+            out.append(rate(conn, queue, per_round, sessions))
     return empty, full
 
 
-def first_delivery(conn: str) -> float:
-    """When (monotonic) a new SDK client's receiver got its first message from the backlog queue."""
-    from azure.servicebus import ServiceBusClient
+def first_delivery(conn: str, sessions: bool = False) -> float:
+    """When (monotonic) a new SDK client's receiver got its first message from the backlog queue (on a
+    session-enabled queue: a receiver of the next available session)."""
+    from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient
 
-    with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_receiver(QUEUE) as receiver:
+    options = {"session_id": NEXT_AVAILABLE_SESSION, "max_wait_time": 10} if sessions else {}
+    with (
+        ServiceBusClient.from_connection_string(conn) as client,
+        client.get_queue_receiver(QUEUE, **options) as receiver,
+    ):
         for _ in range(6):
             got = receiver.receive_messages(max_message_count=1, max_wait_time=10)
             if got:
@@ -226,13 +297,13 @@ def wait_for_port(port: int, deadline: float) -> None:
     raise RuntimeError("the broker's port never accepted a connection")
 
 
-def restart(data_dir: Path) -> tuple[BrokerProcess, float, float]:
+def restart(data_dir: Path, sessions: bool = False) -> tuple[BrokerProcess, float, float]:
     """A broker started on the data directory: (it, seconds from spawning it to its port, seconds from there to
     a message received from the backlog queue)."""
     broker = BrokerProcess(data_dir)  # returns when the broker printed READY (its port listens)
     wait_for_port(broker.port, time.monotonic() + 60)
     at_port = time.monotonic()
-    delivered = first_delivery(broker.connection_string)
+    delivered = first_delivery(broker.connection_string, sessions)
     return broker, at_port - broker.spawned, delivered - at_port
 
 
@@ -252,15 +323,16 @@ def measure(data_dir: Path, queued: int, args: argparse.Namespace, baseline: lis
     """Restart on the backlog (``--restarts`` times), time it, run the rate rounds, print a line; returns the
     empty queue's rates."""
     to_port, to_open, to_delivery = [], [], []
+    sessions = args.kind in SESSION_KINDS
     for attempt in range(args.restarts):
-        broker, port_seconds, delivery_seconds = restart(data_dir)
+        broker, port_seconds, delivery_seconds = restart(data_dir, sessions)
         to_port.append(port_seconds)
         to_open.append(broker.open_seconds)
         to_delivery.append(delivery_seconds)
         if attempt < args.restarts - 1:
             broker.stop()
     try:
-        empty, full = rates(broker.connection_string, args.rounds, args.round_messages)
+        empty, full = rates(broker.connection_string, args.rounds, args.round_messages, sessions)
         rss = broker.rss_mb()
         ratio = statistics.median(full) / statistics.median(empty)
         print(
@@ -284,6 +356,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10_000_000, help="backlog size N (default 10,000,000)")
     parser.add_argument("--quick", action="store_true", help="CI-sized: N = 20,000, 2 rounds of 500")
     parser.add_argument("--kind", choices=KINDS, default="active", help="what the backlog holds (default active)")
+    parser.add_argument("--sessions", type=int, default=1000, help="sessions of --kind sessions (default 1,000)")
     parser.add_argument("--rounds", type=int, default=6, help="rate rounds per side (default 6)")
     parser.add_argument("--round-messages", type=int, default=2000, help="messages per rate round (default 2000)")
     parser.add_argument("--restarts", type=int, default=3, help="restarts timed per size (default 3)")
@@ -304,12 +377,13 @@ def main() -> None:
         if args.measure_only:
             measure(data_dir, args.messages, args, None)
             return
-        create(data_dir)
-        fill(data_dir, 1)  # "0": the first delivery after a restart needs a message
+        sessions = args.kind in SESSION_KINDS
+        create(data_dir, sessions)
+        fill(data_dir, 1, "sessions" if sessions else "active", 1)  # "0": a first delivery after a restart needs one
         measure(data_dir, 0, args, None)
         queued = 0
         for target in sorted({min(MILESTONE, args.messages), args.messages}):
-            speed = fill(data_dir, target - queued, args.kind)
+            speed = fill(data_dir, target - queued, args.kind, args.sessions, queued + 1)
             queued = target
             print(f"filled to {queued:,} ({speed:,.0f} msg/s)", flush=True)
             measure(data_dir, queued, args, None)
