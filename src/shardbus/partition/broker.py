@@ -30,7 +30,8 @@ locks and frees messages) is a method here. ``PartitionBroker`` is split by conc
 
 Sessions: in a session-enabled slot every session (all messages with one SessionId, which the partition key rule
 pins to one partition) has its own ready heap, so its messages come out strictly in sequence order. A receiver
-first takes the *session lock* (a named session, or the next free one with messages); it then locks that
+first takes the *session lock* (a named session, or the next free one with messages: the one whose oldest message
+is the oldest, as Service Bus hands them out); it then locks that
 session's messages, whose locks last exactly as long as the session lock. Renewing the session renews them;
 when the session lock expires every message it held ends its lock as an expiry does (counting a delivery), and
 the holder's next call fails with SessionLockLost. Session state (bytes) is stored with the partition.
@@ -38,7 +39,9 @@ the holder's next call fails with SessionLockLost. Session state (bytes) is stor
 Durability: the store holds every message; memory holds a bounded working set of them (below), and every change
 is made in memory first and queued as a store write behind earlier ones. A send becomes visible to receivers only
 after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first stored.
-Locks are memory only: after a restart every locked message is available again. Delivery counts are written when
+Locks are memory only: after a restart every locked message is available again. The ``_leaving`` set also covers
+every message of a session-enabled main queue that left (completed, expired, dead-lettered) while its row's
+change is queued, since its sessions' disk parts have no common start for a ``gone`` set to be pruned by. Delivery counts are written when
 a lock ends in abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
 
 Backpressure: sends staged but not yet written are counted in bytes; past ``MAX_UNWRITTEN_BYTES`` the next send
@@ -52,15 +55,30 @@ Memory and the store (what is resident, and why it is bounded): each sub-queue (
   - its resident messages (``entries``): the *read-ahead window* of ACTIVE messages (sends keep at most
     ``READ_AHEAD`` ready, ``SHARDBUS_READ_AHEAD``, and more while the process's brokers together hold less than
     ``MEMORY_BUDGET`` bytes of messages, ``SHARDBUS_MEMORY_MB``; a read brings ``READ_BATCH``), the locked ones
-    (bounded by receivers' credit and lock durations), the soonest-due SCHEDULED ones (below), DEFERRED ones only
-    while locked or until the write that deferred them is stored, and (for now) every message of a session-enabled
-    slot's main queue;
+    (bounded by receivers' credit and lock durations), the soonest-due SCHEDULED ones (below), and DEFERRED ones
+    only while locked or until the write that deferred them is stored;
   - ``disk_from``: ACTIVE messages numbered at or above it may be on disk only (None: all are resident). A send
     that finds the window full stays on disk (``disk_from`` is set to it); when the ready heap runs out below
     ``disk_from`` the next ``READ_BATCH`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
     moves past them. So a queue's oldest ACTIVE message is always resident or at ``disk_from``: FIFO holds, and
     a message above ``disk_from`` that became resident another way (a scheduled one come due, a dead-lettered one
-    in the DLQ) is only delivered after the disk before it is read. A dead-letter queue works the same way: a
+    in the DLQ) is only delivered after the disk before it is read. In a session-enabled main queue ``disk_from``
+    is only a lower bound (the least of its sessions'), where the queue-wide scans (peek, expiry, range reads)
+    start; its sessions are read as the next bullet says;
+  - ``sessions`` (a session-enabled main queue): a bounded table of ``SessionQueue``s, each with the session's
+    resident ready messages (a heap) and its own ``disk_from``: the session's ACTIVE messages at or above it may be
+    on disk only. Sends keep a session's messages resident while the queue holds fewer than ``READ_AHEAD``
+    messages (or the budget has room) and nothing of that session waits on disk before them; a session's heap
+    that runs out below its ``disk_from`` reads the next ``READ_BATCH`` of that session by the store's session
+    index (``_refill_session``), so FIFO per session holds across disk and memory. The table holds the locked
+    sessions, those with resident messages, and while it has fewer than ``SESSION_TABLE`` entries the others it
+    learns of (sends to a new session, sessions found on disk), with no message resident; a session left with
+    nothing (no messages, no lock, no state change) leaves it. ``sess_from``: every session with an ACTIVE
+    message numbered below it is in the table (None: every session with messages is); the rest are found by an
+    indexed scan of the (seq, session) of ACTIVE rows from ``sess_from`` (``_discover_sessions``), which meets
+    them in the order of their oldest messages, so "next available" (``_next_session``) takes the known free
+    session with the oldest head and looks on disk only while none begins below ``sess_from``. A start knows no
+    session (``sess_from`` = 1): a million sessions with one message each are a million rows, not objects; A dead-letter queue works the same way: a
     move beyond its window (and the budget) starts its disk part above every message it ever held (``top``), and
     a moved message at or above ``disk_from`` leaves memory once the move is stored (``_evict``, ``_evicted``);
   - ``gone``: resident messages at or above ``disk_from`` that left the sub-queue while their row may still be in
@@ -84,7 +102,9 @@ Peek, browse_range, range_offsets, complete_below and revocations merge the resi
 scan of the disk-only ones (a page costs what it returns). Scans only read rows numbered below
 ``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
 What stays in memory per sub-queue is thus bounded by the windows, the budget, the locks and the writes in flight;
-per partition, by its sub-queues (and, for now, the backlog of its session-enabled slots).
+per partition, by its sub-queues. Two things still follow the sessions, not the messages: session states (bytes
+each, loaded at start as before) and a session whose receiver read a batch of it (``_refill_session``) and let it
+go keeps what it read resident (at most ``READ_BATCH`` per session so read) until it is received.
 
 Health: a store error (a failed read included) or a stop makes the partition unavailable; every call then raises
 ``PartitionUnavailable``. ``start`` (again) reloads the resident set and the counts from the store.
