@@ -181,3 +181,36 @@ def test_session_lock_expiry_and_ttl_on_disk(kit: Kit) -> None:  # noqa: F811
         assert first.body == b"m0" and first.delivery_count == 1
     finally:
         broker.stop()
+
+
+def test_a_file_written_before_the_session_index_gets_it_once(tmp_path) -> None:
+    """An older SQLite file (no ``session`` column, no ``_ses`` index) opens: its session-enabled slots' rows get
+    their sessions (read from their records) at the first start, and their backlog is read by session."""
+    import sqlite3
+
+    from shardbus.store.sqlite import SESSIONS_KEPT, SqliteStore
+
+    path = tmp_path / "p01.db"
+    settings = SlotSettings(path="orders", requires_session=True, max_delivery_count=5)
+    config = PartitionConfig(path="orders", partition_id=1, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, lambda: SqliteStore(path), time.time)
+    broker.read_ahead, broker.memory_budget = 2, 0
+    broker.configure_slot(0, settings)
+    broker.start()
+    broker.create_slot(0, settings).result(30)
+    _send(broker, [("b", "b0"), ("a", "a0"), ("b", "b1"), ("a", "a1"), ("b", "b2")])
+    broker.stop()
+    db = sqlite3.connect(path)  # as an earlier version wrote it
+    db.executescript(
+        f"DROP INDEX m0_ses; ALTER TABLE m0 DROP COLUMN session; DELETE FROM meta WHERE key = '{SESSIONS_KEPT}';"
+    )
+    db.close()
+    broker.start()
+    try:
+        assert _drain(broker, None) == ("b", [b"b0", b"b1", b"b2"])
+        assert _drain(broker, "a") == ("a", [b"a0", b"a1"])
+    finally:
+        broker.stop()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT value FROM meta WHERE key = ?", (SESSIONS_KEPT,)).fetchone() == (1,)
+    db.close()
