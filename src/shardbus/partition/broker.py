@@ -39,9 +39,7 @@ the holder's next call fails with SessionLockLost. Session state (bytes) is stor
 Durability: the store holds every message; memory holds a bounded working set of them (below), and every change
 is made in memory first and queued as a store write behind earlier ones. A send becomes visible to receivers only
 after its batch is committed (``GroupCommitter`` on_commit), so nothing is delivered that was not first stored.
-Locks are memory only: after a restart every locked message is available again. The ``_leaving`` set also covers
-every message of a session-enabled main queue that left (completed, expired, dead-lettered) while its row's
-change is queued, since its sessions' disk parts have no common start for a ``gone`` set to be pruned by. Delivery counts are written when
+Locks are memory only: after a restart every locked message is available again. Delivery counts are written when
 a lock ends in abandon, defer or dead-letter; a crash may forget increments of locks that simply expired.
 
 Backpressure: sends staged but not yet written are counted in bytes; past ``MAX_UNWRITTEN_BYTES`` the next send
@@ -62,9 +60,11 @@ Memory and the store (what is resident, and why it is bounded): each sub-queue (
     ``disk_from`` the next ``READ_BATCH`` ACTIVE rows are read in one indexed scan (``_refill``) and ``disk_from``
     moves past them. So a queue's oldest ACTIVE message is always resident or at ``disk_from``: FIFO holds, and
     a message above ``disk_from`` that became resident another way (a scheduled one come due, a dead-lettered one
-    in the DLQ) is only delivered after the disk before it is read. In a session-enabled main queue ``disk_from``
-    is only a lower bound (the least of its sessions'), where the queue-wide scans (peek, expiry, range reads)
-    start; its sessions are read as the next bullet says;
+    in the DLQ) is only delivered after the disk before it is read. A dead-letter queue works the same way: a
+    move beyond its window (and the budget) starts its disk part above every message it ever held (``top``), and
+    a moved message at or above ``disk_from`` leaves memory once the move is stored (``_evict``, ``_evicted``).
+    In a session-enabled main queue ``disk_from`` is only a lower bound (the least of its sessions'), where the
+    queue-wide scans (peek, expiry, range reads) start; its sessions are read as the next bullet says;
   - ``sessions`` (a session-enabled main queue): a bounded table of ``SessionQueue``s, each with the session's
     resident ready messages (a heap) and its own ``disk_from``: the session's ACTIVE messages at or above it may be
     on disk only. Sends keep a session's messages resident while the queue holds fewer than ``READ_AHEAD``
@@ -78,11 +78,11 @@ Memory and the store (what is resident, and why it is bounded): each sub-queue (
     indexed scan of the (seq, session) of ACTIVE rows from ``sess_from`` (``_discover_sessions``), which meets
     them in the order of their oldest messages, so "next available" (``_next_session``) takes the known free
     session with the oldest head and looks on disk only while none begins below ``sess_from``. A start knows no
-    session (``sess_from`` = 1): a million sessions with one message each are a million rows, not objects; A dead-letter queue works the same way: a
-    move beyond its window (and the budget) starts its disk part above every message it ever held (``top``), and
-    a moved message at or above ``disk_from`` leaves memory once the move is stored (``_evict``, ``_evicted``);
+    session (``sess_from`` = 1): a million sessions with one message each are a million rows, not objects;
   - ``gone``: resident messages at or above ``disk_from`` that left the sub-queue while their row may still be in
-    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them;
+    the store (the delete or move is queued): scans skip them. Dropped as ``disk_from`` passes them. A
+    session-enabled main queue has none: its messages that leave go in ``_leaving`` (below) instead, since its
+    sessions' disk parts have no common start for such a set to be pruned by;
   - ``scheduled`` and ``sched_disk``: the resident SCHEDULED messages by (enqueue time, seq), every one of them
     before ``sched_disk``; those at or after it may be on disk only (None: all resident). A send due after
     ``sched_disk`` stays on disk; when more than ``2 x READ_AHEAD`` are resident (and the budget is used) the
@@ -96,8 +96,9 @@ Memory and the store (what is resident, and why it is bounded): each sub-queue (
     from one whose message left with its row's change still queued. The head check stays: a message past its
     time is never delivered.
 DEFERRED messages on disk are read by key (``receive_deferred``: ``_read_deferred``) and by the store's held
-index for a peek or a range read. ``_leaving`` holds the deferred and scheduled messages that left while their
-row's change is queued (so no read by key or by index brings them back), emptied as those writes are stored.
+index for a peek or a range read. ``_leaving`` holds the deferred and scheduled messages (and every message of a
+session-enabled main queue) that left while their row's change is queued (so no read by key or by index brings
+them back), emptied as those writes are stored.
 Peek, browse_range, range_offsets, complete_below and revocations merge the resident messages with an indexed
 scan of the disk-only ones (a page costs what it returns). Scans only read rows numbered below
 ``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
