@@ -214,3 +214,21 @@ def test_a_file_written_before_the_session_index_gets_it_once(tmp_path) -> None:
     db = sqlite3.connect(path)
     assert db.execute("SELECT value FROM meta WHERE key = ?", (SESSIONS_KEPT,)).fetchone() == (1,)
     db.close()
+
+
+def test_a_released_session_gives_what_it_read_back_to_disk(kit: Kit) -> None:  # noqa: F811
+    broker = _broker(kit)
+    try:
+        _send(broker, [(s, f"{s}{i}") for s in "abcd" for i in range(6)])
+        for sid in "abcd":  # each receiver reads a batch of its session, takes one, and goes
+            _, token, _ = broker.accept_session(0, sid)
+            (m,) = broker.lock_session_messages(0, sid, token, 1)
+            broker.complete(0, [m.lock_token]).result(30)
+            broker.release_session(0, sid, token)
+        _send(broker, [("e", "e0")]).pop()  # a write after the releases: what they parked leaves memory
+        time.sleep(0.2)
+        assert _resident(broker) <= 2 + 1
+        for sid in "abcd":
+            assert _drain(broker, sid) == (sid, [f"{sid}{i}".encode() for i in range(1, 6)])
+    finally:
+        broker.stop()

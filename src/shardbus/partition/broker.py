@@ -103,9 +103,10 @@ Peek, browse_range, range_offsets, complete_below and revocations merge the resi
 scan of the disk-only ones (a page costs what it returns). Scans only read rows numbered below
 ``_visible_next``, so a committed send is never read before ``make_visible`` has run for it.
 What stays in memory per sub-queue is thus bounded by the windows, the budget, the locks and the writes in flight;
-per partition, by its sub-queues. Two things still follow the sessions, not the messages: session states (bytes
-each, loaded at start as before) and a session whose receiver read a batch of it (``_refill_session``) and let it
-go keeps what it read resident (at most ``READ_BATCH`` per session so read) until it is received.
+per partition, by its sub-queues. A session whose lock ends while its queue holds more than the window (and the
+budget is used) gives its resident ready messages back to disk (``_park_session``), so the sessions received
+from do not add up. Session states (bytes each, loaded at start as before) still follow the sessions that set
+one.
 
 Health: a store error (a failed read included) or a stop makes the partition unavailable; every call then raises
 ``PartitionUnavailable``. ``start`` (again) reloads the resident set and the counts from the store.
@@ -962,6 +963,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     self._slot_stats(entry.slot).lock_expired += 1
                     self._unlock(q, entry, settings, count_delivery=True, writes=writes)
             session.holder = None
+            self._park_session(q, session)
         lock_heap = q.lock_heap
         while lock_heap and lock_heap[0][0] <= now:
             _, seq, token = heapq.heappop(lock_heap)
@@ -1403,6 +1405,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                         del sessions[session.id]
                     continue
                 head = ready[0] if ready else session.disk_from
+                if session.disk_from is not None and session.disk_from < head:
+                    head = session.disk_from  # older ones may wait on disk
                 if best is None or head < best_head:
                     best, best_head = session, head
             if q.sess_from is not None and (best is None or best_head >= q.sess_from):
@@ -1412,6 +1416,15 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             if best is None or (best.ready and (best.disk_from is None or best.ready[0] < best.disk_from)):
                 return best
             self._refill_session(q, best)  # only a bound is known: read it, then look again
+
+    def _park_session(self, q: MessageQueue, session: SessionQueue) -> None:
+        """A session's lock ended. While its queue holds more than its window and the budget is used, the
+        session's resident ready messages (what its receiver's reads brought) go back to disk once what changed
+        them is stored (``_evicted``), unless the session is locked again by then: resident messages stay
+        bounded by the window, not by how many sessions were received from."""
+        if session.ready and len(q.entries) > self.read_ahead and RESIDENT.bytes >= self.memory_budget:
+            entries = q.entries
+            self._evict += [(q, e) for seq in session.ready if (e := entries.get(seq)) is not None]
 
     def _next_session_lockable(
         self, q: MessageQueue, session: SessionQueue, settings: SlotSettings, now: int, writes: list[Op]
@@ -1491,6 +1504,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 if entry is not None:
                     self._unlock(q, entry, self._slots[slot], count_delivery=False, writes=writes)
             session.holder = None
+            self._park_session(q, session)
             if writes:
                 self._write(writes)
         self._notify((slot,))

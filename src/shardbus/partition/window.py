@@ -39,7 +39,8 @@ class StoreWindow:
 
     def _evicted(self, epoch: int, items: list[tuple[MessageQueue | None, Any]], future: Future) -> None:
         """A write that settles ``_evict``'s items is stored: deferred messages (and dead-lettered ones beyond
-        their queue's window) that are still unlocked leave memory; their rows say what they are now."""
+        their queue's window, and a parked session's ready ones: ``_park_session``) that are still unlocked leave
+        memory; their rows say what they are now."""
         with self._lock:
             if epoch != self._epoch or future.cancelled() or future.exception() is not None:
                 return  # a failed write makes the partition reload (or it stays as it is: resident)
@@ -55,6 +56,15 @@ class StoreWindow:
                 if msg.state is _DEFERRED:
                     del q.entries[seq]
                     held -= item.size
+                elif msg.state is _ACTIVE and item.queue == _MAIN and q.sessions is not None:  # a parked session's
+                    session = q.sessions.get(msg.session_id)
+                    if session is None or session.holder is not None:
+                        continue  # locked again meanwhile: its receiver reads on from memory
+                    del q.entries[seq]
+                    held -= item.size
+                    if session.disk_from is None or seq < session.disk_from:
+                        session.disk_from = seq
+                    self._spill(q, seq)
                 elif msg.state is _ACTIVE and item.queue != _MAIN:  # dead-lettered beyond the window
                     if q.disk_from is not None and seq >= q.disk_from:
                         del q.entries[seq]
