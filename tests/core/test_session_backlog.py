@@ -232,3 +232,25 @@ def test_a_released_session_gives_what_it_read_back_to_disk(kit: Kit) -> None:  
             assert _drain(broker, sid) == (sid, [f"{sid}{i}".encode() for i in range(1, 6)])
     finally:
         broker.stop()
+
+
+def test_a_postgres_schema_written_before_the_session_index_gets_it_once(kit: Kit) -> None:  # noqa: F811
+    if kit.backend != "postgres":
+        pytest.skip("the SQLite file's migration has its own test")
+    import psycopg
+
+    from shardbus.store.postgres import SESSIONS_KEPT
+
+    broker = _broker(kit)
+    _send(broker, [("b", "b0"), ("a", "a0"), ("b", "b1"), ("a", "a1"), ("b", "b2")])
+    broker.stop()
+    with psycopg.connect(kit.dsn, autocommit=True) as conn:  # as an earlier version wrote it
+        conn.execute(f'DROP INDEX "{kit.schema}".m0_ses')
+        conn.execute(f'ALTER TABLE "{kit.schema}".m0 DROP COLUMN session')
+        conn.execute(f'DELETE FROM "{kit.schema}".meta WHERE key = %s', (SESSIONS_KEPT,))
+    broker.start()
+    try:
+        assert _drain(broker, None) == ("b", [b"b0", b"b1", b"b2"])
+        assert _drain(broker, "a") == ("a", [b"a0", b"a1"])
+    finally:
+        broker.stop()

@@ -284,12 +284,17 @@ class PostgresStore:
             tables = {slot for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall()}
             for slot in set(sessions) & tables:
                 table = self._table(slot)
-                with conn.cursor(binary=True) as cur:
-                    rows = cur.execute(f"SELECT seq, data FROM {table} WHERE session IS NULL").fetchall()
-                for seq, data in rows:
-                    session = unpack_message(bytes(data)).session_id
-                    if session is not None:
-                        conn.execute(f"UPDATE {table} SET session = %s WHERE seq = %s", (_db_text(session), seq))
+                after = 0
+                while True:  # a page at a time: the backlog need not fit in memory
+                    with conn.cursor(binary=True) as cur:
+                        rows = cur.execute(
+                            f"SELECT seq, data FROM {table} WHERE seq > %s ORDER BY seq LIMIT 4096", (after,)
+                        ).fetchall()
+                    if not rows:
+                        break
+                    pairs = [(seq, unpack_message(bytes(data)).session_id) for seq, data in rows]
+                    self._sessions(conn.cursor(), slot, [(seq, sid) for seq, sid in pairs if sid is not None])
+                    after = rows[-1][0]
             conn.execute(
                 f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (SESSIONS_KEPT,)
             )

@@ -64,6 +64,7 @@ COUNTS_KEPT = "counts_kept"  # meta key: the counts table is kept by the broker 
 # meta key: the session-enabled slots' rows carry their session id in the ``session`` column (set when created, or
 # once ``load`` filled the column of a file written before it existed)
 SESSIONS_KEPT = "sessions_kept"
+_FILL_PAGE = 4096  # rows per read while filling the session column of an older file
 
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
 
@@ -240,9 +241,13 @@ class SqliteStore:
         try:
             tables = {slot for (slot,) in db.execute("SELECT slot FROM slots")}
             for slot in set(sessions) & tables:
-                rows = db.execute(f"SELECT seq, data FROM {_table(slot)} WHERE session IS NULL").fetchall()
-                filled = [(unpack_message(data).session_id, seq) for seq, data in rows]
-                db.executemany(f"UPDATE {_table(slot)} SET session=? WHERE seq=?", [f for f in filled if f[0]])
+                after = 0
+                while rows := db.execute(  # a page at a time: the backlog need not fit in memory
+                    f"SELECT seq, data FROM {_table(slot)} WHERE seq > ? ORDER BY seq LIMIT {_FILL_PAGE}", (after,)
+                ).fetchall():
+                    filled = [(unpack_message(data).session_id, seq) for seq, data in rows]
+                    db.executemany(f"UPDATE {_table(slot)} SET session=? WHERE seq=?", [f for f in filled if f[0]])
+                    after = rows[-1][0]
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, 1)", (SESSIONS_KEPT,))
             db.execute("COMMIT")
         except BaseException:
