@@ -254,3 +254,27 @@ def test_a_postgres_schema_written_before_the_session_index_gets_it_once(kit: Ki
         assert _drain(broker, "a") == ("a", [b"a0", b"a1"])
     finally:
         broker.stop()
+
+
+def test_only_session_enabled_slots_have_the_session_index(tmp_path) -> None:
+    """Sends without sessions pay nothing for the index: their tables do not have it."""
+    import sqlite3
+
+    from shardbus.store.sqlite import SqliteStore
+
+    path = tmp_path / "p01.db"
+    config = PartitionConfig(path="t", partition_id=1, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+    broker = PartitionBroker(config, lambda: SqliteStore(path), time.time)
+    plain, sessions = SlotSettings(path="t/plain"), SlotSettings(path="t/sessions", requires_session=True)
+    broker.start()
+    try:
+        broker.create_slot(1, plain).result(30)
+        broker.create_slot(2, sessions).result(30)
+        broker.enqueue([(None, [(1, Message(b"x")), (2, Message(b"y", session_id="s"))])]).result(30)
+    finally:
+        broker.stop()
+    db = sqlite3.connect(path)
+    indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "m2_ses" in indexes and "m1_ses" not in indexes
+    assert db.execute("SELECT session FROM m2").fetchall() == [("s",)]
+    db.close()

@@ -27,8 +27,11 @@ nothing for those (nearly every) rows: ``m<slot>_held`` (state != 0: scheduled a
 for a peek), ``m<slot>_due`` (scheduled rows by the time they come due, the ``due`` column: ``scan_due`` reads the
 soonest, ``load`` only counts them), ``m<slot>_exp`` (a main queue's rows with a time to live by their expiry time,
 the ``expires`` column: the upkeep expires them through it, ``scan_expiring``)
-and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)). The kept counts are in
-``counts``. A file written before these existed gets them when opened (indexes built and counts computed once).
+and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)); the tables of
+session-enabled slots have a fourth, ``m<slot>_ses`` (session, seq) on the rows with a session (the ``session``
+column, written by a ``sessions`` op with their put): a session's messages in sequence order (``scan_session``).
+The kept counts are in ``counts``. A file written before these existed gets them when opened (indexes built and
+counts computed once).
 
 Reads (``load``, ``scan``) use a connection of their own: in WAL mode it sees the last commit, never the
 writer's open transaction.
@@ -88,8 +91,14 @@ def _indexes(slot: int) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {t}_dl ON {t}(queue, seq) WHERE queue != 0",
         f"CREATE INDEX IF NOT EXISTS {t}_due ON {t}(due, seq) WHERE state = {SCHEDULED}",
         f"CREATE INDEX IF NOT EXISTS {t}_exp ON {t}(expires, seq) WHERE expires IS NOT NULL AND queue = 0",
-        f"CREATE INDEX IF NOT EXISTS {t}_ses ON {t}(session, seq) WHERE session IS NOT NULL",
     ]
+
+
+def _session_index(slot: int) -> str:
+    """The ``_ses`` index, on the tables of session-enabled slots only (created with their first session rows, or
+    by ``load``): a sessionless table's inserts do not even test its condition."""
+    t = _table(slot)
+    return f"CREATE INDEX IF NOT EXISTS {t}_ses ON {t}(session, seq) WHERE session IS NOT NULL"
 
 
 def _queue_terms(queue: int) -> str:
@@ -186,6 +195,7 @@ class SqliteStore:
         self._reader: sqlite3.Connection | None = None
         self._meta_values: dict[str, int] = {}  # a batch's meta and counts, written once each at its end
         self._count_values: dict[tuple[int, int], tuple[int, int]] = {}
+        self._indexed: set[int] = set()  # slots whose table has the ``_ses`` index (see ``_session_index``)
 
     def _migrate(self) -> None:
         """Bring a file written by an earlier version up to date: the slot tables' indexes, and the kept counts
@@ -241,6 +251,7 @@ class SqliteStore:
         try:
             tables = {slot for (slot,) in db.execute("SELECT slot FROM slots")}
             for slot in set(sessions) & tables:
+                db.execute(_session_index(slot))
                 after = 0
                 while rows := db.execute(  # a page at a time: the backlog need not fit in memory
                     f"SELECT seq, data FROM {_table(slot)} WHERE seq > ? ORDER BY seq LIMIT {_FILL_PAGE}", (after,)
@@ -259,6 +270,10 @@ class SqliteStore:
         try:
             if sessions:
                 self._fill_sessions(sessions)
+                tables = {slot for (slot,) in self._db.execute("SELECT slot FROM slots")}
+                for slot in set(sessions) & tables:
+                    self._db.execute(_session_index(slot))
+                    self._indexed.add(slot)
             snap = Snapshot()
             db = self._read()
             db.execute("BEGIN")  # one snapshot of every table
@@ -340,7 +355,7 @@ class SqliteStore:
     def scan_session(self, slot: int, session: str, first: int, end: int, limit: int) -> list[Row]:
         try:  # the _ses index: the session's rows in sequence order, main-queue ACTIVE ones picked from them
             cursor = self._read().execute(
-                f"SELECT {_COLUMNS} FROM {_table(slot)} INDEXED BY {_table(slot)}_ses WHERE session = ? "
+                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE session = ? "
                 "AND seq >= ? AND seq < ? AND queue = 0 AND state = 0 ORDER BY seq LIMIT ?",
                 (session, first, end, limit),
             )
@@ -351,7 +366,7 @@ class SqliteStore:
     def scan_session_held(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
         try:
             cursor = self._read().execute(
-                f"SELECT {_COLUMNS} FROM {_table(slot)} INDEXED BY {_table(slot)}_ses WHERE session = ? "
+                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE session = ? "
                 "AND seq >= ? AND seq < ? AND queue = 0 AND state = ? ORDER BY seq LIMIT ?",
                 (session, first, end, state, limit),
             )
@@ -373,7 +388,7 @@ class SqliteStore:
     def session_ids(self, slot: int) -> list[str]:
         try:
             cursor = self._read().execute(
-                f"SELECT DISTINCT session FROM {_table(slot)} INDEXED BY {_table(slot)}_ses "
+                f"SELECT DISTINCT session FROM {_table(slot)} "
                 "WHERE session IS NOT NULL AND queue = 0"
             )
             return [s for (s,) in cursor]
@@ -530,6 +545,7 @@ class SqliteStore:
         self._db.execute("INSERT OR IGNORE INTO slots VALUES (?)", (slot,))
 
     def _drop_slot(self, slot: int) -> None:
+        self._indexed.discard(slot)
         self._db.execute(f"DROP TABLE IF EXISTS {_table(slot)}")
         self._db.execute("DELETE FROM slots WHERE slot=?", (slot,))
         self._db.execute("DELETE FROM session_state WHERE slot=?", (slot,))
@@ -559,6 +575,9 @@ class SqliteStore:
         self._db.executemany(f"UPDATE {_table(slot)} SET due=? WHERE seq=?", [(due, seq) for seq, due in dues])
 
     def _sessions(self, slot: int, pairs: list[tuple[int, str]]) -> None:
+        if slot not in self._indexed:  # a session-enabled slot created since the start
+            self._db.execute(_session_index(slot))
+            self._indexed.add(slot)
         self._db.executemany(f"UPDATE {_table(slot)} SET session=? WHERE seq=?", [(sid, seq) for seq, sid in pairs])
 
     def _expires(self, slot: int, times: list[tuple[int, int]]) -> None:
