@@ -185,6 +185,7 @@ class PostgresStore:
         self._q = sql.Identifier(schema).as_string()  # quoted once; table names inside are m<int>, always safe
         self._conn: psycopg.Connection | None = None
         self._reader: psycopg.Connection | None = None
+        self._indexed: set[int] = set()  # slots whose table has the ``_ses`` index (``_session_index``)
         self._ops = op_handlers(self)
         q = self._q
         try:
@@ -199,7 +200,7 @@ class PostgresStore:
                     "state bytea NOT NULL, PRIMARY KEY (slot, session))",
                 ],
             )
-            self._migrate_sessions()  # first: the other migrations create every index, ``_ses`` included
+            self._migrate_sessions()
             self._migrate()
             self._migrate_due()
         except psycopg.Error as exc:
@@ -267,7 +268,6 @@ class PostgresStore:
             slots = [slot for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall()]
             for slot in slots:
                 conn.execute(f"ALTER TABLE {self._table(slot)} ADD COLUMN IF NOT EXISTS session bytea")
-                conn.execute(self._indexes(slot)[-1])  # ``_ses`` (the others may wait for their own migration)
             if not slots:
                 conn.execute(
                     f"INSERT INTO {q}.meta VALUES (%s, 1) ON CONFLICT (key) DO UPDATE SET value = 1", (SESSIONS_KEPT,)
@@ -284,6 +284,7 @@ class PostgresStore:
             tables = {slot for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall()}
             for slot in set(sessions) & tables:
                 table = self._table(slot)
+                conn.execute(self._session_index(slot))
                 after = 0
                 while True:  # a page at a time: the backlog need not fit in memory
                     with conn.cursor(binary=True) as cur:
@@ -307,8 +308,14 @@ class PostgresStore:
             f"CREATE INDEX IF NOT EXISTS {name}_due ON {self._table(slot)} (due, seq) WHERE state = {SCHEDULED}",
             f"CREATE INDEX IF NOT EXISTS {name}_exp ON {self._table(slot)} (expires, seq) "
             "WHERE expires IS NOT NULL AND queue = 0",
-            f"CREATE INDEX IF NOT EXISTS {name}_ses ON {self._table(slot)} (session, seq) WHERE session IS NOT NULL",
         ]
+
+    def _session_index(self, slot: int) -> str:
+        """As SqliteStore's: the ``_ses`` index only on the tables of session-enabled slots."""
+        return (
+            f"CREATE INDEX IF NOT EXISTS m{int(slot)}_ses ON {self._table(slot)} (session, seq) "
+            "WHERE session IS NOT NULL"
+        )
 
     def _reading(self) -> psycopg.Connection:
         conn = self._reader
@@ -342,6 +349,10 @@ class PostgresStore:
             conn = self._connection()  # at start, before any write: the writer's connection is free
             if sessions:
                 self._fill_sessions(sessions)
+                tables = {slot for (slot,) in conn.execute(f"SELECT slot FROM {q}.slots").fetchall()}
+                for slot in set(sessions) & tables:
+                    conn.execute(self._session_index(slot))
+                    self._indexed.add(slot)
             snap = Snapshot()
             # One snapshot of the database for all tables, as SQLite's single reader sees.
             with conn.transaction(), conn.cursor(binary=True) as cur:
@@ -528,6 +539,9 @@ class PostgresStore:
         )
 
     def _sessions(self, cur: psycopg.Cursor, slot: int, pairs: list[tuple[int, str]]) -> None:
+        if slot not in self._indexed:  # a session-enabled slot created since the start
+            cur.execute(self._session_index(slot))
+            self._indexed.add(slot)
         if pairs:
             cur.execute(
                 f"UPDATE {self._table(slot)} AS t SET session = u.session "
@@ -582,6 +596,7 @@ class PostgresStore:
             )
 
     def _drop_slot(self, cur: psycopg.Cursor, slot: int) -> None:
+        self._indexed.discard(slot)
         cur.execute(f"DROP TABLE IF EXISTS {self._table(slot)}")
         cur.execute(f"DELETE FROM {self._q}.slots WHERE slot = %s", (slot,))
         cur.execute(f"DELETE FROM {self._q}.session_state WHERE slot = %s", (slot,))
