@@ -1396,8 +1396,10 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             best_head = 0
             for session in list(sessions.values()):
                 ready = session.ready
-                while ready and ((e := entries.get(ready[0])) is None or e.msg.lock_token is not None):
-                    heapq.heappop(ready)  # settled, locked or gone since it became ready
+                while ready and (
+                    (e := entries.get(ready[0])) is None or e.msg.lock_token is not None or e.msg.state is not _ACTIVE
+                ):
+                    heapq.heappop(ready)  # settled, locked, deferred or gone since it became ready
                 if session.holder is not None and session.locked_until > now:
                     continue
                 if not ready and session.disk_from is None:

@@ -388,8 +388,7 @@ class SqliteStore:
     def session_ids(self, slot: int) -> list[str]:
         try:
             cursor = self._read().execute(
-                f"SELECT DISTINCT session FROM {_table(slot)} "
-                "WHERE session IS NOT NULL AND queue = 0"
+                f"SELECT DISTINCT session FROM {_table(slot)} WHERE session IS NOT NULL AND queue = 0"
             )
             return [s for (s,) in cursor]
         except sqlite3.Error as exc:
