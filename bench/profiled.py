@@ -2,11 +2,12 @@
 
     python bench/profiled.py OUT_DIR serve [serve options...]
 
-Each thread gets a profiler of its own (cProfile sees one thread); a process writes their sum to
-``OUT_DIR/<role>-<pid>.prof`` when it ends cleanly: the front end at exit, a worker forked by ``serve --workers N``
-when its ``main`` returns (a fork ends with ``os._exit``, which runs no exit handlers). ``print_profiles`` shows the
-busiest functions of each. cProfile slows calls down several times: read shares within one process, compare two
-runs of the same mode, and take the CPU per message from a run without it.
+Each thread gets a profiler of its own (cProfile sees one thread); a process writes them by kind of thread (the
+event loop, the cluster client's loop, a pool's threads summed) to ``OUT_DIR/<role>-<pid>-<thread>.prof`` when it
+ends cleanly: the front end at exit, a worker forked by ``serve --workers N`` when its ``main`` returns (a fork ends
+with ``os._exit``, which runs no exit handlers). ``print_profiles`` shows the busiest functions of each. cProfile
+slows calls down several times: read shares within one thread, compare two runs of the same mode, and take the CPU
+per message from a run without it.
 """
 
 from __future__ import annotations
@@ -16,29 +17,33 @@ import cProfile
 import io
 import os
 import pstats
+import re
 import sys
 import threading
 from pathlib import Path
 
-_profiles: list[cProfile.Profile] = []
+_profiles: list[tuple[str, cProfile.Profile]] = []  # (thread name, its profiler)
 _role = "frontend"
 
 
 def _start() -> None:
     profile = cProfile.Profile()
-    _profiles.append(profile)
+    _profiles.append((threading.current_thread().name, profile))
     profile.enable()
 
 
 def _dump(out: Path) -> None:
-    if not _profiles:
-        return
-    for profile in _profiles:
+    """One file per thread kind (the event loop, the cluster client's loop, the store threads summed)."""
+    by_kind: dict[str, pstats.Stats] = {}
+    for name, profile in _profiles:
         profile.create_stats()  # a thread still running is read as it is (the GIL makes the snapshot whole)
-    stats = pstats.Stats(_profiles[0])
-    for profile in _profiles[1:]:
-        stats.add(profile)
-    stats.dump_stats(str(out / f"{_role}-{os.getpid()}.prof"))
+        kind = re.sub(r"[-_]?\d+$", "", name.split(" ")[0]) or "thread"  # pool threads: one kind
+        if kind in by_kind:
+            by_kind[kind].add(profile)
+        else:
+            by_kind[kind] = pstats.Stats(profile)
+    for kind, stats in by_kind.items():
+        stats.dump_stats(str(out / f"{_role}-{os.getpid()}-{kind}.prof"))
     _profiles.clear()
 
 
