@@ -38,6 +38,12 @@ each front end): CPU per message of each, and the capacity that implies with a c
 saturates at 1e6 / its us per message, so the busiest one bounds the whole). On 2 shared cores that is how
 scale-out can be judged at all: adding workers takes their share off the front end, never off the machine.
 
+Per process it also shows write system calls per message and the part of its CPU spent in the kernel (socket and
+file I/O, wake-ups). ``--profile DIR`` runs each shardbus mode under cProfile (``bench/profiled.py``: a profile per
+process and kind of thread, e.g. the front end's loop, its cluster client's loop, the worker's loop, the commit
+threads) and prints the busiest functions of each; cProfile slows calls down, so read shares from it and CPU per
+message from a run without it.
+
 The last lines are the ratios the performance work is held to (issue 26): ``ratio default/RabbitMQ`` end to end,
 send and receive (median and range over the rounds, each round's ratio from the same round), the broker CPU per
 message of ``--workers 1`` over ``--workers 0`` (the cost of the hop to a worker) and the default's broker CPU
@@ -45,6 +51,7 @@ per message in "both".
 
     python bench/scale.py [--count N] [--quick] [--repeat R] [--window W] [--credit C] [--brokers K,...]
                           [--senders S] [--receivers R] [--no-rabbitmq] [--no-install] [--workers-only]
+                          [--profile DIR]
 
 ``--quick`` is 2000 messages. ``--no-rabbitmq`` skips RabbitMQ; otherwise it is installed with apt-get when missing
 and we are root (``--no-install`` forbids that), and when it cannot be installed or started the run says why and

@@ -200,13 +200,6 @@ class Broker:
     def connection_string(self) -> str:
         return connection_string(self.host, self.server.port, self.key)
 
-    def _wake_cluster_once_per_turn(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Requests to workers made in one turn of the serving loop leave together (cluster/remote.py)."""
-        if self.cluster is not None:
-            from .cluster.remote import wake_once_per_turn
-
-            wake_once_per_turn(loop)
-
     # --- background mode ------------------------------------------------------------------------------------
     def start(self) -> Broker:
         """Serve on a background thread; returns once the port is listening."""
@@ -216,7 +209,6 @@ class Broker:
         def run() -> None:
             loop = new_event_loop()
             self._loop = loop
-            self._wake_cluster_once_per_turn(loop)
             asyncio.set_event_loop(loop)
             try:
                 loop.run_until_complete(self.server.start())
@@ -266,7 +258,6 @@ class Broker:
         """Serve until SIGINT or SIGTERM, then stop cleanly."""
         raise_file_limit(self.limits.max_connections + ACCEPT_SLACK + 256)  # + stores, logs, worker links
         loop = new_event_loop()
-        self._wake_cluster_once_per_turn(loop)
         asyncio.set_event_loop(loop)
         stop = asyncio.Event()
 

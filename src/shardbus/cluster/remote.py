@@ -20,14 +20,6 @@ with ``revoke_in_doubt``, which removes those batches if they are there; only th
 
 Time: every request carries the front end's clock and the ``tick_all`` upkeep runs from here, so a worker started
 with ``--follow-caller-clock`` lives on the front end's (possibly fake) time.
-
-Wake-ups: the links live on a loop thread of their own, and waking it (``call_soon_threadsafe``, then the GIL
-changing hands twice) costs more than packing a request. A request made on a front end's event loop that was
-registered with ``wake_once_per_turn`` (the serving loop, ``server.py``) therefore wakes the link's loop once at
-the end of that loop turn, so everything the turn asked (an enqueue per partition, lock requests to every
-partition, completes) leaves in one transfer after one wake-up. Nothing waits for that turn to end by blocking:
-``result()`` and ``exception()`` of a request's future wake the link first, and the cluster loop's tick sends
-whatever still waits every ``TICK_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -39,12 +31,10 @@ import logging
 import threading
 import time
 import uuid
-from asyncio import _get_running_loop as _running_loop  # the C function, no checks
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
-from weakref import WeakSet
 
 from ..amqp import events as E
 from ..amqp.transport import AmqpClient, ClientReceiver, ClientSender
@@ -61,32 +51,6 @@ CALL_TIMEOUT = 30.0
 RECONNECT_DELAY = 0.2
 TICK_INTERVAL = 0.1
 REVOKE_ROUNDS = 5
-
-# Event loops whose requests wake the cluster loop once per loop turn (see "Wake-ups" above); weak, so a closed
-# loop leaves. Registered by the process that runs them (server.py); a loop of a user's, which may block on a
-# future we cannot see, is never in it.
-_ONCE_PER_TURN: WeakSet[asyncio.AbstractEventLoop] = WeakSet()
-
-
-def wake_once_per_turn(loop: asyncio.AbstractEventLoop) -> None:
-    """Requests made on ``loop`` (a front end's serving loop) wake the cluster loop once per turn of ``loop``."""
-    _ONCE_PER_TURN.add(loop)
-
-
-class _Request(RemoteVerdict):
-    """A request's future: whoever blocks on it first makes sure the request left (see "Wake-ups" above)."""
-
-    _link: WorkerLink | None = None
-
-    def result(self, timeout: float | None = None) -> Any:
-        if self._link is not None and not self.done():
-            self._link.wake()
-        return super().result(timeout)
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._link is not None and not self.done():
-            self._link.wake()
-        return super().exception(timeout)
 
 
 def _done(value: Any) -> Future:
@@ -110,8 +74,7 @@ class WorkerLink:
         self._receiver: ClientReceiver | None = None
         self._pending: dict[int, tuple[Future, RemotePartition | None]] = {}
         # Requests from any thread wait in the outbox; the first one of a burst wakes the loop (one
-        # call_soon_threadsafe per burst, on a front end's loop at the end of its turn), which packs them all into
-        # as few transfers as it can (wire.transfers).
+        # call_soon_threadsafe per burst), which packs them all into as few transfers as it can (wire.transfers).
         self._lock = threading.Lock()
         self._outbox: list[bytes] = []  # packed frames
         self._flush_scheduled = False
@@ -122,7 +85,7 @@ class WorkerLink:
 
     # --- calls (any thread) --------------------------------------------------------------------------
     def call(self, partition: RemotePartition | None, key: str, operation: str, args: list[Any], now: float) -> Future:
-        future = _Request()
+        future: Future = RemoteVerdict()
         if not self.connected:
             future.set_exception(PartitionUnavailable(self._down_text(partition)))
             return future
@@ -135,23 +98,10 @@ class WorkerLink:
         with self._lock:
             self._outbox.append(frame)
             if self._flush_scheduled:
-                future._link = self  # this turn's wake-up may not have gone yet
                 return future
             self._flush_scheduled = True
-        running = _running_loop()
-        if running is not None and running in _ONCE_PER_TURN:
-            future._link = self
-            running.call_soon(self.wake)  # after the rest of this turn: its requests go along
-        else:
-            self.client.loop.call_soon_threadsafe(self._flush)
+        self.client.loop.call_soon_threadsafe(self._flush)
         return future
-
-    def wake(self) -> None:
-        """Have the link's loop send what waits in the outbox (any thread; a wake-up too many sends nothing)."""
-        try:
-            self.client.loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the cluster loop is closed: the client is shutting down
-            pass
 
     def _down_text(self, partition: RemotePartition | None) -> str:
         what = f"Partition {partition.id} of '{partition.config.path}'" if partition is not None else "A partition"
@@ -381,8 +331,6 @@ class ClusterClient:
         while not self.closing:
             await asyncio.sleep(TICK_INTERVAL)
             for link in list(self.links.values()):
-                if link._outbox:  # a turn's wake-up that never came (its loop stopped): send it now
-                    link._flush()
                 if link.connected and link.partitions:
                     # each partition ticks on its own namespace's clock (tests move fake ones)
                     clocks = {key: p.clock() for key, p in list(link.partitions.items())}
