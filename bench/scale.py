@@ -38,6 +38,12 @@ each front end): CPU per message of each, and the capacity that implies with a c
 saturates at 1e6 / its us per message, so the busiest one bounds the whole). On 2 shared cores that is how
 scale-out can be judged at all: adding workers takes their share off the front end, never off the machine.
 
+Per process it also shows write system calls per message and the part of its CPU spent in the kernel (socket and
+file I/O, wake-ups). ``--profile DIR`` runs each shardbus mode under cProfile (``bench/profiled.py``: a profile per
+process and kind of thread, e.g. the front end's loop, its cluster client's loop, the worker's loop, the commit
+threads) and prints the busiest functions of each; cProfile slows calls down, so read shares from it and CPU per
+message from a run without it.
+
 The last lines are the ratios the performance work is held to (issue 26): ``ratio default/RabbitMQ`` end to end,
 send and receive (median and range over the rounds, each round's ratio from the same round), the broker CPU per
 message of ``--workers 1`` over ``--workers 0`` (the cost of the hop to a worker) and the default's broker CPU
@@ -45,6 +51,7 @@ per message in "both".
 
     python bench/scale.py [--count N] [--quick] [--repeat R] [--window W] [--credit C] [--brokers K,...]
                           [--senders S] [--receivers R] [--no-rabbitmq] [--no-install] [--workers-only]
+                          [--profile DIR]
 
 ``--quick`` is 2000 messages. ``--no-rabbitmq`` skips RabbitMQ; otherwise it is installed with apt-get when missing
 and we are root (``--no-install`` forbids that), and when it cannot be installed or started the run says why and
@@ -310,6 +317,20 @@ def write_calls(pids: list[int]) -> dict[int, int]:
     return out
 
 
+def system_cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds in the kernel so far (stime: socket and file I/O, wake-ups) by pid."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        out[pid] = int(stat[stat.rfind(")") + 2 :].split()[12]) / ticks
+    return out
+
+
 def tree_cpu(root: int) -> float:
     """CPU seconds (user + system) of a process and all its live descendants."""
     return sum(process_cpu(root).values())
@@ -344,7 +365,7 @@ def _child_env() -> dict[str, str]:
 class ShardbusServe:
     """``shardbus serve [mode flags]`` as a child process, with a Config.json holding one partitioned queue."""
 
-    def __init__(self, folder: Path, flags: list[str]) -> None:
+    def __init__(self, folder: Path, flags: list[str], profile: Path | None = None) -> None:
         self.folder = folder
         folder.mkdir(parents=True)
         self.port = _free_port()
@@ -364,6 +385,9 @@ class ShardbusServe:
         ]
         args += flags
         self.command = " ".join(["shardbus serve", *flags])
+        self.profile = profile
+        if profile is not None:  # the same command under cProfile, every thread of every process
+            args = [sys.executable, str(Path(__file__).with_name("profiled.py")), str(profile), *args[len(SERVE) - 1 :]]
         self.log_path = folder / "serve.log"
         log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115 -- the child keeps writing to it
         self.proc = subprocess.Popen(
@@ -404,7 +428,7 @@ class ShardbusServe:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: a clean stop
+            self.proc.terminate()  # SIGTERM: a clean stop (and the profiles written)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -427,6 +451,7 @@ class Target:
     batch: dict[str, list[float]] = field(default_factory=dict)  # messages per receive call
     process_us: dict[str, list[float]] = field(default_factory=dict)  # "both": CPU us/msg by process role
     process_writes: dict[str, list[float]] = field(default_factory=dict)  # "both": write syscalls per message
+    process_sys: dict[str, list[float]] = field(default_factory=dict)  # "both": kernel CPU us/msg by role
     roles: dict[int, str] = field(default_factory=dict)  # pid -> role (shardbus only)
     senders: list[Role] = field(default_factory=list)
     receivers: list[Role] = field(default_factory=list)
@@ -492,12 +517,14 @@ def measure(target: Target, n: int, run: int) -> None:
 
     procs0 = process_cpu(target.pid)
     writes0 = write_calls(list(target.roles))
+    sys0 = system_cpu(list(target.roles))
     _recv(rcv, n)  # the receivers wait (max_wait) for the first message
     _send(snd, n, f"r{run}b")
     s, r = _merge([role.result() for role in snd]), _merge([role.result() for role in rcv])
     _check(target, r, n)
     procs1 = process_cpu(target.pid)
     writes1 = write_calls(list(target.roles))
+    sys1 = system_cpu(list(target.roles))
     # From the first send to the last complete: the receivers started earlier and only waited until then.
     broker = sum(procs1.values()) - sum(procs0.get(pid, 0.0) for pid in procs1)
     target.record("both", n, r["end"] - s["start"], broker, s["cpu"] + r["cpu"], r["batches"])
@@ -505,6 +532,8 @@ def measure(target: Target, n: int, run: int) -> None:
         if pid in procs1:  # a process that died (a worker restart) would be counted wrong: left out
             used = procs1[pid] - procs0.get(pid, 0.0)
             target.process_us.setdefault(role, []).append(used / n * 1e6)
+        if pid in sys0 and pid in sys1:
+            target.process_sys.setdefault(role, []).append((sys1[pid] - sys0[pid]) / n * 1e6)
         if pid in writes0 and pid in writes1:
             target.process_writes.setdefault(role, []).append((writes1[pid] - writes0[pid]) / n)
 
@@ -636,6 +665,8 @@ def print_processes(targets: list[Target]) -> None:
         cells = ", ".join(f"{r} {v:.0f}" for r, v in sorted(med.items()))
         writes = {role: statistics.median(v) for role, v in t.process_writes.items()}
         calls = ", ".join(f"{r} {v:.2f}" for r, v in sorted(writes.items()) if r != "supervisor")
+        kernel = {role: statistics.median(v) for role, v in t.process_sys.items()}
+        in_kernel = ", ".join(f"{r} {v:.0f}" for r, v in sorted(kernel.items()) if r != "supervisor")
         busy = {r: v for r, v in med.items() if r != "supervisor"}
         capacity = 1e6 / max(busy.values()) if busy else 0.0
         share = sum(fronts.values()) / total if total else 0.0
@@ -644,7 +675,8 @@ def print_processes(targets: list[Target]) -> None:
             f"  {t.label:<40} {cells}\n"
             f"  {'':<40} front-end share {share:.0%}; workers together {wsum:.0f} us/msg; with a core per process "
             f"at most {capacity:,.0f} msgs/s ({len(busy)} processes)\n"
-            f"  {'':<40} write system calls per message: {calls or 'n/a'}"
+            f"  {'':<40} write system calls per message: {calls or 'n/a'}\n"
+            f"  {'':<40} of which in the kernel (us/msg): {in_kernel or 'n/a'}"
         )
         if t.kind == "workers1" and workers:
             base = (capacity, len(busy), wsum)
@@ -660,7 +692,7 @@ def print_processes(targets: list[Target]) -> None:
 
 def _forget_round(t: Target, run: int) -> None:
     """Drop what a failed round recorded, so every list keeps one entry per finished round."""
-    for values in (t.rates, t.broker_us, t.client_us, t.batch, t.process_us, t.process_writes):
+    for values in (t.rates, t.broker_us, t.client_us, t.batch, t.process_us, t.process_writes, t.process_sys):
         for kept in values.values():
             del kept[run:]
 
@@ -701,6 +733,12 @@ def main() -> None:
     parser.add_argument("--no-rabbitmq", action="store_true", help="skip RabbitMQ")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install rabbitmq-server")
     parser.add_argument("--workers-only", action="store_true", help="shardbus only (same as --no-rabbitmq)")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="run each shardbus mode under cProfile (bench/profiled.py), its profiles in DIR/<mode>/, and print "
+        "the busiest functions of each process (slow: take CPU per message from a run without it)",
+    )
     parser.add_argument("--role", choices=("send", "recv"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--entity", help=argparse.SUPPRESS)
@@ -732,7 +770,11 @@ def main() -> None:
             flush=True,
         )
         for kind in kinds:
-            serve = ShardbusServe(folder / kind, LINEUP[kind])
+            profile = None
+            if args.profile:
+                Path(args.profile).mkdir(parents=True, exist_ok=True)
+                profile = Path(args.profile).resolve() / kind
+            serve = ShardbusServe(folder / kind, LINEUP[kind], profile)
             brokers.append(serve)
             target = Target(serve.command, kind, serve.url, QUEUE, serve.proc.pid)
             target.roles = process_roles(serve.proc.pid)
@@ -809,6 +851,12 @@ def main() -> None:
         for b in reversed(brokers):
             b.stop()
         shutil.rmtree(folder, ignore_errors=True)
+        if args.profile:
+            from profiled import print_profiles
+
+            for kind in kinds:
+                print(f"\n===== profiles of {kind} =====")
+                print_profiles(Path(args.profile) / kind)
 
 
 if __name__ == "__main__":
