@@ -367,6 +367,27 @@ def test_put_of_many_new_rows(kit: Kit, store: MessageStore) -> None:
     assert all(type(r.data) is bytes for r in snap.rows[0])
 
 
+def test_put_of_a_sends_rows_and_of_rows_that_differ_in_one_field(kit: Kit, store: MessageStore) -> None:
+    """Rows as a send stores them (consecutive sequence numbers, main queue, ACTIVE, never delivered; SQLite writes
+    what they share as constants and binds only the first sequence number), with and without expiry times, in
+    chunks of several sizes; and rows that each differ from those in one field, which SQLite binds in full."""
+    plain = [_row(s, os.urandom(50)) for s in range(1, 300)]  # 299: chunks of 256, 32, 8, 2 and 1
+    timed = [_row(s, os.urandom(50), expires=10_000 + s) for s in range(300, 377)]
+    enums = [_row(s, state=MessageState.ACTIVE, queue=SubQueue.MAIN) for s in range(377, 380)]
+    gap = [_row(s) for s in (400, 402, 403)]
+    scheduled = [_row(s, state=int(MessageState.SCHEDULED)) for s in range(500, 505)]
+    delivered = [_row(s, delivery_count=1) for s in range(600, 603)]
+    dead = [_row(s, queue=int(SubQueue.DEAD_LETTER)) for s in range(700, 703)]
+    lists = [plain, timed, enums, gap, scheduled, delivered, dead]
+    store.apply([("create_slot", 0), *[("put", 0, rows) for rows in lists]])
+    store.close()
+    reopened = kit.open()
+    assert reopened.load().rows[0] == [r._replace(expires=None) for rows in lists for r in rows]
+    assert [(r[0], r[-1]) for r in reopened.scan_expiring(0, (0, 0), 1000)] == [(r.seq, r.expires) for r in timed]
+    assert [r[0] for r in reopened.scan_held(0, 0, int(MessageState.SCHEDULED), 0, 1000, 10)] == list(range(500, 505))
+    assert [r[0] for r in reopened.scan(0, int(SubQueue.DEAD_LETTER), 0, 1000, 10)] == list(range(700, 703))
+
+
 def test_many_small_submissions_in_one_batch(kit: Kit, store: MessageStore) -> None:
     store.apply([("create_slot", 0), ("create_slot", 1)])
     ops = []

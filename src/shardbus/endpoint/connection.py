@@ -400,7 +400,8 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
             self.amqp.flow(link, link_credit=SENDER_CREDIT)
         entity = self._senders.get(link)
         if entity is not None:
-            if isinstance(e.state, TransactionalState):
+            state = e.state
+            if state is not None and isinstance(state, TransactionalState):  # a send's state is nearly always None
                 self._on_transactional_send(e, entity)
             else:
                 self._on_send(e, entity)

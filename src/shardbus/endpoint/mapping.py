@@ -146,6 +146,7 @@ _MAPS = frozenset((0xC1, 0xD1))
 _TEXT_FIELDS = (True, False, True, True, True, True, True, True, False, False, True, False, True)
 _UUID_FIELDS = (True, False, True, False, True, True, False, False, False, False, False, False, False)
 _uuid_of = _DEC[0x98]
+_uint32 = struct.Struct(">I").unpack_from
 _PROPERTY_NAMES = [f.name for f in Properties.__dataclass_fields__.values()]
 
 
@@ -215,23 +216,23 @@ def _decode_plain(buf: bytes) -> Message | None:
                 _HEADER_TTLS[buf[:p]] = ttl
             kept = p  # deliveries keep what follows the header
         while p < n:
-            if buf[p] != 0 or buf[p + 1] != 0x53 or body is not None:
+            if buf[p] != 0 or buf[p + 1] != 0x53:
                 return None
             code = buf[p + 2]
             c = buf[p + 3]
-            if code == DATA:
+            if code == DATA:  # the last section: nothing may follow it
                 if c == 0xB0:
                     start = p + 8
-                    end = start + int.from_bytes(buf[p + 4 : start], "big")
+                    end = start + _uint32(buf, p + 4)[0]
                 elif c == 0xA0:
                     start = p + 5
                     end = start + buf[p + 4]
                 else:
                     return None
-                if end > n:
+                if end != n:
                     return None
                 body = buf[start:end]
-                p = end
+                break
             elif code == PROPERTIES and props is None and app is None and c in _LISTS:
                 plain = _plain_properties(buf, p + 3)
                 if plain is None:  # other field types: the general decoder, with its checks
