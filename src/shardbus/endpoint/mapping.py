@@ -64,6 +64,7 @@ __all__ = [
     "SCHEDULED_TIME",
     "decode_batch_to_messages",
     "decode_to_message",
+    "encode_deliveries",
     "encode_delivery",
     "to_message",
 ]
@@ -398,6 +399,98 @@ def _delivery_head(m: Message, ttl: int | None, delivery_count: int, tail: tuple
     else:
         size = b"\xd1" + (n + 4).to_bytes(4, "big") + count.to_bytes(4, "big")
     return b"".join((_header(ttl, delivery_count), b"\x00\x53\x72", size, body, *tail))
+
+
+def _annotations_prefix(long_sequence: bool, locked: bool) -> bytes:
+    """The message-annotations section's descriptor and map header of a delivery whose annotations are the
+    sequence number (a smalllong, or a long if ``long_sequence``), the enqueued time and, if ``locked``, the
+    locked-until time: what ``_delivery_head`` writes for those."""
+    n = len(_SEQUENCE_NUMBER_KEY) + (9 if long_sequence else 2) + len(_ENQUEUED_TIME_KEY) + 9
+    if locked:
+        n += len(_LOCKED_UNTIL_KEY) + 9
+    return b"\x00\x53\x72" + bytes((0xC1, n + 1, 6 if locked else 4))
+
+
+# By (long sequence number, locked): every delivery of a message without a key, a schedule or a dead-letter source
+_PREFIXES = {(long, locked): _annotations_prefix(long, locked) for long in (False, True) for locked in (False, True)}
+
+
+def encode_deliveries(messages: list[Message]) -> list[bytes]:
+    """``encode_delivery`` of each message (as a receiver gets it, not a peek), in one pass: a receiver's credit
+    is answered with many deliveries at a time, and the usual one (its sender's sections kept, no annotations
+    of its own, no partition key, session, schedule or dead-letter fields) is written here without a call."""
+    out: list[bytes] = []
+    append = out.append
+    headers = _HEADERS
+    prefixes = _PREFIXES
+    seq_key, enqueued_key, locked_key = _SEQUENCE_NUMBER_KEY, _ENQUEUED_TIME_KEY, _LOCKED_UNTIL_KEY
+    data_body = _DATA_BODY
+    pack_long = _pack_long
+    items: list[Any] = messages  # the fields read below are set on every stored message: no None checks
+    for m in items:
+        sections = m.wire_sections
+        if (
+            sections is None
+            or m.annotations
+            or m.partition_key is not None
+            or m.session_id is not None
+            or m.enqueued_sequence_number is not None
+            or m.scheduled_enqueue_time is not None
+            or m.dead_letter_source is not None
+            or m.dead_letter_reason is not None
+            or m.dead_letter_error_description is not None
+        ):
+            append(encode_delivery(m))
+            continue
+        # ``_wire_ttl_and_count``, inlined (not scheduled: the TTL counts from the enqueued time)
+        ttl = m.expires_at_ms
+        if ttl is not None:
+            ttl -= m.enqueued_time_ms
+            if not 0 <= ttl < 2**32:
+                ttl = None
+        count = m.delivery_count - 1 if m.lock_token is not None else m.delivery_count
+        if count < 0:
+            count = 0
+        header = headers.get((ttl, count))
+        if header is None:
+            header = _header(ttl, count)
+        seq = m.sequence_number
+        sequence = bytes((0x55, seq & 0xFF)) if -128 <= seq <= 127 else pack_long(0x81, seq)
+        locked = m.locked_until_ms
+        body = m.body if m.body_type is data_body else b""
+        if locked is None:
+            append(
+                b"".join(
+                    (
+                        header,
+                        prefixes[len(sequence) == 9, False],
+                        seq_key,
+                        sequence,
+                        enqueued_key,
+                        pack_long(0x83, m.enqueued_time_ms),
+                        sections,
+                        body,
+                    )
+                )
+            )
+        else:
+            append(
+                b"".join(
+                    (
+                        header,
+                        prefixes[len(sequence) == 9, True],
+                        seq_key,
+                        sequence,
+                        enqueued_key,
+                        pack_long(0x83, m.enqueued_time_ms),
+                        locked_key,
+                        pack_long(0x83, locked),
+                        sections,
+                        body,
+                    )
+                )
+            )
+    return out
 
 
 def _unchanging_parts(m: Message) -> tuple[bytes, ...]:

@@ -32,7 +32,7 @@ from ..model.message import Message, ReceiveMode
 from ..model.routing import partition_of_lock_token, uuid_of_bytes_le
 from ..namespace import RemoteVerdict
 from .links import _ACCEPTED, _error
-from .mapping import encode_delivery
+from .mapping import encode_deliveries
 
 SESSION_FILTER = "com.microsoft:session-filter"
 DEFAULT_SESSION_WAIT_MS = 60_000  # how long a next-available session attach waits when the client names no limit
@@ -221,28 +221,33 @@ class ReceiveLinks:
             self._later(lambda: self._pump(link))  # more to send: yield to other connections first
 
     def _transfer(self, link: Any, receiver: Receiver | SessionReceiver, messages: list[Message]) -> int:
-        """Send what fits in the client's session window; give the rest back. Returns how many were sent."""
+        """Send what fits in the client's session window; give the rest back. Returns how many were sent. The
+        deliveries are encoded in one pass and put on the wire in another (``send_deliveries``)."""
         settled = receiver.mode is _RECEIVE_AND_DELETE
         max_frame = self.amqp.remote_max_frame_size
-        sent: list[Message] = []
+        room = link.session.remote_incoming_window
         now_ms = time.time() * 1000
-        session = link.session
-        send_transfer = self.amqp.send_transfer
-        for i, m in enumerate(messages):
-            payload = encode_delivery(m)
-            frames = len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
-            if frames > session.remote_incoming_window:
-                for rest in messages[i:]:
+        deliveries: list[tuple[bytes, bytes]] = []
+        ages: list[float] = []
+        frames = 0
+        for m, payload in zip(messages, encode_deliveries(messages), strict=True):
+            frames += len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
+            if frames > room:
+                for rest in messages[len(deliveries) :]:
                     receiver.submit_settle("release", rest)
                 break
             b = m.lock_token.int.to_bytes(16, "big")  # the token's ``bytes_le`` (.NET order), without its 2 calls
-            send_transfer(link, b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:], payload, settled=settled)
-            sent.append(m)
-        _observe_all(RECEIVE_SECONDS, [max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000 for m in sent])
+            deliveries.append((b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:], payload))
+            enqueued = m.enqueued_time_ms
+            ages.append(0.0 if enqueued is None or enqueued >= now_ms else (now_ms - enqueued) / 1000)
+        sent = len(deliveries)
+        if sent:
+            self.amqp.send_deliveries(link, deliveries, settled=settled)
+        _observe_all(RECEIVE_SECONDS, ages)
         if settled and sent:
-            for future in receiver.submit_complete(sent):
+            for future in receiver.submit_complete(messages[:sent] if sent < len(messages) else messages):
                 self._log_failure_of(future)
-        return len(sent)
+        return sent
 
     def _wait_for_messages(self, link: Any, state: _ReceiveLink) -> None:
         target = state.receiver.target
