@@ -36,11 +36,13 @@ FIELDS: list[dict[str, Any]] = [
     {"expires_at_ms": 1_700_000_005_000},  # a TTL
     {"expires_at_ms": 1_700_000_000_000 + 2**33},  # too long for header.ttl: "never"
     {"expires_at_ms": 1_600_000_000_000},  # negative: "never" too
+    {"enqueued_sequence_number": 77},
+    {"enqueued_sequence_number": 1 << 40, "sequence_number": 1 << 41},
+    {"enqueued_sequence_number": 3, "locked_until_ms": None, "lock_token": None},
     # the general path: annotations, keys, schedules, dead-letter fields
     {"annotations": {"x-custom": "v"}},
     {"partition_key": "pk"},
     {"session_id": "s"},
-    {"enqueued_sequence_number": 77},
     {"scheduled_enqueue_time": datetime(2030, 1, 1, tzinfo=UTC), "state": MessageState.SCHEDULED},
     {"dead_letter_source": "q"},
     {"dead_letter_reason": "r"},

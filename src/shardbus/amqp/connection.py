@@ -764,11 +764,18 @@ class Connection:
         ch = session.local_channel
         out = self._pending_amqp if self._pending_amqp is not None else self._out
         tags: list[bytes] = []
+        shape = -1  # the tag's length and the delivery-id's encoded length the parts below were made for
         for tag, payload in deliveries:
             lt = len(tag)
             d = _SMALL_UINTS[did] if did < 256 else _pBI(0x70, did)
-            n = fixed + len(d) + lt
-            size = _HDR_LEN + 6 + n + len(payload)
+            if lt + (len(d) << 16) != shape:  # the performative's size and its constant parts: once per batch
+                shape = lt + (len(d) << 16)
+                n = fixed + len(d) + lt
+                if n < 255:
+                    performative = bytes((0x00, 0x53, 0x14, 0xC0, n + 1, 5)) + h
+                    tag_constructor = bytes((0xA0, lt))
+                before_payload = _HDR_LEN + 6 + n
+            size = before_payload + len(payload)
             if n >= 255 or size > limit:  # a long tag or a payload of several frames: the general path
                 if tags:
                     session.next_delivery_id = did
@@ -778,17 +785,7 @@ class Connection:
                 self.send_transfer(link, tag, payload, settled=settled)
                 did = session.next_delivery_id
                 continue
-            out += b"".join(
-                (
-                    _frame_header(size, 2, FRAME_AMQP, ch),
-                    bytes((0x00, 0x53, 0x14, 0xC0, n + 1, 5)),
-                    h,
-                    d,
-                    bytes((0xA0, lt)),
-                    tag,
-                    tail,
-                )
-            )
+            out += b"".join((_frame_header(size, 2, FRAME_AMQP, ch), performative, d, tag_constructor, tag, tail))
             out += payload
             tags.append(tag)
             did = (did + 1) & 0xFFFFFFFF

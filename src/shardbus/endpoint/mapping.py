@@ -401,29 +401,30 @@ def _delivery_head(m: Message, ttl: int | None, delivery_count: int, tail: tuple
     return b"".join((_header(ttl, delivery_count), b"\x00\x53\x72", size, body, *tail))
 
 
-def _annotations_prefix(long_sequence: bool, locked: bool) -> bytes:
-    """The message-annotations section's descriptor and map header of a delivery whose annotations are the
-    sequence number (a smalllong, or a long if ``long_sequence``), the enqueued time and, if ``locked``, the
-    locked-until time: what ``_delivery_head`` writes for those."""
-    n = len(_SEQUENCE_NUMBER_KEY) + (9 if long_sequence else 2) + len(_ENQUEUED_TIME_KEY) + 9
-    if locked:
-        n += len(_LOCKED_UNTIL_KEY) + 9
-    return b"\x00\x53\x72" + bytes((0xC1, n + 1, 6 if locked else 4))
-
-
-# By (long sequence number, locked): every delivery of a message without a key, a schedule or a dead-letter source
-_PREFIXES = {(long, locked): _annotations_prefix(long, locked) for long in (False, True) for locked in (False, True)}
+# The message-annotations bytes every delivery has: the sequence number's and the enqueued time's keys and the
+# time's constructor, with the size of their values but the sequence number's (``encode_deliveries``)
+_ALWAYS_SIZE = len(_SEQUENCE_NUMBER_KEY) + len(_ENQUEUED_TIME_KEY) + 9
+# Made once, since building a few bytes from their values costs more than a lookup: a smalllong by value + 128,
+# and the message-annotations section's descriptor and map8 header by its size + 256 x its count of keys and values
+_SMALL_LONGS = tuple(bytes((0x55, v & 0xFF)) for v in range(-128, 128))
+_MAP8_HEADS: dict[int, bytes] = {
+    size + 256 * count: bytes((0x00, 0x53, 0x72, 0xC1, size + 1, count))
+    for count in (4, 6, 8)
+    for size in range(_ALWAYS_SIZE, 255)
+}
 
 
 def encode_deliveries(messages: list[Message]) -> list[bytes]:
     """``encode_delivery`` of each message (as a receiver gets it, not a peek), in one pass: a receiver's credit
     is answered with many deliveries at a time, and the usual one (its sender's sections kept, no annotations
-    of its own, no partition key, session, schedule or dead-letter fields) is written here without a call."""
+    of its own, no partition key, session, schedule or dead-letter fields) is written here without a call, its
+    message-annotations as ``_delivery_head`` writes them."""
     out: list[bytes] = []
     append = out.append
     headers = _HEADERS
-    prefixes = _PREFIXES
-    seq_key, enqueued_key, locked_key = _SEQUENCE_NUMBER_KEY, _ENQUEUED_TIME_KEY, _LOCKED_UNTIL_KEY
+    small_longs, map8_heads = _SMALL_LONGS, _MAP8_HEADS
+    seq_key, enqueued_key, enqueue_seq_key = _SEQUENCE_NUMBER_KEY, _ENQUEUED_TIME_KEY, _ENQUEUE_SEQUENCE_KEY
+    locked_key = _LOCKED_UNTIL_KEY
     data_body = _DATA_BODY
     pack_long = _pack_long
     items: list[Any] = messages  # the fields read below are set on every stored message: no None checks
@@ -434,7 +435,6 @@ def encode_deliveries(messages: list[Message]) -> list[bytes]:
             or m.annotations
             or m.partition_key is not None
             or m.session_id is not None
-            or m.enqueued_sequence_number is not None
             or m.scheduled_enqueue_time is not None
             or m.dead_letter_source is not None
             or m.dead_letter_reason is not None
@@ -455,41 +455,42 @@ def encode_deliveries(messages: list[Message]) -> list[bytes]:
         if header is None:
             header = _header(ttl, count)
         seq = m.sequence_number
-        sequence = bytes((0x55, seq & 0xFF)) if -128 <= seq <= 127 else pack_long(0x81, seq)
-        locked = m.locked_until_ms
-        body = m.body if m.body_type is data_body else b""
-        if locked is None:
-            append(
-                b"".join(
-                    (
-                        header,
-                        prefixes[len(sequence) == 9, False],
-                        seq_key,
-                        sequence,
-                        enqueued_key,
-                        pack_long(0x83, m.enqueued_time_ms),
-                        sections,
-                        body,
-                    )
-                )
-            )
+        sequence = small_longs[seq + 128] if -128 <= seq <= 127 else pack_long(0x81, seq)
+        size = _ALWAYS_SIZE + len(sequence)
+        pairs = 4
+        enqueue_seq = m.enqueued_sequence_number
+        if enqueue_seq is None:
+            middle_key = middle = b""
         else:
-            append(
-                b"".join(
-                    (
-                        header,
-                        prefixes[len(sequence) == 9, True],
-                        seq_key,
-                        sequence,
-                        enqueued_key,
-                        pack_long(0x83, m.enqueued_time_ms),
-                        locked_key,
-                        pack_long(0x83, locked),
-                        sections,
-                        body,
-                    )
+            middle_key = enqueue_seq_key
+            middle = small_longs[enqueue_seq + 128] if -128 <= enqueue_seq <= 127 else pack_long(0x81, enqueue_seq)
+            size += len(enqueue_seq_key) + len(middle)
+            pairs = 6
+        locked = m.locked_until_ms
+        if locked is None:
+            lock_key = lock = b""
+        else:
+            lock_key, lock = locked_key, pack_long(0x83, locked)
+            size += len(locked_key) + 9
+            pairs += 2
+        append(
+            b"".join(
+                (
+                    header,
+                    map8_heads[size + 256 * pairs],  # at most 8 keys and values of these sizes: always a map8
+                    seq_key,
+                    sequence,
+                    enqueued_key,
+                    pack_long(0x83, m.enqueued_time_ms),
+                    middle_key,
+                    middle,
+                    lock_key,
+                    lock,
+                    sections,
+                    m.body if m.body_type is data_body else b"",
                 )
             )
+        )
     return out
 
 
