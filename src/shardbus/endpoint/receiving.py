@@ -3,9 +3,11 @@
 ``ReceiveLinks`` is a part of ``ServiceBusConnection`` (connection.py): it owns a receiver link from its attach
 (a core ``Receiver``, or a ``SessionReceiver`` for a session filter, waiting for a next-available session when
 asked) through its deliveries (``_pump`` on credit: lock messages and transfer them, tag = lock token in .NET byte
-order) to the client's dispositions (settled in the core and echoed settled with the same outcome; completes are
-gathered per socket read and per partition, ``_flush_completes``). In memory: one ``_ReceiveLink`` per attached
-receiver link (bounded by the links a connection may hold) and the completes of the socket read being handled.
+order; each chunk a take brings is encoded in one pass and written in one, ``encode_deliveries`` and the
+engine's ``send_deliveries``) to the client's dispositions (settled in the core and echoed settled with the same
+outcome; completes are gathered per socket read and per partition, ``_flush_completes``). In memory: one
+``_ReceiveLink`` per attached receiver link (bounded by the links a connection may hold) and the completes of the
+socket read being handled.
 """
 
 from __future__ import annotations
