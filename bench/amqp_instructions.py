@@ -11,6 +11,9 @@ So this script measures one of the broker's paths the way callgrind can count it
        - ``peek-lock``: a peek-lock receiver link on a queue holding ``--batches`` x 100 messages, then per batch
          a flow granting 100 credits and 100 reads of one ``accepted`` disposition each: what the SDK sends for
          ``receive_messages(max_message_count=100)`` and a ``complete_message`` per message;
+       - ``peek-lock-ranges``: the same flows, each batch then accepted with one unsettled disposition of its
+         100 delivery ids (first..last) in one read: what our own client (``shardbus.client``, bench/scale.py)
+         sends;
        - ``receive-and-delete``: the same with a receive-and-delete link, so a batch is just the flow.
   2. ``replay``: a fresh broker (durable SQLite store, as ``shardbus serve`` runs it) is fed those bytes through
      its real ``AmqpProtocol`` and ``ServiceBusConnection``, with a transport that keeps what it is given; each
@@ -49,7 +52,7 @@ CONSUME_BATCH = 100  # credit per consume batch (the SDK bench's max_message_cou
 SETTLE_GROUP = 8  # completes per commit in the peek-lock replay
 BODY = bytes(range(256)) * 4
 MESSAGE_ID = "5b4f3c1e-0000-4000-8000-000000000001"  # fixed, so that every run packs the same bytes
-PATHS = ("produce", "peek-lock", "receive-and-delete")
+PATHS = ("produce", "peek-lock", "peek-lock-ranges", "receive-and-delete")
 
 
 class KeepingTransport:
@@ -220,6 +223,12 @@ async def record(file: str, path: str, batches: int) -> None:
             while len(ids) < CONSUME_BATCH:
                 await transport.answer()
                 ids += [e.delivery_id for e in _answered(client, transport) if isinstance(e, E.DeliveryReceived)]
+            if path == "peek-lock-ranges":
+                client.disposition(link, min(ids), max(ids), settled=False, state=Accepted())
+                batch.append(client.data_to_send())
+                transport.feed(protocol, batch[-1])
+                await transport.answer()  # the echo
+                _answered(client, transport)
             if path == "peek-lock":
                 for delivery_id in ids:
                     client.disposition(link, delivery_id, settled=False, state=Accepted())
@@ -323,6 +332,7 @@ def main() -> None:
         what = {
             "produce": "unsettled 1 KB transfers",
             "peek-lock": "peek-lock deliveries of 1 KB, each completed in its own read",
+            "peek-lock-ranges": "peek-lock deliveries of 1 KB, completed with one range disposition a batch",
             "receive-and-delete": "receive-and-delete deliveries of 1 KB",
         }[args.path]
         print(f"broker {args.path} path, {args.batches} x {size} {what}, callgrind", flush=True)

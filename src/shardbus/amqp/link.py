@@ -73,8 +73,9 @@ class Link:
     """One link end. Read its attributes freely; change it only through ``Connection`` methods.
 
     The methods below the properties (``local_attach``, ``on_attach``, ``local_detach``, ``on_detach``,
-    ``on_flow``, ``flow_fields``, ``set_credit``, ``complete_drain``, ``spend_credit``, ``on_transfer``) are the
-    engine's internal interface: its ``Session`` and ``Connection`` call them, the application never does."""
+    ``on_flow``, ``flow_fields``, ``set_credit``, ``complete_drain``, ``spend_credit``, ``spend_credits``,
+    ``on_transfer``) are the engine's internal interface: its ``Session`` and ``Connection`` call them, the
+    application never does."""
 
     __slots__ = (
         "_partial",
@@ -267,6 +268,11 @@ class Link:
         self.delivery_count = (self.delivery_count + 1) & _MASK
         if self.link_credit > 0:
             self.link_credit -= 1
+
+    def spend_credits(self, count: int) -> None:
+        """``spend_credit`` for ``count`` deliveries sent together."""
+        self.delivery_count = (self.delivery_count + count) & _MASK
+        self.link_credit = max(0, self.link_credit - count)
 
     def on_transfer(self, t: Transfer, payload: bytes, size_limit: int) -> tuple[Any, ...] | None:
         """Feed one transfer frame. Returns the completed delivery as

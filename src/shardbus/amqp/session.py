@@ -289,6 +289,17 @@ class Session:
             self.outgoing_unsettled[delivery_id] = _new_ref(DeliveryRef, (link, delivery_id, tag))
             link.unsettled[tag] = delivery_id
 
+    def record_sent_deliveries(self, link: Link, first: int, tags: list[bytes], settled: bool) -> None:
+        """``record_sent_delivery`` for deliveries ``first``, ``first + 1``, ... sent in one pass, one per tag
+        (their frames are counted with ``sent_transfer_frames``)."""
+        link.spend_credits(len(tags))
+        if not settled:
+            unsettled, by_tag, did = self.outgoing_unsettled, link.unsettled, first
+            for tag in tags:
+                unsettled[did] = _new_ref(DeliveryRef, (link, did, tag))
+                by_tag[tag] = did
+                did = (did + 1) & _MASK
+
     # ----------------------------------------------------------------------------------- dispositions
 
     def _settle_range(self, mine: dict[int, DeliveryRef], first: int, last: int, pop: bool) -> list[DeliveryRef]:

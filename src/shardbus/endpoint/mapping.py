@@ -64,6 +64,7 @@ __all__ = [
     "SCHEDULED_TIME",
     "decode_batch_to_messages",
     "decode_to_message",
+    "encode_deliveries",
     "encode_delivery",
     "to_message",
 ]
@@ -399,6 +400,99 @@ def _delivery_head(m: Message, ttl: int | None, delivery_count: int, tail: tuple
     else:
         size = b"\xd1" + (n + 4).to_bytes(4, "big") + count.to_bytes(4, "big")
     return b"".join((_header(ttl, delivery_count), b"\x00\x53\x72", size, body, *tail))
+
+
+# The message-annotations bytes every delivery has: the sequence number's and the enqueued time's keys and the
+# time's constructor, with the size of their values but the sequence number's (``encode_deliveries``)
+_ALWAYS_SIZE = len(_SEQUENCE_NUMBER_KEY) + len(_ENQUEUED_TIME_KEY) + 9
+# Made once, since building a few bytes from their values costs more than a lookup: a smalllong by value + 128,
+# and the message-annotations section's descriptor and map8 header by its size + 256 x its count of keys and values
+_SMALL_LONGS = tuple(bytes((0x55, v & 0xFF)) for v in range(-128, 128))
+_MAP8_HEADS: dict[int, bytes] = {
+    size + 256 * count: bytes((0x00, 0x53, 0x72, 0xC1, size + 1, count))
+    for count in (4, 6, 8)
+    for size in range(_ALWAYS_SIZE, 255)
+}
+
+
+def encode_deliveries(messages: list[Message]) -> list[bytes]:
+    """``encode_delivery`` of each message (as a receiver gets it, not a peek), in one pass: a receiver's credit
+    is answered with many deliveries at a time, and the usual one (its sender's sections kept, no annotations
+    of its own, no partition key, session, schedule or dead-letter fields) is written here without a call, its
+    message-annotations as ``_delivery_head`` writes them."""
+    out: list[bytes] = []
+    append = out.append
+    headers = _HEADERS
+    small_longs, map8_heads = _SMALL_LONGS, _MAP8_HEADS
+    seq_key, enqueued_key, enqueue_seq_key = _SEQUENCE_NUMBER_KEY, _ENQUEUED_TIME_KEY, _ENQUEUE_SEQUENCE_KEY
+    locked_key = _LOCKED_UNTIL_KEY
+    data_body = _DATA_BODY
+    pack_long = _pack_long
+    items: list[Any] = messages  # the fields read below are set on every stored message: no None checks
+    for m in items:
+        sections = m.wire_sections
+        if (
+            sections is None
+            or m.annotations
+            or m.partition_key is not None
+            or m.session_id is not None
+            or m.scheduled_enqueue_time is not None
+            or m.dead_letter_source is not None
+            or m.dead_letter_reason is not None
+            or m.dead_letter_error_description is not None
+        ):
+            append(encode_delivery(m))
+            continue
+        # ``_wire_ttl_and_count``, inlined (not scheduled: the TTL counts from the enqueued time)
+        ttl = m.expires_at_ms
+        if ttl is not None:
+            ttl -= m.enqueued_time_ms
+            if not 0 <= ttl < 2**32:
+                ttl = None
+        count = m.delivery_count - 1 if m.lock_token is not None else m.delivery_count
+        if count < 0:
+            count = 0
+        header = headers.get((ttl, count))
+        if header is None:
+            header = _header(ttl, count)
+        seq = m.sequence_number
+        sequence = small_longs[seq + 128] if -128 <= seq <= 127 else pack_long(0x81, seq)
+        size = _ALWAYS_SIZE + len(sequence)
+        pairs = 4
+        enqueue_seq = m.enqueued_sequence_number
+        if enqueue_seq is None:
+            middle_key = middle = b""
+        else:
+            middle_key = enqueue_seq_key
+            middle = small_longs[enqueue_seq + 128] if -128 <= enqueue_seq <= 127 else pack_long(0x81, enqueue_seq)
+            size += len(enqueue_seq_key) + len(middle)
+            pairs = 6
+        locked = m.locked_until_ms
+        if locked is None:
+            lock_key = lock = b""
+        else:
+            lock_key, lock = locked_key, pack_long(0x83, locked)
+            size += len(locked_key) + 9
+            pairs += 2
+        append(
+            b"".join(
+                (
+                    header,
+                    map8_heads[size + 256 * pairs],  # at most 8 keys and values of these sizes: always a map8
+                    seq_key,
+                    sequence,
+                    enqueued_key,
+                    pack_long(0x83, m.enqueued_time_ms),
+                    middle_key,
+                    middle,
+                    lock_key,
+                    lock,
+                    sections,
+                    m.body if m.body_type is data_body else b"",
+                )
+            )
+        )
+    return out
 
 
 def _unchanging_parts(m: Message) -> tuple[bytes, ...]:

@@ -3,9 +3,11 @@
 ``ReceiveLinks`` is a part of ``ServiceBusConnection`` (connection.py): it owns a receiver link from its attach
 (a core ``Receiver``, or a ``SessionReceiver`` for a session filter, waiting for a next-available session when
 asked) through its deliveries (``_pump`` on credit: lock messages and transfer them, tag = lock token in .NET byte
-order) to the client's dispositions (settled in the core and echoed settled with the same outcome; completes are
-gathered per socket read and per partition, ``_flush_completes``). In memory: one ``_ReceiveLink`` per attached
-receiver link (bounded by the links a connection may hold) and the completes of the socket read being handled.
+order; each chunk a take brings is encoded in one pass and written in one, ``encode_deliveries`` and the
+engine's ``send_deliveries``) to the client's dispositions (settled in the core and echoed settled with the same
+outcome; completes are gathered per socket read and per partition, ``_flush_completes``). In memory: one
+``_ReceiveLink`` per attached receiver link (bounded by the links a connection may hold) and the completes of the
+socket read being handled.
 """
 
 from __future__ import annotations
@@ -29,16 +31,20 @@ from ..entity.sessions import SessionReceiver, accept_session
 from ..metrics import RECEIVE_SECONDS
 from ..model.errors import ArgumentError, OperationTimeout, ShardbusError
 from ..model.message import Message, ReceiveMode
-from ..model.routing import partition_of_lock_token, uuid_of_bytes_le
+from ..model.routing import uuid_of_bytes_le
 from ..namespace import RemoteVerdict
 from .links import _ACCEPTED, _error
-from .mapping import encode_delivery
+from .mapping import encode_deliveries
 
 SESSION_FILTER = "com.microsoft:session-filter"
 DEFAULT_SESSION_WAIT_MS = 60_000  # how long a next-available session attach waits when the client names no limit
 DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
 _LINK_ATTACHED = LinkState.ATTACHED
+_new_uuid = uuid.UUID.__new__  # as model/routing.py builds a lock token from a delivery tag
+_set = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+_from_bytes = int.from_bytes
 _SESSION_MAPPED = SessionState.MAPPED
 # A large answer to a flow is taken and written in chunks that double from FIRST_CHUNK, so the client decodes the
 # first deliveries while this loop locks and encodes the next ones, and each chunk is ready before the client has
@@ -221,28 +227,33 @@ class ReceiveLinks:
             self._later(lambda: self._pump(link))  # more to send: yield to other connections first
 
     def _transfer(self, link: Any, receiver: Receiver | SessionReceiver, messages: list[Message]) -> int:
-        """Send what fits in the client's session window; give the rest back. Returns how many were sent."""
+        """Send what fits in the client's session window; give the rest back. Returns how many were sent. The
+        deliveries are encoded in one pass and put on the wire in another (``send_deliveries``)."""
         settled = receiver.mode is _RECEIVE_AND_DELETE
         max_frame = self.amqp.remote_max_frame_size
-        sent: list[Message] = []
+        room = link.session.remote_incoming_window
         now_ms = time.time() * 1000
-        session = link.session
-        send_transfer = self.amqp.send_transfer
-        for i, m in enumerate(messages):
-            payload = encode_delivery(m)
-            frames = len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
-            if frames > session.remote_incoming_window:
-                for rest in messages[i:]:
+        deliveries: list[tuple[bytes, bytes]] = []
+        ages: list[float] = []
+        frames = 0
+        for m, payload in zip(messages, encode_deliveries(messages), strict=True):
+            frames += len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
+            if frames > room:
+                for rest in messages[len(deliveries) :]:
                     receiver.submit_settle("release", rest)
                 break
             b = m.lock_token.int.to_bytes(16, "big")  # the token's ``bytes_le`` (.NET order), without its 2 calls
-            send_transfer(link, b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:], payload, settled=settled)
-            sent.append(m)
-        _observe_all(RECEIVE_SECONDS, [max(0.0, now_ms - (m.enqueued_time_ms or now_ms)) / 1000 for m in sent])
+            deliveries.append((b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:], payload))
+            enqueued = m.enqueued_time_ms
+            ages.append(0.0 if enqueued is None or enqueued >= now_ms else (now_ms - enqueued) / 1000)
+        sent = len(deliveries)
+        if sent:
+            self.amqp.send_deliveries(link, deliveries, settled=settled)
+        _observe_all(RECEIVE_SECONDS, ages)
         if settled and sent:
-            for future in receiver.submit_complete(sent):
+            for future in receiver.submit_complete(messages[:sent] if sent < len(messages) else messages):
                 self._log_failure_of(future)
-        return len(sent)
+        return sent
 
     def _wait_for_messages(self, link: Any, state: _ReceiveLink) -> None:
         target = state.receiver.target
@@ -263,14 +274,27 @@ class ReceiveLinks:
     def _on_disposition(self, e: ev.DispositionReceived) -> None:
         if not e.role:
             return  # the client settling what it sent: nothing to do
+        if type(e.state) is Accepted:  # completes, gathered for ``_flush_completes`` (see ``events_done``)
+            pending, receivers, settled = self._pending_completes, self._receivers, e.settled
+            link = receiver = None
+            for ref in e.deliveries:  # a range's deliveries are mostly of one link: its receiver is looked up once
+                if ref.link is not link:
+                    link = ref.link
+                    state = receivers.get(link)
+                    receiver = None if state is None else state.receiver
+                tag = ref.delivery_tag
+                if receiver is None or len(tag) != 16:
+                    continue
+                token = _new_uuid(uuid.UUID)  # ``uuid_of_bytes_le``, inlined: every settled delivery comes here
+                _set(token, "int", _from_bytes(tag[3::-1] + tag[5:3:-1] + tag[7:5:-1] + tag[8:], "big"))
+                _set(token, "is_safe", _SAFE_UNKNOWN)
+                pending.append((ref, receiver, token, settled))
+            return
         for ref in e.deliveries:
             state = self._receivers.get(ref.link)
             if state is None or len(ref.delivery_tag) != 16:
                 continue
             token = uuid_of_bytes_le(ref.delivery_tag)
-            if type(e.state) is Accepted:
-                self._pending_completes.append((ref, state.receiver, token, e.settled))  # see ``events_done``
-                continue
             if self._pending_completes:
                 self._flush_completes()  # keep settlements in the order the client sent them
             if isinstance(e.state, TransactionalState):
@@ -305,7 +329,7 @@ class ReceiveLinks:
         by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
         for item in pending:
             receiver = item[1]
-            key = (id(receiver), partition_of_lock_token(item[2]))
+            key = (id(receiver), item[2].int & 0xFFFF)  # ``partition_of_lock_token``, inlined
             group = by_key.get(key)
             if group is None:
                 group = by_key[key] = (receiver, [])
@@ -332,13 +356,21 @@ class ReceiveLinks:
     @staticmethod
     def _echo_accepted(items: list[tuple[Any, Any, uuid.UUID, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Note the unsettled deliveries of ``items`` for an ``accepted`` echo, by session (``_send_echoes``)."""
+        last: Any = None
+        ids: list[int] | None = None
         for ref, _, _, settled in items:
+            if settled:
+                continue
             link = ref.link
-            if not settled and link.attached:
-                noted = echo.get(id(link.session))
-                if noted is None:
-                    noted = echo[id(link.session)] = (link, [])
-                noted[1].append(ref.delivery_id)
+            if link is not last:  # a range's deliveries are mostly of one link: its session is looked up once
+                last, ids = link, None
+                if link.attached:
+                    noted = echo.get(id(link.session))
+                    if noted is None:
+                        noted = echo[id(link.session)] = (link, [])
+                    ids = noted[1]
+            if ids is not None:
+                ids.append(ref.delivery_id)
 
     def _send_echoes(self, echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Echo ``accepted`` for the noted deliveries: one range disposition per run of consecutive ids."""

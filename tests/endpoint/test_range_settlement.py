@@ -1,0 +1,68 @@
+"""One disposition for a range of delivery ids (first..last), as our own client sends for a received batch: it may
+cover the deliveries of several receiver links of the session; each gets its outcome, the unsettled range is
+echoed, a settled one is not, and every covered message is completed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shardbus import Message
+from shardbus.amqp import events as E
+from shardbus.amqp.performatives import Accepted
+from shardbus.amqp.transport import AmqpClient, AmqpProtocol
+
+
+class EchoRecordingClient(AmqpClient):
+    """Records the settled dispositions the broker sends for deliveries we received: delivery id -> state."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.echoes: dict[int, Any] = {}
+
+    def handle_event(self, protocol: AmqpProtocol, ev: E.Event) -> None:
+        if type(ev) is E.DispositionReceived and not ev.role and ev.settled:
+            for did in range(ev.first, ev.last + 1):
+                self.echoes[did] = ev.state
+            return
+        super().handle_event(protocol, ev)
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_range_over_two_links_completes_all_and_echoes_unless_settled(root_client, ns, queue, settled: bool):
+    name = queue(enable_partitioning=True)
+    count = 10
+    ns.send(name, [Message(f"m{i}") for i in range(count)])
+
+    async def run() -> tuple[list[int], dict[int, Any]]:
+        client = await root_client(EchoRecordingClient)
+        try:
+            session = await client.session()
+            first = await session.receiver(name, credit=count // 2)
+            second = await session.receiver(name, credit=count // 2)
+            deliveries = [await first.receive(timeout=10) for _ in range(count // 2)]
+            deliveries += [await second.receive(timeout=10) for _ in range(count // 2)]
+            ids = sorted(d.delivery_id for d in deliveries)
+            assert ids == list(range(ids[0], ids[0] + count))  # one session: one run of ids over both links
+            client._conn.disposition(first.link, ids[0], ids[-1], settled=settled, state=Accepted())
+            client._flush()
+            for _ in range(100):
+                if len(client.echoes) == count or (
+                    settled and ns.get_runtime_properties(name).active_message_count == 0
+                ):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # a settled range must stay unanswered
+            return ids, client.echoes
+        finally:
+            await client.close()
+
+    ids, echoes = asyncio.run(run())
+    if settled:
+        assert echoes == {}
+    else:
+        assert sorted(echoes) == ids
+        assert all(isinstance(state, Accepted) for state in echoes.values())
+    assert ns.get_runtime_properties(name).active_message_count == 0
