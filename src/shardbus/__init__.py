@@ -14,12 +14,8 @@ The Python API (no network needed)::
 from importlib import import_module
 from typing import Any
 
-from . import speedups
-
-speedups.install()  # before any hot module is imported: compiled variants, when built and current (speedups.py)
-
-from .model.errors import *  # noqa: E402, F403  (the domain error table is part of the API)
-from .model.errors import ALL_ERRORS, ShardbusError  # noqa: E402
+from .model.errors import *  # noqa: F403  (the domain error table is part of the API)
+from .model.errors import ALL_ERRORS, ShardbusError
 
 # The rest of the API is imported on first use (PEP 562), so that ``import shardbus.client`` (the Spark connector,
 # the CLI) does not load the broker's core: namespace, entities, partitions, stores.
