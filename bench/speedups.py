@@ -213,6 +213,8 @@ def run(bench: str, variant: str, args: list[str], site: Path, keep: str | None)
 
 def fmt(values: list[float], digits: int) -> str:
     med = statistics.median(values)
+    if abs(med) < 10:
+        digits = max(digits, 2)  # ratios
     if len(values) == 1:
         return f"{med:,.{digits}f}"
     return f"{med:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
