@@ -267,10 +267,12 @@ class Ledger:
 class Probe:
     """The machine's own drift, measured beside the broker: every ``period`` seconds a tiny fixed operation on a
     bare SQLite file (an insert and a synced commit, what a send costs the store at least) and a 64-byte loopback
-    TCP echo (what every request costs the network stack). Its medians per interval tell a slower machine (both
-    move) from a slower broker (only the broker's latencies move)."""
+    TCP echo (what every request costs the network stack). Its medians and p99s per interval tell a slower machine
+    (both move) from a slower broker (only the broker's latencies move). It runs in this process, beside the SDK's
+    threads, so it waits for this process's GIL as the measured requests do: what it shows is everything but the
+    broker. Ten times a second: 3,000 samples in a 5-minute interval, 30 of them above its p99."""
 
-    def __init__(self, root: Path, period: float = 0.2) -> None:
+    def __init__(self, root: Path, period: float = 0.1) -> None:
         import socket
         import sqlite3
 

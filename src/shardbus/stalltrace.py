@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 PATH = os.environ.get("SHARDBUS_STALL_TRACE") or None
@@ -29,7 +30,7 @@ ON = PATH is not None
 THRESHOLD = float(os.environ.get("SHARDBUS_STALL_TRACE_MS", "1")) / 1000  # seconds
 LOOP_PERIOD = 0.005  # the event-loop lag probe posts a callback this often (seconds)
 GARBAGE = ON and os.environ.get("SHARDBUS_STALL_TRACE_GARBAGE") == "1"
-SAMPLE_AFTER = 0.02  # a loop that has not answered the probe after this long: note where it is (seconds)
+SAMPLE_AFTER = 0.005  # a loop that has not answered the probe after this long: note where it is (seconds)
 
 _lock = threading.Lock()
 _file: Any = None
@@ -96,13 +97,24 @@ def _where(thread_id: int | None, depth: int = 6) -> str:
     return " < ".join(out)
 
 
+def _state(native_id: int) -> str:
+    """The kernel's view of a thread of this process: its state (R running or runnable, S sleeping) and what it
+    sleeps in (``futex_wait_queue``: a lock, such as the GIL; ``ep_poll``: waiting for I/O)."""
+    try:
+        state = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/self/task/{native_id}/wchan").read_text().strip() or "-"
+    except OSError:
+        return "?"
+    return f"{state}:{wchan}"
+
+
 def watch_loop(loop: Any) -> None:
     """Record the event loop's lag: a thread posts a callback every ``LOOP_PERIOD`` and notes how long the loop
     took to run it (what every request on that loop waited at least). When the loop has not answered after
     ``SAMPLE_AFTER``, what the loop's thread is doing then is noted too (a ``loopstack`` line)."""
     if not ON:
         return
-    owner: list[int] = []
+    owner: list[tuple[int, int]] = []  # the loop thread's (ident, native id)
 
     def probe() -> None:
         done = threading.Event()
@@ -112,11 +124,11 @@ def watch_loop(loop: Any) -> None:
             try:
                 loop.call_soon_threadsafe(done.set)
                 if not owner:
-                    loop.call_soon_threadsafe(lambda: owner.append(threading.get_ident()))
+                    loop.call_soon_threadsafe(lambda: owner.append((threading.get_ident(), threading.get_native_id())))
             except RuntimeError:  # closed meanwhile
                 return
             if not done.wait(SAMPLE_AFTER):
-                where = _where(owner[0] if owner else None)
+                where = f"{_state(owner[0][1])} {_where(owner[0][0])}" if owner else ""
                 sampled = time.monotonic()
                 done.wait(5)
                 record("loopstack", posted, sampled - posted, where)
