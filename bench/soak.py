@@ -133,14 +133,17 @@ def _config() -> dict:
 # the broker process and what it holds
 # --------------------------------------------------------------------------------------------------------------
 class Broker:
-    def __init__(self, data_dir: Path, workers: int) -> None:
+    def __init__(self, data_dir: Path, workers: int, trace: Path | None = None) -> None:
         config = data_dir / "Config.json"
         config.write_text(json.dumps(_config()))
         self.stderr = open(data_dir / "serve.stderr", "w")  # noqa: SIM115 (open for the process's life)
+        env = dict(os.environ)
+        if trace is not None:  # the broker notes its slow commits, checkpoints, collections, ticks (stalltrace.py)
+            env["SHARDBUS_STALL_TRACE"] = str(trace)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardbus.cli", "serve", "--port", "0", "--data-dir", str(data_dir / "data"),
              "--config", str(config), "--workers", str(workers)],
-            stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL, text=True,
+            stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL, text=True, env=env,
         )  # fmt: skip
         self.connection_string = ""
         assert self.proc.stdout is not None
@@ -207,6 +210,9 @@ class Sent:
     due: float = 0.0  # monotonic time the open-loop schedule meant it to be sent (receive latency counts from it)
 
 
+Span = tuple[float, float, str]  # a send: due and returned (monotonic), what it was
+
+
 @dataclass
 class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -215,6 +221,9 @@ class Ledger:
     send_errors: collections.Counter = field(default_factory=collections.Counter)
     other_errors: collections.Counter = field(default_factory=collections.Counter)
     send_ms: list[float] = field(default_factory=list)
+    send_spans: list[Span] = field(default_factory=list)  # this interval's sends
+    slow_sends: list[Span] = field(default_factory=list)  # each interval's sends above its p99
+    sample_sends: list[Span] = field(default_factory=list)  # 1% of all sends, picked at random
     receive_ms: list[float] = field(default_factory=list)  # from the send's due time to the first receive
     settle_ms: list[float] = field(default_factory=list)
     settled = 0
@@ -236,20 +245,34 @@ class Ledger:
             if what in ("completed", "dlq-completed"):
                 self.settled += 1
 
+    def send_done(self, due: float, what: str) -> None:
+        """(Lock held.) A send (``what``: entity and kind) due at ``due`` returned now."""
+        now = time.monotonic()
+        self.send_ms.append((now - due) * 1000)
+        self.send_spans.append((due, now, what))
+
     def take_latencies(self) -> tuple[list[float], list[float], list[float], int]:
         with self.lock:
             sends, receives, settles, settled = self.send_ms, self.receive_ms, self.settle_ms, self.settled
-            self.send_ms, self.receive_ms, self.settle_ms, self.settled = [], [], [], 0
-            return sends, receives, settles, settled
+            spans = self.send_spans
+            self.send_ms, self.receive_ms, self.settle_ms, self.settled, self.send_spans = [], [], [], 0, []
+        # what the stall trace is matched against (``stall_report``): this interval's slowest 1% and a sample
+        if spans:
+            cut = _pct([span[1] - span[0] for span in spans], 0.99)
+            self.slow_sends += [span for span in spans if span[1] - span[0] >= cut]
+            self.sample_sends += random.sample(spans, max(1, len(spans) // 100))
+        return sends, receives, settles, settled
 
 
 class Probe:
     """The machine's own drift, measured beside the broker: every ``period`` seconds a tiny fixed operation on a
     bare SQLite file (an insert and a synced commit, what a send costs the store at least) and a 64-byte loopback
-    TCP echo (what every request costs the network stack). Its medians per interval tell a slower machine (both
-    move) from a slower broker (only the broker's latencies move)."""
+    TCP echo (what every request costs the network stack). Its medians and p99s per interval tell a slower machine
+    (both move) from a slower broker (only the broker's latencies move). It runs in this process, beside the SDK's
+    threads, so it waits for this process's GIL as the measured requests do: what it shows is everything but the
+    broker. Ten times a second: 3,000 samples in a 5-minute interval, 30 of them above its p99."""
 
-    def __init__(self, root: Path, period: float = 0.2) -> None:
+    def __init__(self, root: Path, period: float = 0.1) -> None:
         import socket
         import sqlite3
 
@@ -310,6 +333,104 @@ class Probe:
         self.client.close()
         self.server.close()
         self.db.close()
+
+
+STALL_MS = 3.0  # a traced event at least this long is a stall that may explain a slow send
+
+
+def _commit_report(commits: list[tuple[float, float, str]], checkpoints: list[tuple[float, float, str]]) -> list[str]:
+    """Synced commits that overlapped a checkpoint (of any store: they share the disk) against the others."""
+    import bisect
+
+    checkpoints.sort()
+    starts = [c[0] for c in checkpoints]
+    longest = max((c[1] - c[0] for c in checkpoints), default=0.0)
+    beside: list[float] = []
+    alone: list[float] = []
+    for start, end, _ in commits:
+        i = bisect.bisect_left(starts, start - longest)
+        hit = False
+        while i < len(checkpoints) and checkpoints[i][0] < end:
+            if checkpoints[i][1] > start:
+                hit = True
+                break
+            i += 1
+        (beside if hit else alone).append((end - start) * 1000)
+    out = [f"stalls: {len(checkpoints)} checkpoints, {sum(c[1] - c[0] for c in checkpoints):.2f} s in all"]
+    for name, ms in (("beside a checkpoint", beside), ("alone", alone)):
+        if ms:
+            out.append(
+                f"stalls: synced commits {name}: {len(ms)} ({len(ms) / len(commits):.1%}), p50 {_pct(ms, 0.5):.2f} ms,"
+                f" p90 {_pct(ms, 0.9):.2f} ms, p99 {_pct(ms, 0.99):.2f} ms"
+            )
+    return out
+
+
+def stall_report(trace: Path, slow: list[Span], sample: list[Span]) -> list[str]:
+    """Match the slowest sends against what the broker traced (``SHARDBUS_STALL_TRACE``): for each kind of event
+    (commit, batch, checkpoint, gc, tick, upkeep, loop), how many lasted ``STALL_MS`` or more, and what share of
+    the slow sends overlapped one, against the share of a random sample of all sends. A kind that overlaps the
+    slow sends far more often than the sample is where their time went."""
+    import bisect
+
+    events: dict[str, list[tuple[float, float, str]]] = collections.defaultdict(list)
+    commits: list[tuple[float, float, str]] = []  # every synced commit: (start, end, store)
+    checkpoints: list[tuple[float, float, str]] = []  # every checkpoint
+    try:
+        lines = trace.read_text().splitlines()
+    except OSError as exc:
+        return [f"stalls: no trace ({exc})"]
+    for line in lines:
+        parts = line.split(" ", 3)
+        if len(parts) < 3:
+            continue
+        start, ms, kind, detail = float(parts[0]), float(parts[1]), parts[2], parts[3] if len(parts) > 3 else ""
+        span = (start, start + ms / 1000, detail.split(" ")[0])
+        if kind == "commit" and detail.endswith("sync=True"):
+            commits.append(span)
+        elif kind == "checkpoint":
+            checkpoints.append(span)
+        if ms >= STALL_MS:
+            events[kind].append((start, start + ms / 1000, detail))
+    out = _commit_report(commits, checkpoints)
+
+    def overlapping(kind: str, due: float, end: float) -> list[tuple[float, float, str]]:
+        evs, starts, longest = indexed[kind]
+        i = bisect.bisect_left(starts, due - longest)
+        found = []
+        while i < len(evs) and evs[i][0] < end:
+            if evs[i][1] > due:
+                found.append(evs[i])
+            i += 1
+        return found
+
+    indexed = {}
+    for kind, evs in events.items():
+        evs.sort()
+        indexed[kind] = (evs, [e[0] for e in evs], max(e[1] - e[0] for e in evs))
+    for kind in sorted(indexed):
+        evs = indexed[kind][0]
+        total = sum(e[1] - e[0] for e in evs)
+        hit_slow = sum(1 for d, e, _ in slow if overlapping(kind, d, e))
+        hit_sample = sum(1 for d, e, _ in sample if overlapping(kind, d, e))
+        longest = max(e[1] - e[0] for e in evs) * 1000
+        out.append(
+            f"stalls: {kind:>10} >= {STALL_MS:g} ms: {len(evs):6d} events, {total:7.2f} s in all, longest "
+            f"{longest:7.1f} ms; overlap {100 * hit_slow / max(1, len(slow)):5.1f}% of the {len(slow)} slowest sends, "
+            f"{100 * hit_sample / max(1, len(sample)):5.1f}% of {len(sample)} sampled sends"
+        )
+    for what, n in collections.Counter(s[2] for s in slow).most_common():
+        share = sum(1 for s in sample if s[2] == what) / max(1, len(sample))
+        out.append(f"stalls: {n / max(1, len(slow)):6.1%} of the slowest: '{what}' ({share:.1%} of the sample)")
+    for due, end, what in sorted(slow, key=lambda s: s[0] - s[1])[:10]:
+        seen = []
+        for kind in sorted(indexed):
+            evs = overlapping(kind, due, end)
+            if evs:
+                seen.append(f"{kind} x{len(evs)} (max {max(e[1] - e[0] for e in evs) * 1000:.0f} ms)")
+        traced = ", ".join(seen) or "nothing traced"
+        out.append(f"stalls: send ({what}) at {due:.3f} took {(end - due) * 1000:.1f} ms: {traced}")
+    return out
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -392,9 +513,8 @@ class Load:
             with self.ledger.lock:
                 self.ledger.send_errors[type(exc).__name__] += 1
             return False
-        elapsed = (time.monotonic() - due) * 1000
         with self.ledger.lock:
-            self.ledger.send_ms.append(elapsed)
+            self.ledger.send_done(due, f"{records[0][1].entity} x{len(records)}")
             for _, sent in records:
                 sent.acked = True
         return True
@@ -420,7 +540,7 @@ class Load:
                             self.ledger.send_errors[type(exc).__name__] += 1
                         continue
                     with self.ledger.lock:
-                        self.ledger.send_ms.append((time.monotonic() - due) * 1000)
+                        self.ledger.send_done(due, f"{Q} schedule")
                         sent.acked = True
                     self.last_scheduled = when.timestamp()
                     if random.random() < 0.25:
@@ -676,40 +796,56 @@ def reconcile(ledger: Ledger) -> dict[str, int | list[str]]:
 LATENCIES = ("send_p50", "send_p99", "recv_p50", "recv_p99", "settle_p50", "settle_p99")
 
 
+MIN_P99_SAMPLES = 1000  # a p99 from fewer samples is a handful of outliers (at 1,000: the 10 slowest)
+_COUNTS = {"send": "n_send", "recv": "n_recv", "settle": "n_settle"}
+
+
 def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     """One verdict per metric over the intervals after warm-up.
 
     RSS and descriptors: each interval against the first of them (interval 2); ``GREW`` past ``FLAT`` fails the
     run (a leak only grows). Latencies: their spread, the slowest interval's over the fastest's; ``flat`` within
     ``FLAT``. A latency that is not flat is divided, interval by interval, by the machine's own drift in the same
-    interval (the geometric mean of the SQLite and echo probes' ratios to their medians): ``follows the machine``
-    when what is left is within ``FLAT`` (the machine slowed down, not the broker), ``MOVED`` otherwise."""
+    interval, measured at the same percentile (the geometric mean of the SQLite and echo probes' p50s, or p99s,
+    as ratios to their medians over the intervals): ``follows the machine`` when what is left is within ``FLAT``
+    (the machine slowed down, not the broker), ``MOVED`` otherwise. A p99 is judged only over intervals with at
+    least ``MIN_P99_SAMPLES`` samples (``too few samples`` otherwise)."""
     base = after[0]
-    drift: list[float] = []
-    for row in after:
-        parts = [row[p] / statistics.median([r[p] for r in after]) for p in ("sqlite", "echo") if row[p] == row[p]]
-        drift.append(statistics.geometric_mean(parts) if parts and all(parts) else float("nan"))
+    drift: dict[str, list[float]] = {}
+    for pct, probes in (("p50", ("sqlite", "echo")), ("p99", ("sqlite_p99", "echo_p99"))):
+        drift[pct] = []
+        for row in after:
+            parts = [row[p] / statistics.median([r[p] for r in after]) for p in probes if row[p] == row[p]]
+            drift[pct].append(statistics.geometric_mean(parts) if parts and all(parts) else float("nan"))
     out = []
     for name in ("rss", "fds"):
         ratios = [r[name] / base[name] for r in after if base[name]]
         worst = max(ratios) if ratios else float("nan")
         out.append((name, f"max {worst:.2f}x of interval 2 ({'flat' if worst <= FLAT else 'GREW'})"))
-    for name in (*LATENCIES, "sqlite", "echo"):
-        values = [r[name] for r in after if r[name] == r[name] and r[name] > 0]
+    for name in (*LATENCIES, "sqlite", "sqlite_p99", "echo", "echo_p99"):
+        pct = "p99" if name.endswith("p99") else "p50"
+        kind = name.split("_")[0]
+        enough = [
+            pct == "p50" or kind not in _COUNTS or r.get(_COUNTS[kind], MIN_P99_SAMPLES) >= MIN_P99_SAMPLES
+            for r in after
+        ]
+        rows = [(r, d) for r, d, ok in zip(after, drift[pct], enough, strict=True) if ok and r[name] == r[name]]
+        values = [r[name] for r, _ in rows if r[name] > 0]
         if len(values) < 2:
-            out.append((name, "too few samples"))
+            out.append((name, f"too few samples (p99s need {MIN_P99_SAMPLES} an interval)"))
             continue
         spread = max(values) / min(values)
         text = f"{min(values):.2f}-{max(values):.2f} ms, spread {spread:.2f}x"
-        if name in ("sqlite", "echo"):
+        if name.startswith(("sqlite", "echo")):
             out.append((name, f"{text} (the machine's probe)"))
-        elif spread <= FLAT:
-            out.append((name, f"{text} (flat)"))
+            continue
+        net = [r[name] / d for r, d in rows if d == d and d > 0 and r[name] > 0]
+        net_spread = max(net) / min(net) if len(net) >= 2 else float("nan")
+        if spread <= FLAT:
+            verdict = "flat"
         else:
-            net = [r[name] / d for r, d in zip(after, drift, strict=True) if r[name] == r[name] and d == d and d > 0]
-            net_spread = max(net) / min(net) if len(net) >= 2 else float("nan")
             verdict = "follows the machine" if net_spread <= FLAT else "MOVED"
-            out.append((name, f"{text}, {net_spread:.2f}x net of the machine's drift ({verdict})"))
+        out.append((name, f"{text}, {net_spread:.2f}x net of the machine's {pct} drift ({verdict})"))
     return out
 
 
@@ -724,11 +860,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=90.0, help="seconds the final drain may take at most")
     parser.add_argument("--data-dir", type=Path, help="where the broker's data goes (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    parser.add_argument(
+        "--trace", action="store_true", help="have the broker trace its stalls and match them with the slow sends"
+    )
     args = parser.parse_args(argv)
 
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="shardbus-soak-"))
     root.mkdir(parents=True, exist_ok=True)
-    broker = Broker(root, args.workers)
+    trace = root / "stalls.trace" if args.trace else None
+    broker = Broker(root, args.workers, trace)
     ledger = Ledger()
     load = Load(broker.connection_string, ledger, args.rate)
     probe = Probe(root)
@@ -736,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{broker.proc.pid}, workers={args.workers}, data in {root}", flush=True)  # fmt: skip
     print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
           f"{'recv_p50':>9} {'recv_p99':>9} {'cmpl_p50':>9} {'cmpl_p99':>9} {'errors':>7} {'sqlite':>8} "
-          f"{'echo':>8}", flush=True)  # fmt: skip
+          f"{'sql_p99':>8} {'echo':>8} {'echo_p99':>8}", flush=True)  # fmt: skip
     rows: list[dict[str, float]] = []
     started = time.monotonic()
     load.start()
@@ -769,13 +909,16 @@ def main(argv: list[str] | None = None) -> int:
                 "recv_p50": _pct(receives, 0.5), "recv_p99": _pct(receives, 0.99),
                 "settle_p50": _pct(settles, 0.5), "settle_p99": _pct(settles, 0.99), "errors": errors - errors_before,
                 "sqlite": _pct(sqlite_ms, 0.5), "echo": _pct(echo_ms, 0.5),
+                "sqlite_p99": _pct(sqlite_ms, 0.99), "echo_p99": _pct(echo_ms, 0.99),
+                "n_send": len(sends), "n_recv": len(receives), "n_settle": len(settles),
             }  # fmt: skip
             sent_before, errors_before = sent_total, errors
             rows.append(row)
             print(f"{row['t'] / 60:8.1f}m {row['sent']:7d} {row['settled']:8d} {rss:7.1f} {fds:5d} "
                   f"{row['send_p50']:7.1f}ms {row['send_p99']:7.1f}ms {row['recv_p50']:7.1f}ms "
                   f"{row['recv_p99']:7.1f}ms {row['settle_p50']:7.1f}ms {row['settle_p99']:7.1f}ms "
-                  f"{row['errors']:7d} {row['sqlite']:6.2f}ms {row['echo']:6.3f}ms", flush=True)  # fmt: skip
+                  f"{row['errors']:7d} {row['sqlite']:6.2f}ms {row['sqlite_p99']:6.2f}ms {row['echo']:6.3f}ms "
+                  f"{row['echo_p99']:6.3f}ms", flush=True)  # fmt: skip
         # Drain: producers stop, consumers go on until everything acknowledged reached its outcome.
         load.producing.clear()
         drain_start = time.monotonic()
@@ -826,6 +969,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flatness: {name}: {verdict}")
             if "GREW" in verdict and len(after) >= 3 and status == 0:
                 status = 2
+    if trace is not None:
+        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends):
+            print(line)
     if not args.keep and args.data_dir is None:
         shutil.rmtree(root, ignore_errors=True)
     print(f"soak: exit status {status}")

@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import gc
 
+from . import stalltrace
+
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop when available (faster I/O), else asyncio's."""
     try:
         import uvloop
 
-        return uvloop.new_event_loop()
+        loop = uvloop.new_event_loop()
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
-        return asyncio.new_event_loop()
+        loop = asyncio.new_event_loop()
+    stalltrace.watch_loop(loop)
+    return loop
 
 
 def tune_garbage_collector() -> None:
@@ -25,6 +29,7 @@ def tune_garbage_collector() -> None:
     which the AMQP benchmark measured at about half of the broker's CPU per message. Broker objects rarely form
     cycles, so collections can be much rarer, and what start-up loaded is moved out of the collector's sight.
     """
+    stalltrace.watch_gc()
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)

@@ -46,7 +46,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "shardbus"
 # Rooms of the house, from the bottom up. A room imports only rooms below it, or rooms on its own floor where the
 # floor says so; ``shardbus`` itself (the lazy package API) and the pytest plugin stand outside.
 FLOORS: list[tuple[str, ...]] = [
-    ("model",),  # pure values and rules
+    ("model", "stalltrace"),  # pure values and rules; the stall trace (a debugging aid that imports nothing of ours)
     ("amqp", "metrics", "logs", "extras", "runtime"),  # the sans-IO engine; what every process sets up
     ("message_wire",),  # a message's AMQP sections, shared by the client and the endpoint
     ("message_size",),  # a message's size on the wire: the Python API's size check, as AMQP's

@@ -234,16 +234,21 @@ def _after(futures: list[Future], reply: Callable[[], ManagementReply]) -> Futur
     if not futures:
         result.set_result(reply())
         return result
+    # Let go of ``reply`` once answered: a future keeps its callbacks, and a reply that reads the futures (as
+    # schedule_message's does) would otherwise leave a reference cycle per request for the garbage collector.
+    pending = [reply]
 
     def one_done(f: Future) -> None:
         exc = f.exception()
         if exc is not None and not result.done():
+            pending.clear()
             result.set_exception(exc)
             return
         remaining[0] -= 1
         if remaining[0] == 0 and not result.done():
+            make = pending.pop()
             try:
-                result.set_result(reply())
+                result.set_result(make())
             except BaseException as e:
                 result.set_exception(e)
 

@@ -422,6 +422,13 @@ class _Sender:
                 PartitionUnavailable(f"No partition of '{self.path}' is available to take the message; retry later.")
             )
 
+        def release(_: Future) -> None:
+            # ``attempt`` refers to itself (through its closure): once answered, let go of it, or every send
+            # through here leaves a reference cycle (with its messages) for the garbage collector to find
+            nonlocal attempt
+            attempt = None  # type: ignore[assignment]
+
+        result.add_done_callback(release)
         attempt(0)
         return result
 

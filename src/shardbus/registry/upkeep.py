@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+from .. import stalltrace
 from ..entity.entity import QueueEntity, Target
 from ..model.errors import ShardbusError
 from ..model.message import SubQueue
@@ -36,10 +37,16 @@ class Upkeep:
                 log.exception("reading the catalog failed")
             now = time.monotonic()
             prune = now - last_prune > 60
+            round_started = time.monotonic()
             for entity in list(self._entities.values()):
                 for p in entity.partitions:
                     try:
+                        tick_started = time.monotonic()
                         p.tick()
+                        if stalltrace.ON:
+                            stalltrace.record(
+                                "tick", tick_started, time.monotonic() - tick_started, f"{getattr(p, 'id', '')}"
+                            )
                         if prune:
                             p.prune_dedup()
                     except Exception:  # upkeep must never stop; the partition reports its own health
@@ -47,6 +54,8 @@ class Upkeep:
             if prune:
                 last_prune = now
             self._forward_all()
+            if stalltrace.ON:
+                stalltrace.record("upkeep", round_started, time.monotonic() - round_started)
 
     def _forwarding_sources(self) -> list[tuple[int, Target, SubQueue, str]]:
         sources = []

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from .. import stalltrace
 from .base import MessageStore, Op, StoreFull
 from .pools import COMMITS
 
@@ -199,6 +200,7 @@ class GroupCommitter:
             ops: list[Op] = []
             for item in batch:
                 ops.extend(item[0])
+            started = time.monotonic() if stalltrace.ON else 0.0
             try:
                 if ops:
                     self.store.apply(ops, sync)
@@ -221,6 +223,10 @@ class GroupCommitter:
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
+            if stalltrace.ON:
+                stalltrace.record(
+                    "batch", started, time.monotonic() - started, f"{getattr(self.store, 'path', '')} ops={len(ops)}"
+                )
 
     def _keep(self, batch: list[Pending], exc: StoreFull) -> bool:
         """A batch found the store full (nothing of it was written): refuse its sends, put the rest back at the

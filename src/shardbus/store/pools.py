@@ -22,4 +22,6 @@ class LazyPool:
 
 
 COMMITS = LazyPool(8, "shardbus-commit")  # group commits (store/committer.py); SQLite lets go of the GIL as it writes
-CHECKPOINTS = LazyPool(2, "shardbus-checkpoint")  # background SQLite checkpoints (store/sqlite.py)
+# Background SQLite checkpoints (store/sqlite.py), one at a time: each fsyncs a database file, and every store's
+# commits wait behind the fsyncs on the same disk.
+CHECKPOINTS = LazyPool(1, "shardbus-checkpoint")
