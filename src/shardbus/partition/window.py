@@ -148,7 +148,7 @@ class StoreWindow:
         limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
         slot = q.key[0]
         try:
-            rows = self._store.scan_session(slot, session.id, first, self._visible_next, limit)
+            rows = self._store.scan_session(slot, session.id, int(_ACTIVE), first, self._visible_next, limit)
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
         entries, ready, leaving = q.entries, session.ready, self._leaving
@@ -242,7 +242,9 @@ class StoreWindow:
             if session_id is not None and q.sessions is not None:  # one session's: by the session index
                 assert self._store is not None
                 try:
-                    rows = self._store.scan_session(slot, session_id, first, min(end, self._visible_next), limit)
+                    rows = self._store.scan_session(
+                        slot, session_id, int(_ACTIVE), first, min(end, self._visible_next), limit
+                    )
                 except StoreError as exc:
                     raise self._on_store_failure(exc) from exc
                 out += [self._entry_of(slot, r) for r in rows if r[0] not in q.entries and (slot, r[0]) not in leaving]
@@ -296,7 +298,7 @@ class StoreWindow:
             if session_id is not None and q.sessions is not None:  # one session's: by the session index
                 assert self._store is not None
                 try:
-                    found = self._store.scan_session_held(
+                    found = self._store.scan_session(
                         slot, session_id, int(state), first, min(end, self._visible_next), limit
                     )
                 except StoreError as exc:

@@ -132,13 +132,10 @@ class MessageStore(Protocol):
         expiry time (ms)."""
         ...
 
-    def scan_session(self, slot: int, session: str, first: int, end: int, limit: int) -> list[Row]:
-        """Up to ``limit`` ACTIVE rows of one session of a slot's main queue with ``first <= seq < end``, in
-        sequence order (by the ``_ses`` index, on (session, seq) of the rows that have a session)."""
-        ...
-
-    def scan_session_held(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
-        """As ``scan_session``, for the session's rows in ``state`` (DEFERRED or SCHEDULED), for a peek."""
+    def scan_session(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
+        """Up to ``limit`` rows in ``state`` (ACTIVE for a session's window; DEFERRED or SCHEDULED for a peek) of
+        one session of a slot's main queue with ``first <= seq < end``, in sequence order (by the ``_ses`` index,
+        on (session, seq) of the rows that have a session)."""
         ...
 
     def scan_heads(self, slot: int, first: int, end: int, limit: int) -> list[tuple[int, str]]:

@@ -451,14 +451,7 @@ class PostgresStore:
             self._reset_reader()
             raise StoreError(f"cannot read store {self}: {exc}") from exc
 
-    def scan_session(self, slot: int, session: str, first: int, end: int, limit: int) -> list[Row]:
-        return self._rows(
-            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE session = %s AND seq >= %s AND seq < %s "
-            "AND queue = 0 AND state = 0 ORDER BY session, seq LIMIT %s",
-            (_db_text(session), first, end, limit),
-        )
-
-    def scan_session_held(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
+    def scan_session(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
         return self._rows(
             f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE session = %s AND seq >= %s AND seq < %s "
             "AND queue = 0 AND state = %s ORDER BY session, seq LIMIT %s",

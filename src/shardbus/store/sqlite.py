@@ -387,19 +387,8 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
-    def scan_session(self, slot: int, session: str, first: int, end: int, limit: int) -> list[Row]:
-        try:  # the _ses index: the session's rows in sequence order, main-queue ACTIVE ones picked from them
-            cursor = self._read().execute(
-                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE session = ? "
-                "AND seq >= ? AND seq < ? AND queue = 0 AND state = 0 ORDER BY seq LIMIT ?",
-                (session, first, end, limit),
-            )
-            return cursor.fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
-
-    def scan_session_held(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
-        try:
+    def scan_session(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
+        try:  # the _ses index: the session's rows in sequence order, the main queue's in ``state`` picked from them
             cursor = self._read().execute(
                 f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE session = ? "
                 "AND seq >= ? AND seq < ? AND queue = 0 AND state = ? ORDER BY seq LIMIT ?",
