@@ -51,6 +51,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -205,9 +206,29 @@ def defer_all(ns) -> None:
 # =================================================================================================================
 # measuring (the SDK against the broker process)
 # =================================================================================================================
+def _cycles(sender: Any, receiver: Any, messages: int, session_id: str | None = None) -> float:
+    """msg/s of send 100 + receive 100 (peek-lock) + complete each, ``messages`` in all, on open links."""
+    from azure.servicebus import ServiceBusMessage
+
+    done = 0
+    started = time.monotonic()
+    while done < messages:
+        sender.send_messages([ServiceBusMessage(BODY, session_id=session_id) for _ in range(100)])
+        got = 0
+        while got < 100:
+            batch = receiver.receive_messages(max_message_count=100 - got, max_wait_time=5)
+            if not batch:
+                break
+            for m in batch:
+                receiver.complete_message(m)
+            got += len(batch)
+        done += 100
+    return done / (time.monotonic() - started)
+
+
 def session_rate(conn: str, queue: str, messages: int) -> float:
     """``rate`` on a session-enabled queue: the 100s go to a new session, received by a receiver of that session."""
-    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+    from azure.servicebus import ServiceBusClient
 
     sid = f"rate-{uuid.uuid4().hex[:12]}"
     with (
@@ -215,20 +236,7 @@ def session_rate(conn: str, queue: str, messages: int) -> float:
         client.get_queue_sender(queue) as sender,
         client.get_queue_receiver(queue, session_id=sid, prefetch_count=0) as receiver,
     ):
-        done = 0
-        started = time.monotonic()
-        while done < messages:
-            sender.send_messages([ServiceBusMessage(BODY, session_id=sid) for _ in range(100)])
-            got = 0
-            while got < 100:
-                batch = receiver.receive_messages(max_message_count=100 - got, max_wait_time=5)
-                if not batch:
-                    break
-                for m in batch:
-                    receiver.complete_message(m)
-                got += len(batch)
-            done += 100
-        return done / (time.monotonic() - started)
+        return _cycles(sender, receiver, messages, sid)
 
 
 def rate(conn: str, queue: str, messages: int, sessions: bool = False) -> float:
@@ -242,20 +250,7 @@ def rate(conn: str, queue: str, messages: int, sessions: bool = False) -> float:
             sender.send_messages([ServiceBusMessage(BODY) for _ in range(10)])  # links attached and warm
             for m in receiver.receive_messages(max_message_count=10, max_wait_time=5):
                 receiver.complete_message(m)
-            done = 0
-            started = time.monotonic()
-            while done < messages:
-                sender.send_messages([ServiceBusMessage(BODY) for _ in range(100)])
-                got = 0
-                while got < 100:
-                    batch = receiver.receive_messages(max_message_count=100 - got, max_wait_time=5)
-                    if not batch:
-                        break
-                    for m in batch:
-                        receiver.complete_message(m)
-                    got += len(batch)
-                done += 100
-            return done / (time.monotonic() - started)
+            return _cycles(sender, receiver, messages)
 
 
 def rates(conn: str, rounds: int, per_round: int, sessions: bool = False) -> tuple[list[float], list[float]]:
