@@ -8,25 +8,9 @@ import uuid
 from typing import Any
 
 from shardbus import Message
-from shardbus.amqp import events as E
 from shardbus.amqp.performatives import Accepted, Rejected
-from shardbus.amqp.transport import AmqpClient, AmqpProtocol
 from shardbus.entity.receiver import Receiver
-
-
-class EchoRecordingClient(AmqpClient):
-    """Records the settled dispositions the broker sends for deliveries we received: delivery id -> state."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.echoes: dict[int, Any] = {}
-
-    def handle_event(self, protocol: AmqpProtocol, ev: E.Event) -> None:
-        if type(ev) is E.DispositionReceived and not ev.role and ev.settled:
-            for did in range(ev.first, ev.last + 1):
-                self.echoes[did] = ev.state
-            return
-        super().handle_event(protocol, ev)
+from support.echo_client import EchoRecordingClient
 
 
 def test_accepts_of_one_read_are_settled_together_each_with_its_outcome(root_client, ns, queue):
