@@ -357,15 +357,23 @@ def _free_port() -> int:
 SERVE = [sys.executable, "-c", "import sys; from shardbus.cli import main; sys.exit(main())", "serve"]
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(tree: Path = ROOT) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src") + (os.pathsep + path if path else "")}
+    return {**os.environ, "PYTHONPATH": str(tree / "src") + (os.pathsep + path if path else "")}
+
+
+BASE = "@base"  # a kind's suffix: the same mode served from the ``--base`` checkout (e.g. ``workers1@base``)
+
+
+def _mode(kind: str) -> str:
+    """The mode of a kind, without the ``@base`` suffix."""
+    return kind.removesuffix(BASE)
 
 
 class ShardbusServe:
     """``shardbus serve [mode flags]`` as a child process, with a Config.json holding one partitioned queue."""
 
-    def __init__(self, folder: Path, flags: list[str], profile: Path | None = None) -> None:
+    def __init__(self, folder: Path, flags: list[str], profile: Path | None = None, tree: Path = ROOT) -> None:
         self.folder = folder
         folder.mkdir(parents=True)
         self.port = _free_port()
@@ -384,7 +392,7 @@ class ShardbusServe:
             *("--data-dir", str(folder / "data"), "--config", str(folder / "Config.json")),
         ]
         args += flags
-        self.command = " ".join(["shardbus serve", *flags])
+        self.command = " ".join(["shardbus serve", *flags]) + ("" if tree == ROOT else f" ({tree.name})")
         self.profile = profile
         if profile is not None:  # the same command under cProfile, every thread of every process
             args = [sys.executable, str(Path(__file__).with_name("profiled.py")), str(profile), *args[len(SERVE) - 1 :]]
@@ -395,7 +403,7 @@ class ShardbusServe:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=_child_env(),
+            env=_child_env(tree),
             preexec_fn=_die_with_parent,
         )
         log.close()
@@ -633,13 +641,17 @@ def print_ratios(targets: list[Target], rabbit_note: str | None) -> None:
                 f"(send {ratio(s, rabbit, 'send')}, receive {ratio(s, rabbit, 'receive')})"
             )
     # The hop to a worker: broker CPU per message, the same round's workers1 over workers0.
-    if "workers1" in by and "workers0" in by:
-        values = _ratios(by["workers1"].broker_us["both"], by["workers0"].broker_us["both"])
-        verdict = "met" if statistics.median(values) <= HOP_TARGET else "MISSED"
-        print(
-            f"broker CPU per message workers1/workers0: {fmt_range(values, 2)} in both "
-            f"(target <= {HOP_TARGET}: {verdict})"
-        )
+    for suffix in ("", BASE):
+        if "workers1" + suffix in by and "workers0" + suffix in by:
+            values = _ratios(by["workers1" + suffix].broker_us["both"], by["workers0" + suffix].broker_us["both"])
+            verdict = "met" if statistics.median(values) <= HOP_TARGET else "MISSED"
+            print(
+                f"broker CPU per message workers1/workers0{suffix}: {fmt_range(values, 2)} in both "
+                f"(target <= {HOP_TARGET}: {verdict})"
+            )
+    for kind in [k for k in by if not k.endswith(BASE) and k + BASE in by]:
+        values = _ratios(by[kind].broker_us["both"], by[kind + BASE].broker_us["both"])
+        print(f"broker CPU per message {kind} / {kind}{BASE}: {fmt_range(values, 2)} in both (this tree over the base)")
     if default is not None:
         med = statistics.median(default.broker_us["both"])
         verdict = "met" if med <= CPU_TARGET else "MISSED"
@@ -652,12 +664,14 @@ def print_ratios(targets: list[Target], rabbit_note: str | None) -> None:
 def print_processes(targets: list[Target]) -> None:
     """Point 4 of the scale-out work, honestly on few cores: each process's CPU per message in "both", and the
     capacity that implies with a core per process (each process saturates at 1e6 / its us/msg messages/s)."""
-    rows = [t for t in targets if t.process_us and t.kind != "default"]
+    rows = [t for t in targets if t.process_us and _mode(t.kind) != "default"]
     if not rows:
         return
     print('CPU per message in "both" by process (us/msg, median over runs; one message = one send + one complete)')
-    base: tuple[float, int, float] | None = None  # workers1: capacity, processes, workers' total us/msg
+    bases: dict[str, tuple[float, int, float]] = {}  # workers1 by tree: capacity, processes, workers' us/msg
     for t in rows:
+        tree = t.kind[len(_mode(t.kind)) :]  # "" or "@base"
+        base = bases.get(tree)
         med = {role: statistics.median(v) for role, v in t.process_us.items()}
         fronts = {r: v for r, v in med.items() if r.startswith("front end")}
         workers = {r: v for r, v in med.items() if r.startswith("worker")}
@@ -678,8 +692,8 @@ def print_processes(targets: list[Target]) -> None:
             f"  {'':<40} write system calls per message: {calls or 'n/a'}\n"
             f"  {'':<40} of which in the kernel (us/msg): {in_kernel or 'n/a'}"
         )
-        if t.kind == "workers1" and workers:
-            base = (capacity, len(busy), wsum)
+        if _mode(t.kind) == "workers1" and workers:
+            bases[tree] = (capacity, len(busy), wsum)
         elif base is not None and workers and len(busy) > base[1]:
             per_core = (capacity - base[0]) / (len(busy) - base[1])
             line += (
@@ -739,6 +753,12 @@ def main() -> None:
         help="run each shardbus mode under cProfile (bench/profiled.py), its profiles in DIR/<mode>/, and print "
         "the busiest functions of each process (slow: take CPU per message from a run without it)",
     )
+    parser.add_argument(
+        "--base",
+        metavar="DIR",
+        help="also serve each mode from this checkout of another commit (its src/), interleaved with this one's, "
+        "and print every ratio for both: a change measured against its base in the same run",
+    )
     parser.add_argument("--role", choices=("send", "recv"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--entity", help=argparse.SUPPRESS)
@@ -757,6 +777,12 @@ def main() -> None:
     unknown = [k for k in kinds if k not in LINEUP]
     if unknown:
         parser.error(f"--brokers: unknown {', '.join(unknown)} (known: {', '.join(KINDS)})")
+    base_tree: Path | None = None
+    if args.base:
+        base_tree = Path(args.base).resolve()
+        if not (base_tree / "src" / "shardbus").is_dir():
+            parser.error(f"--base: {base_tree} is not a shardbus checkout (no src/shardbus)")
+        kinds = [k for kind in kinds for k in (kind, kind + BASE)]  # each mode next to its base: interleaved
     # SIGTERM (e.g. a test runner's timeout) unwinds through the finally below, which stops every child.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     folder = Path(tempfile.mkdtemp(prefix="shardbus-bench-scale-"))
@@ -774,7 +800,8 @@ def main() -> None:
             if args.profile:
                 Path(args.profile).mkdir(parents=True, exist_ok=True)
                 profile = Path(args.profile).resolve() / kind
-            serve = ShardbusServe(folder / kind, LINEUP[kind], profile)
+            tree = base_tree if kind.endswith(BASE) and base_tree is not None else ROOT
+            serve = ShardbusServe(folder / kind, LINEUP[_mode(kind)], profile, tree)
             brokers.append(serve)
             target = Target(serve.command, kind, serve.url, QUEUE, serve.proc.pid)
             target.roles = process_roles(serve.proc.pid)
