@@ -100,7 +100,10 @@ class WorkerLink:
             if self._flush_scheduled:
                 return future
             self._flush_scheduled = True
-        self.client.loop.call_soon_threadsafe(self._flush)
+        if threading.get_ident() == self.client.thread_id:  # a tick, a restore: no need to wake the loop
+            self.client.loop.call_soon(self._flush)
+        else:
+            self.client.loop.call_soon_threadsafe(self._flush)
         return future
 
     def _down_text(self, partition: RemotePartition | None) -> str:
@@ -301,6 +304,7 @@ class ClusterClient:
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="shardbus-cluster", daemon=True)
         self._thread.start()
+        self.thread_id = self._thread.ident
         self._ticker = asyncio.run_coroutine_threadsafe(self._tick_forever(), self.loop)
 
     def link(self, name: str, address: tuple[str, int] | None) -> WorkerLink:
