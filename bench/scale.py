@@ -49,9 +49,14 @@ send and receive (median and range over the rounds, each round's ratio from the 
 message of ``--workers 1`` over ``--workers 0`` (the cost of the hop to a worker) and the default's broker CPU
 per message in "both".
 
+``--base DIR`` serves each chosen mode a second time from another checkout (``DIR/src``, e.g. ``git archive`` of
+the commit a change starts from), interleaved round by round with this tree's, and prints the ratios for both
+trees and this tree over the base per mode: how a change is measured against its base in one run on a noisy
+machine.
+
     python bench/scale.py [--count N] [--quick] [--repeat R] [--window W] [--credit C] [--brokers K,...]
                           [--senders S] [--receivers R] [--no-rabbitmq] [--no-install] [--workers-only]
-                          [--profile DIR]
+                          [--profile DIR] [--base DIR]
 
 ``--quick`` is 2000 messages. ``--no-rabbitmq`` skips RabbitMQ; otherwise it is installed with apt-get when missing
 and we are root (``--no-install`` forbids that), and when it cannot be installed or started the run says why and
