@@ -19,7 +19,8 @@ sends that failed ``PartitionUnavailable`` (``in_doubt``) and is not healthy whi
 with ``revoke_in_doubt``, which removes those batches if they are there; only then is it healthy again.
 
 Time: every request carries the front end's clock and the ``tick_all`` upkeep runs from here, so a worker started
-with ``--follow-caller-clock`` lives on the front end's (possibly fake) time.
+with ``--follow-caller-clock`` lives on the front end's (possibly fake) time. A worker on its own clock ticks its
+partitions itself; ``serve --workers`` then sends ``tick_all`` only for health (``HEALTH_INTERVAL``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ log = logging.getLogger("shardbus.cluster")
 CALL_TIMEOUT = 30.0
 RECONNECT_DELAY = 0.2
 TICK_INTERVAL = 0.1
+HEALTH_INTERVAL = 1.0  # ``tick_all`` to workers that tick themselves: only for their partitions' health
 REVOKE_ROUNDS = 5
 
 
@@ -294,9 +296,12 @@ class _Deliveries:
 class ClusterClient:
     """A front end's connections to its workers, on one event-loop thread."""
 
-    def __init__(self, key: str, clock: Callable[[], float]) -> None:
+    def __init__(self, key: str, clock: Callable[[], float], tick_interval: float = TICK_INTERVAL) -> None:
+        """``tick_interval``: how often each worker gets ``tick_all``; ``HEALTH_INTERVAL`` for workers that tick
+        their partitions themselves (on their own clock, ``worker.Worker``), where it only brings health."""
         self.key = key
         self.clock = clock
+        self.tick_interval = tick_interval
         self.links: dict[str, WorkerLink] = {}
         self.closing = False
         from ..runtime import new_event_loop
@@ -331,9 +336,10 @@ class ClusterClient:
         return False
 
     async def _tick_forever(self) -> None:
-        """Lock expiry, scheduled messages and TTL run on each worker's ``tick_all``, driven from here."""
+        """Each worker's ``tick_all``: its partitions' health, and on the caller's clock also their lock expiry,
+        scheduled messages and TTL (a worker on its own clock ticks them itself)."""
         while not self.closing:
-            await asyncio.sleep(TICK_INTERVAL)
+            await asyncio.sleep(self.tick_interval)
             for link in list(self.links.values()):
                 if link.connected and link.partitions:
                     # each partition ticks on its own namespace's clock (tests move fake ones)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..partition.handle import PartitionHandle, PartitionSpec
-from .remote import ClusterClient, RemotePartition
+from .remote import HEALTH_INTERVAL, TICK_INTERVAL, ClusterClient, RemotePartition
 
 READY_TIMEOUT = 30.0
 WATCH_INTERVAL = 0.05  # how often the supervisor looks for dead workers where it cannot sleep until one exits
@@ -286,6 +286,8 @@ class LocalCluster:
         self.client: ClusterClient | None = None  # created by start, after the workers (its thread would stop a fork)
         self._connect = connect
         self._clock = clock
+        # workers on their own clock tick themselves (worker.Worker): the front end's ticks only bring health
+        self._tick_interval = TICK_INTERVAL if follow_caller_clock else HEALTH_INTERVAL
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self._exits = _ExitWatch()
@@ -300,7 +302,7 @@ class LocalCluster:
             for w in self.workers:  # all at once: start-up costs one worker's, not N
                 w.spawn()
             if self._connect:
-                self.client = ClusterClient(self.key, self._clock)
+                self.client = ClusterClient(self.key, self._clock, self._tick_interval)
             for w in self.workers:
                 address = w.wait_ready()
                 if self.client is not None:
