@@ -291,7 +291,13 @@ class MessageReceiver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait
         link.grant(max_count)
+        queued = link.deliveries
         while len(got) < max_count:
+            if not queued.empty():
+                # What one socket read brought is queued already: taken as it is. ``receive`` (wait_for) would
+                # make a task and a timer per delivery and give each its own turn of the loop.
+                got.append(queued.get_nowait())
+                continue
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
