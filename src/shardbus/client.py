@@ -38,6 +38,7 @@ from .amqp.performatives import (
 )
 from .amqp.transport import AmqpClient, ClientReceiver, ClientSender, ClientSession
 from .message_wire import ENQUEUED_TIME, PARTITION_KEY, SEQUENCE_NUMBER, encode_sections
+from .model.routing import uuid_of_bytes_le
 
 T = TypeVar("T")
 
@@ -212,7 +213,8 @@ class MessageReceiver:
         deliveries = self._client._call(self._receive(max_count, max_wait, idle))
         out = []
         for d in deliveries:
-            token = None if self.receive_and_delete or len(d.delivery_tag) != 16 else uuid.UUID(bytes_le=d.delivery_tag)
+            tag = d.delivery_tag
+            token = None if self.receive_and_delete or len(tag) != 16 else uuid_of_bytes_le(tag)
             # Another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling.
             out.append(ReceivedMessage(decode_message(d.payload), token, None if self.receive_and_delete else d))
         return out
@@ -291,7 +293,13 @@ class MessageReceiver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait
         link.grant(max_count)
+        queued = link.deliveries
         while len(got) < max_count:
+            if not queued.empty():
+                # What one socket read brought is queued already: taken as it is. ``receive`` (wait_for) would
+                # make a task and a timer per delivery and give each its own turn of the loop.
+                got.append(queued.get_nowait())
+                continue
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break

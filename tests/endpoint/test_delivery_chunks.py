@@ -1,5 +1,5 @@
-"""A large answer to a flow is taken and written in chunks that double (8, 16, 32, ...), so that the client decodes
-the first deliveries while the broker locks and encodes the next ones; every delivery still arrives, in order.
+"""A large answer to a flow is taken and written in chunks that grow threefold (8, 24, 72, ...), so that the client
+decodes the first deliveries while the broker locks and encodes the next ones; every delivery still arrives, in order.
 Partitions in worker processes are asked for the whole credit at once (one round trip), so with them a flow is
 answered in one piece."""
 
@@ -19,7 +19,7 @@ REMOTE = bool(int(os.environ.get("SHARDBUS_TEST_WORKERS", "0")))  # tests/confte
 
 
 @pytest.mark.parametrize("credit", [100, 5])
-def test_a_flow_is_answered_in_doubling_chunks_each_written_at_once(root_client, ns, queue, monkeypatch, credit):
+def test_a_flow_is_answered_in_growing_chunks_each_written_at_once(root_client, ns, queue, monkeypatch, credit):
     name = queue()
     ns.send(name, [Message(f"m{i}") for i in range(100)])
     steps: list[tuple[str, int]] = []  # ("take", delivered) and ("write", 0), in the broker's order
@@ -55,6 +55,8 @@ def test_a_flow_is_answered_in_doubling_chunks_each_written_at_once(root_client,
     if REMOTE or credit < first:
         assert chunks == [credit]
         return
-    assert chunks == [first, 2 * first, 4 * first, credit - 7 * first]
+    growth = endpoint.CHUNK_GROWTH
+    assert growth == 3  # three chunks for the usual flow of 100: 8, 24, 68
+    assert chunks == [first, growth * first, credit - (1 + growth) * first]
     # each chunk but the last is written as soon as it is encoded; the last one goes out with the flow's answer
     assert [kind for kind, _ in steps] == ["take", "write"] * (len(chunks) - 1) + ["take"]

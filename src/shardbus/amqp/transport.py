@@ -200,6 +200,11 @@ class AmqpClientError(Exception):
         self.error = error
 
 
+def _time_out(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 class ClientSender:
     """A sending link of ``AmqpClient``."""
 
@@ -232,10 +237,19 @@ class ClientSender:
         if settled:
             client._flush()
             return None
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         client._outcomes[(id(self.link.session), did)] = fut
         client._flush()
-        return await asyncio.wait_for(fut, timeout)
+        if timeout is None:
+            return await fut
+        # A timer of our own, not ``wait_for`` (a waiter future, a callback and a timer): every unsettled
+        # send waits here, and a sender keeps hundreds in flight.
+        timer = loop.call_later(timeout, _time_out, fut)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
 
     async def close(self) -> None:
         """Detach (closed=true) and wait for the peer's answer."""
