@@ -338,6 +338,33 @@ class Probe:
 STALL_MS = 3.0  # a traced event at least this long is a stall that may explain a slow send
 
 
+class ClientStalls:
+    """What stalls the load itself, in this process (``--trace``): its garbage collections (every SDK thread and
+    the probe wait for one) and the ledger's long holds of its lock (every send records itself under it). Matched
+    against the slow sends with the broker's trace, as kinds ``client-gc`` and ``client-ledger``: a slow send that
+    only a client stall overlapped was slow on this side of the socket."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, float, str, str]] = []  # (start, end, kind, detail)
+        self._gc_started = 0.0
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.monotonic()
+        elif self._gc_started:
+            self.note("client-gc", self._gc_started, f"gen={info.get('generation')} collected={info.get('collected')}")
+
+    def note(self, kind: str, started: float, detail: str = "") -> None:
+        ended = time.monotonic()
+        if (ended - started) * 1000 >= STALL_MS:
+            self.events.append((started, ended, kind, detail))  # list.append: atomic, from any thread
+
+    def start(self) -> None:
+        import gc
+
+        gc.callbacks.append(self._gc)
+
+
 def _commit_report(commits: list[tuple[float, float, str]], checkpoints: list[tuple[float, float, str]]) -> list[str]:
     """Synced commits that overlapped a checkpoint (of any store: they share the disk) against the others."""
     import bisect
@@ -366,7 +393,9 @@ def _commit_report(commits: list[tuple[float, float, str]], checkpoints: list[tu
     return out
 
 
-def stall_report(trace: Path, slow: list[Span], sample: list[Span]) -> list[str]:
+def stall_report(
+    trace: Path, slow: list[Span], sample: list[Span], client: list[tuple[float, float, str, str]] = ()
+) -> list[str]:
     """Match the slowest sends against what the broker traced (``SHARDBUS_STALL_TRACE``): for each kind of event
     (commit, batch, checkpoint, gc, tick, upkeep, loop), how many lasted ``STALL_MS`` or more, and what share of
     the slow sends overlapped one, against the share of a random sample of all sends. A kind that overlaps the
@@ -392,6 +421,8 @@ def stall_report(trace: Path, slow: list[Span], sample: list[Span]) -> list[str]
             checkpoints.append(span)
         if ms >= STALL_MS:
             events[kind].append((start, start + ms / 1000, detail))
+    for start, end, kind, detail in client:
+        events[kind].append((start, end, detail))
     out = _commit_report(commits, checkpoints)
 
     def overlapping(kind: str, due: float, end: float) -> list[tuple[float, float, str]]:
@@ -872,6 +903,9 @@ def main(argv: list[str] | None = None) -> int:
     ledger = Ledger()
     load = Load(broker.connection_string, ledger, args.rate)
     probe = Probe(root)
+    client_stalls = ClientStalls()
+    if trace is not None:
+        client_stalls.start()
     print(f"soak: {args.minutes:g} min at {args.rate:g} msg/s to {Q} (+ {TTL_Q}, {S_Q}, {TOPIC}); broker pid "
           f"{broker.proc.pid}, workers={args.workers}, data in {root}", flush=True)  # fmt: skip
     print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
@@ -901,8 +935,10 @@ def main(argv: list[str] | None = None) -> int:
             sends, receives, settles, settled = ledger.take_latencies()
             sqlite_ms, echo_ms = probe.take()
             with ledger.lock:
+                held = time.monotonic()
                 sent_total = sum(1 for s in ledger.sent.values() if s.acked)
                 errors = sum(ledger.send_errors.values()) + sum(ledger.other_errors.values())
+                client_stalls.note("client-ledger", held, "interval totals")
             row = {
                 "t": time.monotonic() - started, "sent": sent_total - sent_before, "settled": settled, "rss": rss,
                 "fds": fds, "send_p50": _pct(sends, 0.5), "send_p99": _pct(sends, 0.99),
@@ -970,7 +1006,7 @@ def main(argv: list[str] | None = None) -> int:
             if "GREW" in verdict and len(after) >= 3 and status == 0:
                 status = 2
     if trace is not None:
-        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends):
+        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends, client_stalls.events):
             print(line)
     if not args.keep and args.data_dir is None:
         shutil.rmtree(root, ignore_errors=True)

@@ -1633,20 +1633,25 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             return self._write(ops)
 
     def prune_dedup(self) -> None:
-        """Forget message ids older than the duplicate-detection window."""
+        """Forget message ids older than the duplicate-detection window. The ids are looked over outside the lock
+        (a copy taken under it: a window of a busy entity holds many), and one is forgotten only if it was not seen
+        again meanwhile."""
         with self._lock:
             if not self._healthy or not (self._dedup or self._batches):
                 return
             now = _ms(self._clock)
-            cutoff = now - self.config.dedup_window_ms
-            transfer_cutoff = now - TRANSFER_ID_RETENTION_MS
-            stale = [
-                k
-                for k, seen in self._dedup.items()
-                if seen < (transfer_cutoff if k.startswith(TRANSFER_ID_PREFIX) else cutoff)
-            ]
+            ids = list(self._dedup.items())
+        cutoff = now - self.config.dedup_window_ms
+        transfer_cutoff = now - TRANSFER_ID_RETENTION_MS
+        old = [(k, seen) for k, seen in ids if seen < (transfer_cutoff if k.startswith(TRANSFER_ID_PREFIX) else cutoff)]
+        del ids
+        with self._lock:
+            if not self._healthy:
+                return
+            dedup = self._dedup
+            stale = [k for k, seen in old if dedup.get(k) == seen]
             for key in stale:
-                del self._dedup[key]
+                del dedup[key]
             batch_cutoff = now - BATCH_ID_RETENTION_MS
             for batch_id, (first, end, since) in list(self._batches.items()):
                 if since < batch_cutoff and batch_id not in self._staged:
