@@ -91,7 +91,7 @@ Memory and the store (what is resident, and why it is bounded): each sub-queue (
     long as the ready messages are within the window (the rest wait on disk, still counted SCHEDULED); coming
     due writes the row's ACTIVE state, which takes it out of the due index. Cancel reads a disk-only one by key;
   - ``next_expiry``: no message of a main queue expires before it. The upkeep (``tick``) then reads the store's
-    expiry index from its start and expires what is past its time (``_expire_due``: dropped, or dead-lettered),
+    expiry index from its start and expires what is past its time (``_expire_rows``: dropped, or dead-lettered),
     resident or on disk, in any state but locked, ``READ_BATCH`` at a time; ``_disk_only`` tells a disk-only row
     from one whose message left with its row's change still queued. The head check stays: a message past its
     time is never delivered.
@@ -134,7 +134,10 @@ which the front end names in ``revoke_batches`` once it can reach the partition 
 
 Threading: one lock guards the state; store writes run on the committer's thread. Methods never wait for a write
 except the ``*_sync`` conveniences; reads of disk-only messages (a read-ahead scan, a peek past the window) run
-under the lock, on the caller's thread, one indexed query per ``READ_BATCH`` messages.
+under the lock, on the caller's thread, one indexed query per ``READ_BATCH`` messages. The upkeep (``tick``) holds
+the lock in slices, and reads the expiry index outside it: rows read while no write was stored are as good as
+rows read under the lock (what memory changed since is in ``gone``/``_leaving`` or resident, as for any read),
+others are read again under it (``_ExpiryScan``).
 """
 
 from __future__ import annotations
