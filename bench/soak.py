@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import random
@@ -70,6 +71,12 @@ SENDERS = 2  # threads sending to soak-q, each at its share of the rate
 # Messages a second to soak-q by default: about 30% of what this machine (2 shared cores) sustains, so that the
 # latencies measure the broker rather than a saturated machine (docs/operations.md, "Rate").
 DEFAULT_RATE = 40.0
+# No SDK keep-alive thread on the senders' connections: every 30 s it reads its connection's socket for up to
+# 0.2 s (``listen(wait=socket_timeout)``) holding the transport's socket lock, and a send on that connection waits
+# for it. With every sender started together that made a burst of ~200 ms sends every 30.2 s, about 0.5% of all
+# sends, right at the p99: it measured the SDK, not the broker. A sender's connection is never idle for the
+# broker's idle time-out (120 s) anyway. (Only the handler's own option counts: the client's is not passed on.)
+SENDER_OPTIONS = {"keep_alive": None}
 CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://\S+)$")
 
 
@@ -338,6 +345,31 @@ class Probe:
 STALL_MS = 3.0  # a traced event at least this long is a stall that may explain a slow send
 
 
+class ClientStalls:
+    """What stalls the load itself, in this process (``--trace``): its garbage collections (every SDK thread and
+    the probe wait for one) and the ledger's long holds of its lock (every send records itself under it). Matched
+    against the slow sends with the broker's trace, as kinds ``client-gc`` and ``client-ledger``: a slow send that
+    only a client stall overlapped was slow on this side of the socket."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, float, str, str]] = []  # (start, end, kind, detail)
+        self._gc_started = 0.0
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.monotonic()
+        elif self._gc_started:
+            self.note("client-gc", self._gc_started, f"gen={info.get('generation')} collected={info.get('collected')}")
+
+    def note(self, kind: str, started: float, detail: str = "") -> None:
+        ended = time.monotonic()
+        if (ended - started) * 1000 >= STALL_MS:
+            self.events.append((started, ended, kind, detail))  # list.append: atomic, from any thread
+
+    def start(self) -> None:
+        gc.callbacks.append(self._gc)
+
+
 def _commit_report(commits: list[tuple[float, float, str]], checkpoints: list[tuple[float, float, str]]) -> list[str]:
     """Synced commits that overlapped a checkpoint (of any store: they share the disk) against the others."""
     import bisect
@@ -366,7 +398,9 @@ def _commit_report(commits: list[tuple[float, float, str]], checkpoints: list[tu
     return out
 
 
-def stall_report(trace: Path, slow: list[Span], sample: list[Span]) -> list[str]:
+def stall_report(
+    trace: Path, slow: list[Span], sample: list[Span], client: list[tuple[float, float, str, str]] = ()
+) -> list[str]:
     """Match the slowest sends against what the broker traced (``SHARDBUS_STALL_TRACE``): for each kind of event
     (commit, batch, checkpoint, gc, tick, upkeep, loop), how many lasted ``STALL_MS`` or more, and what share of
     the slow sends overlapped one, against the share of a random sample of all sends. A kind that overlaps the
@@ -392,6 +426,8 @@ def stall_report(trace: Path, slow: list[Span], sample: list[Span]) -> list[str]
             checkpoints.append(span)
         if ms >= STALL_MS:
             events[kind].append((start, start + ms / 1000, detail))
+    for start, end, kind, detail in client:
+        events[kind].append((start, end, detail))
     out = _commit_report(commits, checkpoints)
 
     def overlapping(kind: str, due: float, end: float) -> list[tuple[float, float, str]]:
@@ -522,7 +558,7 @@ class Load:
     # --- soak-q -------------------------------------------------------------------------------------------------
     def _produce_q(self, index: int) -> None:
         plans = [p for p, w in PLANS for _ in range(w)]
-        with self.client() as client, client.get_queue_sender(Q) as sender:
+        with self.client() as client, client.get_queue_sender(Q, **SENDER_OPTIONS) as sender:
             for due in self._paced(self.rate / SENDERS, index / SENDERS):
                 roll = random.random()
                 key = f"k{random.randrange(KEYS)}" if random.random() < 0.5 else None
@@ -627,7 +663,7 @@ class Load:
 
     # --- soak-ttl -----------------------------------------------------------------------------------------------
     def _produce_ttl(self) -> None:
-        with self.client() as client, client.get_queue_sender(TTL_Q) as sender:
+        with self.client() as client, client.get_queue_sender(TTL_Q, **SENDER_OPTIONS) as sender:
             for due in self._paced(max(1.0, self.rate / 20)):
                 mid = self._mid("ttl")
                 msg = ServiceBusMessage(b"short-lived", message_id=mid, time_to_live=timedelta(seconds=1))
@@ -645,7 +681,7 @@ class Load:
     # --- soak-s -------------------------------------------------------------------------------------------------
     def _produce_sessions(self) -> None:
         order = collections.Counter()
-        with self.client() as client, client.get_queue_sender(S_Q) as sender:
+        with self.client() as client, client.get_queue_sender(S_Q, **SENDER_OPTIONS) as sender:
             for due in self._paced(max(1.0, self.rate / 4)):
                 session = f"s{random.randrange(SESSIONS)}"
                 order[session] += 1
@@ -694,7 +730,7 @@ class Load:
 
     # --- soak-t -------------------------------------------------------------------------------------------------
     def _produce_topic(self) -> None:
-        with self.client() as client, client.get_topic_sender(TOPIC) as sender:
+        with self.client() as client, client.get_topic_sender(TOPIC, **SENDER_OPTIONS) as sender:
             for due in self._paced(max(1.0, self.rate / 4)):
                 mid, color = self._mid("t"), random.choice(COLORS)
                 key = f"k{random.randrange(KEYS)}" if random.random() < 0.5 else None
@@ -872,6 +908,9 @@ def main(argv: list[str] | None = None) -> int:
     ledger = Ledger()
     load = Load(broker.connection_string, ledger, args.rate)
     probe = Probe(root)
+    client_stalls = ClientStalls()
+    if trace is not None:
+        client_stalls.start()
     print(f"soak: {args.minutes:g} min at {args.rate:g} msg/s to {Q} (+ {TTL_Q}, {S_Q}, {TOPIC}); broker pid "
           f"{broker.proc.pid}, workers={args.workers}, data in {root}", flush=True)  # fmt: skip
     print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
@@ -896,13 +935,18 @@ def main(argv: list[str] | None = None) -> int:
             while (left := until - time.monotonic()) > 0:
                 time.sleep(min(left, max(1.0, args.interval / 20)))
                 fd_samples.append(broker.usage()[1])
+                # What the ledger holds lives to the end: out of the collector's way (a full collection of this
+                # process walked all of it, 240 ms at 10 minutes, and every SDK thread waited; ``client-gc``).
+                gc.freeze()
             rss, fds = broker.usage()
             fds = int(statistics.median([*fd_samples, fds]))
             sends, receives, settles, settled = ledger.take_latencies()
             sqlite_ms, echo_ms = probe.take()
             with ledger.lock:
+                held = time.monotonic()
                 sent_total = sum(1 for s in ledger.sent.values() if s.acked)
                 errors = sum(ledger.send_errors.values()) + sum(ledger.other_errors.values())
+                client_stalls.note("client-ledger", held, "interval totals")
             row = {
                 "t": time.monotonic() - started, "sent": sent_total - sent_before, "settled": settled, "rss": rss,
                 "fds": fds, "send_p50": _pct(sends, 0.5), "send_p99": _pct(sends, 0.99),
@@ -970,7 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
             if "GREW" in verdict and len(after) >= 3 and status == 0:
                 status = 2
     if trace is not None:
-        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends):
+        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends, client_stalls.events):
             print(line)
     if not args.keep and args.data_dir is None:
         shutil.rmtree(root, ignore_errors=True)

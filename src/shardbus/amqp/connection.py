@@ -356,6 +356,18 @@ class Connection:
         """Sessions with a local channel (begun by us or answered)."""
         return list(self._local_sessions.values())
 
+    def release(self) -> None:
+        """Forget every session and link: the transport is gone and nothing reaches them again. (Sessions and
+        links refer to this connection and to each other; dropped here, a connection lost with links attached
+        is freed by reference counting instead of waiting, in a cycle, for a full garbage collection.)"""
+        for session in (*self._local_sessions.values(), *self._remote_sessions.values()):
+            for table in (session.links, session._by_handle, session._by_remote_handle):
+                table.clear()
+            session.outgoing_unsettled.clear()
+            session.incoming_unsettled.clear()
+        self._local_sessions.clear()
+        self._remote_sessions.clear()
+
     # ============================================================================== public: timers
 
     def tick(self, now: float | None = None) -> None:

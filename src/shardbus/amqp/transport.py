@@ -105,6 +105,12 @@ class AmqpProtocol(asyncio.Protocol):
             self.conn.receive_data(b"")
             self._dispatch()
         self.handler.connection_lost(self)
+        # Nothing reaches the handler after this (no reads, the timer is cancelled, writes are refused), and a
+        # handler usually refers back to its protocol: forget it, so that a closed connection is freed by
+        # reference counting at once instead of waiting, in a cycle, for a full garbage collection.
+        self.handler = None  # type: ignore[assignment]
+        self._events_done = None
+        self.conn.release()
 
     # ---------------------------------------------------------------------------------------- helpers
 

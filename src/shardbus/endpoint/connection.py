@@ -160,6 +160,7 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
 
     def connection_lost(self, protocol: Any) -> None:
         self._cleanup()
+        self.protocol = None  # no cycle with the protocol: a closed connection goes by reference counting
 
     def _flush(self) -> None:
         if self.protocol is not None:

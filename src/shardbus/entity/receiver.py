@@ -463,6 +463,7 @@ class Receiver(Settling):
             return
         with self._lock:
             self.closed = True
+            self._on_more = None  # its front end's callback (and, through it, a closed connection): not called now
             cached = [m for m, _ in self._cache]
             self._cache.clear()
             self._answers.notify_all()

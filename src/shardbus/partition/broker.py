@@ -91,7 +91,7 @@ Memory and the store (what is resident, and why it is bounded): each sub-queue (
     long as the ready messages are within the window (the rest wait on disk, still counted SCHEDULED); coming
     due writes the row's ACTIVE state, which takes it out of the due index. Cancel reads a disk-only one by key;
   - ``next_expiry``: no message of a main queue expires before it. The upkeep (``tick``) then reads the store's
-    expiry index from its start and expires what is past its time (``_expire_due``: dropped, or dead-lettered),
+    expiry index from its start and expires what is past its time (``_expire_rows``: dropped, or dead-lettered),
     resident or on disk, in any state but locked, ``READ_BATCH`` at a time; ``_disk_only`` tells a disk-only row
     from one whose message left with its row's change still queued. The head check stays: a message past its
     time is never delivered.
@@ -134,7 +134,10 @@ which the front end names in ``revoke_batches`` once it can reach the partition 
 
 Threading: one lock guards the state; store writes run on the committer's thread. Methods never wait for a write
 except the ``*_sync`` conveniences; reads of disk-only messages (a read-ahead scan, a peek past the window) run
-under the lock, on the caller's thread, one indexed query per ``READ_BATCH`` messages.
+under the lock, on the caller's thread, one indexed query per ``READ_BATCH`` messages. The upkeep (``tick``) holds
+the lock in slices, and reads the expiry index outside it: rows read while no write was stored are as good as
+rows read under the lock (what memory changed since is in ``gone``/``_leaving`` or resident, as for any read),
+others are read again under it (``_ExpiryScan``).
 """
 
 from __future__ import annotations
@@ -223,6 +226,10 @@ READ_AHEAD = _env_int("SHARDBUS_READ_AHEAD", 1000, 1)
 # the expiry index (each entry costs a send 4% more instructions) and expire, if ever, at the head of their queue.
 FAR_TTL_MS = 100 * 365 * 86_400_000
 EXPIRE_BATCHES = 8  # an upkeep expires at most this many READ_BATCHes per sub-queue (the rest at the next one)
+# The upkeep's work per hold of the partition lock: at most this many due items (ended locks, activated
+# messages), or one READ_BATCH of expiring rows, then the lock is let go (and the thread yields) before the next
+# slice, so a send never waits behind a long tick (issue #28, point 6).
+TICK_SLICE = 64
 # Beyond its window a queue keeps sent messages in memory while every partition broker of this process together
 # holds less than this many bytes of (stored) messages: a backlog that fits is served from memory as before, a
 # larger one from the store. SHARDBUS_MEMORY_MB sets it (docs/backlog.md).
@@ -259,6 +266,38 @@ def _finished(value: Any) -> Future:
     done: Future = Future()
     done.set_result(value)
     return done
+
+
+class _ExpiryScan:
+    """Where one sub-queue's expiry scan is (``tick``): the index position, and what it met. While it is paused
+    (its next rows read without the lock) the sub-queue's ``next_expiry`` is left None, so that a send made visible
+    meanwhile sets it to its own expiry (``make_visible``), which the scan keeps (``lowered``) when it ends:
+    otherwise its end would overwrite that with a later time."""
+
+    __slots__ = ("after", "batches", "expired", "held", "lowered", "seen")
+
+    def __init__(self, q: MessageQueue) -> None:
+        self.after = (-1, 0)
+        self.batches = 0
+        self.expired = self.held = False
+        self.lowered: int | None = None
+        self.seen = 0  # the committer's count of stored writes before the rows were read
+        q.next_expiry = None
+
+    def stale(self, committer: GroupCommitter | None) -> bool:
+        """Whether a write was stored since the rows were read (they may show a change memory knows is done)."""
+        return committer is not None and committer.stored != self.seen
+
+    def resume(self, q: MessageQueue) -> None:
+        if q.next_expiry is not None:  # lowered by a send while paused
+            self.lowered = q.next_expiry if self.lowered is None else min(self.lowered, q.next_expiry)
+
+    def pause(self, q: MessageQueue) -> None:
+        q.next_expiry = None
+
+    def finish(self, q: MessageQueue, at: int | None) -> None:
+        lowered = self.lowered
+        q.next_expiry = at if lowered is None else lowered if at is None else min(at, lowered)
 
 
 class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
@@ -949,14 +988,21 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 continue
             return entry
 
-    def _process_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> None:
-        """Apply what time has made due: expired locks and session locks end, scheduled messages become active."""
+    def _process_due(
+        self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op], budget: int = 1 << 62
+    ) -> bool:
+        """Apply what time has made due: expired locks and session locks end, scheduled messages become active;
+        ``budget`` items of it at most (a session's lock counts as its messages; the upkeep's slice, receives
+        take all). Whether more may be due."""
         session_locks = q.session_locks
         while session_locks and session_locks[0][0] <= now:
+            if budget <= 0:
+                return True
             _, session_id, token = heapq.heappop(session_locks)
             session = q.sessions.get(session_id) if q.sessions is not None else None
             if session is None or session.holder != token or session.locked_until > now:
                 continue  # released or renewed since
+            budget -= 1 + len(session.locked)
             for message_token in list(session.locked):
                 entry = self._locks.get(message_token.int)
                 if entry is not None:
@@ -966,6 +1012,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             self._park_session(q, session)
         lock_heap = q.lock_heap
         while lock_heap and lock_heap[0][0] <= now:
+            if budget <= 0:
+                return True
+            budget -= 1
             _, seq, token = heapq.heappop(lock_heap)
             entry = self._locks.get(token.int)
             if entry is None or entry.msg.lock_token != token or entry.msg.locked_until_ms > now:
@@ -974,7 +1023,11 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             self._unlock(q, entry, settings, count_delivery=True, writes=writes)
         scheduled = q.scheduled
         activated: list[Update] = []
+        more = False
         while True:
+            if budget <= 0:
+                more = True  # perhaps: the next slice finds out
+                break
             if not scheduled:
                 # the next ones are on disk: read them once due, while the ready messages are within the window
                 # (the rest stay SCHEDULED on disk, counted so, until receivers make room)
@@ -984,9 +1037,11 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 if len(q.ready if q.sessions is None else q.entries) >= self.read_ahead:
                     break
                 self._refill_scheduled(q)
+                budget -= 1
                 continue
             if scheduled[0][0] > now:
                 break
+            budget -= 1
             _, seq = heapq.heappop(scheduled)
             entry = q.entries.get(seq)
             if entry is not None and entry.msg.state is MessageState.SCHEDULED:
@@ -996,6 +1051,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 activated.append(self._update_of(entry))  # its row leaves the due index, joins the ACTIVE ones
         if activated:
             writes.append(("update", q.key[0], activated))
+        return more
 
     def _unlock(
         self, q: MessageQueue, entry: Entry, settings: SlotSettings, count_delivery: bool, writes: list[Op]
@@ -1070,43 +1126,35 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         else:
             heapq.heappush(dlq.ready, seq)
 
-    def _expire_due(self, q: MessageQueue, settings: SlotSettings, now: int, writes: list[Op]) -> bool:
-        """(The upkeep.) Expire the sub-queue's messages whose time to live has passed, wherever they are (resident
-        or on disk, ACTIVE, DEFERRED or come-due SCHEDULED), through the store's expiry index, ``READ_BATCH`` at a
-        time and at most ``EXPIRE_BATCHES`` batches per call; a locked message is left to its lock's end (its
-        receiver has it; the head check expires it when it comes back). Sets ``next_expiry``; whether any
-        expired."""
-        assert self._store is not None
+    def _expire_rows(
+        self, q: MessageQueue, settings: SlotSettings, now: int, rows: list[Row], scan: _ExpiryScan, writes: list[Op]
+    ) -> bool:
+        """(The upkeep, lock held.) Expire what of ``rows`` (the store's expiry index from ``scan.after``, at most
+        ``READ_BATCH``) is past its time, wherever it is (resident or on disk, ACTIVE, DEFERRED or come-due
+        SCHEDULED); a locked message is left to its lock's end (its receiver has it; the head check expires it when
+        it comes back). Sets ``next_expiry`` once the scan ends; whether it goes on (another batch)."""
         slot = q.key[0]
-        after = (-1, 0)
-        expired = held = False
-        for _ in range(EXPIRE_BATCHES):
-            try:
-                rows = self._store.scan_expiring(slot, after, READ_BATCH)
-            except StoreError as exc:
-                raise self._on_store_failure(exc) from exc
-            for row in rows:
-                expires, seq = row[6], row[0]
-                if expires > now:
-                    q.next_expiry = min(expires, now + 1000) if held else expires
-                    return expired
-                entry = q.entries.get(seq)
-                if entry is None:
-                    if not self._disk_only(q, row):
-                        continue  # it left (its row goes with a queued write) or is not visible yet
-                    entry = q.entries[seq] = self._entry_of(slot, row, MessageState(row[2]))
-                    self._hold(entry.size)
-                elif entry.msg.lock_token is not None:
-                    held = True
-                    continue
-                self._expire(q, entry, settings, writes)
-                expired = True
-            if len(rows) < READ_BATCH:
-                q.next_expiry = now + 1000 if held else None
-                return expired
-            after = (rows[-1][6], rows[-1][0])
-        q.next_expiry = now  # more at the next upkeep
-        return expired
+        for row in rows:
+            expires, seq = row[6], row[0]
+            if expires > now:
+                scan.finish(q, min(expires, now + 1000) if scan.held else expires)
+                return False
+            entry = q.entries.get(seq)
+            if entry is None:
+                if not self._disk_only(q, row):
+                    continue  # it left (its row goes with a queued write) or is not visible yet
+                entry = q.entries[seq] = self._entry_of(slot, row, MessageState(row[2]))
+                self._hold(entry.size)
+            elif entry.msg.lock_token is not None:
+                scan.held = True
+                continue
+            self._expire(q, entry, settings, writes)
+            scan.expired = True
+        if len(rows) < READ_BATCH:
+            scan.finish(q, now + 1000 if scan.held else None)
+            return False
+        scan.after = (rows[-1][6], rows[-1][0])
+        return True
 
     def _expire(self, q: MessageQueue, entry: Entry, settings: SlotSettings, writes: list[Op]) -> None:
         if settings.dead_letter_on_expiration:
@@ -1588,20 +1636,25 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             return self._write(ops)
 
     def prune_dedup(self) -> None:
-        """Forget message ids older than the duplicate-detection window."""
+        """Forget message ids older than the duplicate-detection window. The ids are looked over outside the lock
+        (a copy taken under it: a window of a busy entity holds many), and one is forgotten only if it was not seen
+        again meanwhile."""
         with self._lock:
             if not self._healthy or not (self._dedup or self._batches):
                 return
             now = _ms(self._clock)
-            cutoff = now - self.config.dedup_window_ms
-            transfer_cutoff = now - TRANSFER_ID_RETENTION_MS
-            stale = [
-                k
-                for k, seen in self._dedup.items()
-                if seen < (transfer_cutoff if k.startswith(TRANSFER_ID_PREFIX) else cutoff)
-            ]
+            ids = list(self._dedup.items())
+        cutoff = now - self.config.dedup_window_ms
+        transfer_cutoff = now - TRANSFER_ID_RETENTION_MS
+        old = [(k, seen) for k, seen in ids if seen < (transfer_cutoff if k.startswith(TRANSFER_ID_PREFIX) else cutoff)]
+        del ids
+        with self._lock:
+            if not self._healthy:
+                return
+            dedup = self._dedup
+            stale = [k for k, seen in old if dedup.get(k) == seen]
             for key in stale:
-                del self._dedup[key]
+                del dedup[key]
             batch_cutoff = now - BATCH_ID_RETENTION_MS
             for batch_id, (first, end, since) in list(self._batches.items()):
                 if since < batch_cutoff and batch_id not in self._staged:
@@ -1611,32 +1664,85 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 self._write([("dedup_delete", stale)])
 
     def tick(self) -> None:
-        """Periodic upkeep: end expired locks and activate due scheduled messages, waking waiting receivers; write
-        again what waits for a full store, or reload a partition a full store made unavailable (see "Health")."""
+        """Periodic upkeep: end expired locks, activate due scheduled messages and expire messages past their time
+        to live, waking waiting receivers; write again what waits for a full store, or reload a partition a full
+        store made unavailable (see "Health").
+
+        Sliced, so that a send never waits long behind it: the partition lock is held for one sub-queue at a time
+        and ``TICK_SLICE`` items of due work (or one ``READ_BATCH`` of expiring rows) at most, and let go (the
+        thread yields) between slices; the expiry index is read outside the lock. Every slice applies what is due
+        at its own ``now``, under the lock, as one tick did: what it changes is the same, only interleaved with
+        other calls."""
         if not self._healthy and self._recover_at is not None and time.monotonic() >= self._recover_at:
             self._recover()
         committer = self._committer
         if committer is not None:
             committer.retry_due()
+        if not self._healthy:
+            return
+        touched: set[int] = set()
         with self._lock:
-            if not self._healthy:
-                return
-            now = _ms(self._clock)
-            writes: list[Op] = []
-            touched = set()
-            for (slot, queue), q in list(self._queues.items()):
+            keys = list(self._queues)
+        try:
+            for key in keys:
+                if not self._tick_queue(key, touched):
+                    return
+        finally:
+            self._notify(touched)
+
+    def _tick_queue(self, key: tuple[int, int], touched: set[int]) -> bool:
+        """One sub-queue's upkeep, in slices (see ``tick``); False once the partition is unavailable."""
+        scan: _ExpiryScan | None = None
+        rows: list[Row] | None = None
+        while True:
+            with self._lock:
+                q = self._queues.get(key)
+                if not self._healthy:
+                    return False
+                settings = self._slots.get(key[0])
+                if q is None or settings is None:
+                    return True
+                now = _ms(self._clock)
+                writes: list[Op] = []
                 before = len(q.ready)
-                settings = self._slots.get(slot)
-                if settings is not None:
-                    self._process_due(q, settings, now, writes)
-                    expiring = queue == _MAIN and q.next_expiry is not None and q.next_expiry <= now
-                    if expiring and self._expire_due(q, settings, now, writes):
-                        touched.add(slot)  # its dead-letter queue gained messages
+                if scan is None:  # the due locks and scheduled messages first
+                    more = self._process_due(q, settings, now, writes, TICK_SLICE)
+                    if not more and key[1] == _MAIN and q.next_expiry is not None and q.next_expiry <= now:
+                        scan = _ExpiryScan(q)  # then the expiry index, from its start (rows read next, unlocked)
+                        more = True
+                else:
+                    if rows is None or scan.stale(self._committer):  # a write landed meanwhile: read again, here
+                        rows = self._scan_expiring(key[0], scan.after)
+                    scan.resume(q)
+                    more = self._expire_rows(q, settings, now, rows, scan, writes)
+                    if scan.expired:
+                        touched.add(key[0])  # its dead-letter queue gained messages
+                    if more and scan.batches >= EXPIRE_BATCHES:
+                        scan.finish(q, now)  # more at the next upkeep
+                        more = False
+                    if more:
+                        scan.pause(q)
+                if writes:
+                    self._write(writes)
                 if len(q.ready) > before:
-                    touched.add(slot)
-            if writes:
-                self._write(writes)
-        self._notify(touched)
+                    touched.add(key[0])
+            if not more:
+                return True
+            time.sleep(0)  # let the threads that waited for the lock (a send's, a receive's) in first
+            if scan is not None:
+                scan.batches += 1
+                scan.seen = self._committer.stored if self._committer is not None else 0
+                try:  # outside the lock: checked against the writes stored since before applying it
+                    rows = self._store.scan_expiring(key[0], scan.after, READ_BATCH) if self._store else None
+                except StoreError:
+                    rows = None  # read again under the lock, where a failure means what it always meant
+
+    def _scan_expiring(self, slot: int, after: tuple[int, int]) -> list[Row]:
+        assert self._store is not None
+        try:
+            return self._store.scan_expiring(slot, after, READ_BATCH)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
 
     def submit_lock_messages(self, slot: int, queue: int, max_count: int) -> Future:
         """``lock_messages`` as an already answered future (``PartitionHandle``: a remote partition answers later)."""

@@ -114,6 +114,9 @@ class GroupCommitter:
         self._retry_at: float | None = None  # the store was full: no write before this (monotonic)
         self._closing = False  # wait_idle was called: a full store is a failure like any other
         self._was_full = False  # a write found the store full, and none has succeeded since
+        # Batches stored so far (counted before their callbacks run): a reader outside its owner's lock that
+        # saw the same count before and after knows no write changed the store under it (the partition's upkeep).
+        self.stored = 0
 
     @property
     def refusing(self) -> bool:
@@ -204,6 +207,7 @@ class GroupCommitter:
             try:
                 if ops:
                     self.store.apply(ops, sync)
+                    self.stored += 1
             except StoreFull as exc:
                 if self._keep(batch, exc):
                     return
