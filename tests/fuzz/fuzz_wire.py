@@ -139,6 +139,11 @@ def answer_errors(data: bytes) -> list[tuple[str, str | None]]:
     """The (performative, condition) of every close, end and detach with an error the broker sent. The broker's
     own bytes must always parse: a decode failure here fails the test."""
     errors: list[tuple[str, str | None]] = []
+    if data.startswith(b"HTTP/1.1 "):
+        # A mutation made the first byte an HTTP method's first letter (``listener.HTTP_FIRST_BYTES``): the
+        # listener took the connection for plain HTTP, which must refuse the bytes as a bad request.
+        assert data[9:10] == b"4", f"garbage taken for HTTP was not refused: {data[:40]!r}"
+        return errors
     reader = FrameReader()
     reader.feed(data)
     while reader.buffered:
