@@ -1014,3 +1014,16 @@ def test_a_time_to_live_that_never_comes_is_not_indexed(kit: Kit) -> None:
         assert broker._queues[(0, SubQueue.MAIN)].next_expiry is not None
     finally:
         broker.stop()
+
+
+def test_scan_stops_once_its_rows_hold_max_bytes(store: MessageStore) -> None:
+    """A read-ahead is bounded by the bytes it reads (the last row may pass the bound), not by the largest message
+    the entity allows: a queue allowing 100 MB messages still reads its 1 KB ones many to a query."""
+    store.apply([("create_slot", 0), ("put", 0, [_row(s, b"x" * 1000) for s in range(1, 11)])])
+    assert [r[0] for r in store.scan(0, 0, 0, 100, 10, 3500)] == [1, 2, 3, 4]
+    assert [r[0] for r in store.scan(0, 0, 0, 100, 10, 4000)] == [1, 2, 3, 4]
+    assert [r[0] for r in store.scan(0, 0, 5, 100, 3, 1 << 20)] == [5, 6, 7]
+    assert [r[0] for r in store.scan(0, 0, 9, 100, 10, 1 << 20)] == [9, 10]
+    assert [r[0] for r in store.scan(0, 0, 11, 100, 10, 1)] == []
+    store.apply([("put", 0, [_row(11, b"y" * 1000)])])  # the store reads on after an unfinished scan
+    assert [r[0] for r in store.scan(0, 0, 10, 100, 10)] == [10, 11]

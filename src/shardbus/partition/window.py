@@ -86,11 +86,11 @@ class StoreWindow:
         self._leaving.add(key)
         self._evict.append((None, key))
 
-    def _scan(self, q: MessageQueue, first: int, end: int, limit: int) -> list[Row]:
+    def _scan(self, q: MessageQueue, first: int, end: int, limit: int, max_bytes: int | None = None) -> list[Row]:
         """The next stored ACTIVE rows of a sub-queue (only committed, visible ones: ``end`` <= _visible_next)."""
         assert self._store is not None
         try:
-            return self._store.scan(q.key[0], q.key[1], first, min(end, self._visible_next), limit)
+            return self._store.scan(q.key[0], q.key[1], first, min(end, self._visible_next), limit, max_bytes)
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
 
@@ -107,25 +107,29 @@ class StoreWindow:
 
     def _refill(self, q: MessageQueue) -> None:
         """Read ahead: the next stored ACTIVE messages from ``disk_from`` (``READ_BATCH`` at most, within the
-        window) become resident."""
+        window, and no more than ``READ_BATCH_BYTES`` of them: bounded by the bytes read, not by the largest
+        message the entity allows, which made a read of a queue allowing 100 MB messages one row) become
+        resident."""
         first = q.disk_from
         assert first is not None
-        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
-        rows = self._scan(q, first, self._visible_next, limit)
+        limit = min(self.read_ahead, READ_BATCH)
+        rows = self._scan(q, first, self._visible_next, limit, READ_BATCH_BYTES)
         entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
         push = heapq.heappush
-        held = 0
+        held = read = 0
         for row in rows:
             seq = row[0]
+            size = len(row[5])
+            read += size
             if seq in entries or seq in gone:
                 continue
             entries[seq] = self._entry_of(slot, row)
-            held += len(row[5])
+            held += size
             push(ready, seq)
         self._hold(held)
         if rows:
             q.top = max(q.top, rows[-1][0])
-        if len(rows) < limit:
+        if len(rows) < limit and read < READ_BATCH_BYTES:
             q.disk_from = None  # everything is resident now
             gone.clear()
         else:

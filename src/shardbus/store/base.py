@@ -105,10 +105,11 @@ class MessageStore(Protocol):
         come due, DEFERRED ones with ``get`` (by sequence number); ``scan_held`` reads either for a peek."""
         ...
 
-    def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
+    def scan(self, slot: int, queue: int, first: int, end: int, limit: int, max_bytes: int | None = None) -> list[Row]:
         """Up to ``limit`` ACTIVE rows of one sub-queue with ``first <= seq < end``, in sequence order (by index:
-        the cost follows what is returned and skipped, not the table's size). Rows may be plain tuples in
-        ``Row``'s order."""
+        the cost follows what is returned and skipped, not the table's size). With ``max_bytes``, no more rows
+        than it takes for their data to reach it (the last one may pass it), so one read holds at most that plus
+        one message, whatever the messages' sizes. Rows may be plain tuples in ``Row``'s order."""
         ...
 
     def get(self, slot: int, seqs: list[int]) -> list[Row]:

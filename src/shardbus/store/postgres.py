@@ -389,9 +389,22 @@ class PostgresStore:
         dead = "queue <> 0 AND " if queue else ""
         return f"{dead}queue = %s AND seq >= %s AND seq < %s AND state = 0"
 
-    def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
+    def scan(self, slot: int, queue: int, first: int, end: int, limit: int, max_bytes: int | None = None) -> list[Row]:
         try:
             with self._reading().cursor(binary=True) as cur:
+                if max_bytes is not None:  # the rows' sizes first (a TOASTed value's size is in its pointer)
+                    cur.execute(
+                        f"SELECT octet_length(data) FROM {self._table(slot)} "
+                        f"WHERE {self._queue_terms(queue)} ORDER BY seq LIMIT %s",
+                        (queue, first, end, limit),
+                    )
+                    size = count = 0
+                    for (n,) in cur:
+                        count += 1
+                        size += n
+                        if size >= max_bytes:
+                            break
+                    limit = min(limit, max(count, 1))
                 cur.execute(
                     f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)} "
                     f"WHERE {self._queue_terms(queue)} ORDER BY seq LIMIT %s",

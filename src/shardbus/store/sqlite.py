@@ -334,13 +334,23 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
-    def scan(self, slot: int, queue: int, first: int, end: int, limit: int) -> list[Row]:
+    def scan(self, slot: int, queue: int, first: int, end: int, limit: int, max_bytes: int | None = None) -> list[Row]:
         try:
             cursor = self._read().execute(
                 f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE {_queue_terms(queue)} ORDER BY seq LIMIT ?",
                 (queue, first, end, limit),
             )
-            return cursor.fetchall()  # tuples in Row's order: a Row each would cost more than reading it
+            if max_bytes is None:
+                return cursor.fetchall()  # tuples in Row's order: a Row each would cost more than reading it
+            rows = []
+            size = 0
+            for row in cursor:  # SQLite steps on demand: rows past the bytes are never read
+                rows.append(row)
+                size += len(row[5])
+                if size >= max_bytes:
+                    break
+            cursor.close()  # an unfinished statement would keep its read transaction (and hold checkpoints back)
+            return rows
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
