@@ -77,6 +77,16 @@ DEFAULT_RATE = 40.0
 # sends, right at the p99: it measured the SDK, not the broker. A sender's connection is never idle for the
 # broker's idle time-out (120 s) anyway. (Only the handler's own option counts: the client's is not passed on.)
 SENDER_OPTIONS = {"keep_alive": None}
+# The same thread on the timed receivers (soak-q, sessions, the topic), every 5 s: a receiver without prefetch gets
+# a keep-alive of 5 s whatever it asks for (``keep_alive_interval=... if prefetch_count != 0 else 5``), and each
+# round holds the socket 0.2 s, so a complete on that connection took 100-200 ms about every 5 s (the completes'
+# p99 read ~99 ms), and the 20 messages the consumer had in hand waited behind it (the receive p99). A prefetch of
+# one batch lets the keep-alive be switched off; a message prefetched is locked as one received (lock 10 s).
+RECEIVER_OPTIONS = {"prefetch_count": 20, "keep_alive": None}
+# The consumers whose receive latency is measured (soak-q, the topic) take one message per call: the prefetch buffer
+# hands it over at once. Asked for 20, the SDK waits up to 0.2 s after the first message for the batch to fill
+# (``_further_pull_receive_timeout``), and the receive latency was mostly that wait (p50 ~118 ms at this rate).
+TAKE = 1
 CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://\S+)$")
 
 
@@ -599,9 +609,10 @@ class Load:
     def _consume_q(self) -> None:
         abandoned: set[str] = set()
         deferred: list[int] = []
-        with self.client() as client, client.get_queue_receiver(Q, max_wait_time=1) as receiver:
+        deferred_since = 0.0
+        with self.client() as client, client.get_queue_receiver(Q, max_wait_time=1, **RECEIVER_OPTIONS) as receiver:
             while self.consuming.is_set():
-                got = receiver.receive_messages(max_message_count=20, max_wait_time=1)
+                got = receiver.receive_messages(max_message_count=TAKE, max_wait_time=1)
                 for msg in got:
                     mid = str(msg.message_id)
                     plan = (msg.application_properties or {}).get(b"plan", b"complete").decode()
@@ -616,11 +627,12 @@ class Load:
                         )  # fmt: skip
                     elif plan == "defer":
                         if self._settle(receiver.defer_message, msg, Q, "deferred"):
+                            deferred_since = deferred_since if deferred else time.monotonic()
                             deferred.append(msg.sequence_number)
                     else:
                         abandoned.discard(mid)
                         self._settle(receiver.complete_message, msg, Q, "completed", timed=True)
-                if deferred:
+                if deferred and (len(deferred) >= 20 or not got or time.monotonic() - deferred_since > 0.5):
                     try:
                         for msg in receiver.receive_deferred_messages(deferred):
                             self.ledger.event(str(msg.message_id), Q, "received-deferred")
@@ -698,7 +710,9 @@ class Load:
         # in all, while this loop wants to look again at once (and to notice the end of the run).
         with ServiceBusClient.from_connection_string(self.conn, retry_total=0) as client:
             while self.consuming.is_set():
-                receiver = client.get_queue_receiver(S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1)
+                receiver = client.get_queue_receiver(
+                    S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1, **RECEIVER_OPTIONS
+                )
                 try:
                     receiver.__enter__()
                 except OperationTimeoutError:  # no session has messages now
@@ -740,9 +754,12 @@ class Load:
 
     def _consume_sub(self, sub: str) -> None:
         where = f"{TOPIC}/{sub}"
-        with self.client() as client, client.get_subscription_receiver(TOPIC, sub, max_wait_time=1) as receiver:
+        with (
+            self.client() as client,
+            client.get_subscription_receiver(TOPIC, sub, max_wait_time=1, **RECEIVER_OPTIONS) as receiver,
+        ):
             while self.consuming.is_set():
-                for msg in receiver.receive_messages(max_message_count=20, max_wait_time=1):
+                for msg in receiver.receive_messages(max_message_count=TAKE, max_wait_time=1):
                     self.ledger.event(str(msg.message_id), where, "received")
                     self._settle(receiver.complete_message, msg, where, "completed", timed=True)
 
