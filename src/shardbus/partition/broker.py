@@ -239,7 +239,14 @@ MEMORY_BUDGET = _env_int("SHARDBUS_MEMORY_MB", 32, 0) << 20
 # How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
-SETTLE_LINGER = 0.002
+# A lingering store holds no thread (store/pools.py's ``LINGERS``), so the wait can be long enough for a stream of
+# completes spread over 16 partitions to share few transactions: at 20 ms rather than 2, bench/scale.py's receive
+# phase cost the broker 26 us per message instead of 40 (a delete-only transaction of ~6 rows costs SQLite and
+# its thread about as much as one of ~50).
+SETTLE_LINGER = 0.020
+# A settlement whose caller does wait for its write through a callback (a worker's front end echoes a complete only
+# with the worker's answer, cluster/worker.py) lingers this long at most.
+ANSWERED_SETTLE_LINGER = 0.002
 # Bytes of sends staged but not yet committed, above which the next send is refused with ServerBusy: a producer
 # faster than the store meets backpressure (the SDK retries ServerBusy after a pause) instead of a queue of
 # writes that grows without end in memory. One batch beyond it is always taken, so a message larger than the
