@@ -12,7 +12,7 @@ import pytest
 from shardbus.model.errors import PartitionFull
 from shardbus.store import committer as committer_module
 from shardbus.store.base import StoreFull
-from shardbus.store.committer import GroupCommitter, hurry_within
+from shardbus.store.committer import GroupCommitter
 
 
 class RecordingStore:
@@ -147,17 +147,6 @@ def test_a_lingering_write_is_written_at_its_deadline_on_its_own() -> None:
         time.sleep(0.01)
     assert not called.is_set()
     assert store.batches == [[("delete", 0, [1])], [("delete", 0, [2])]] and store.synced == [False, False]
-
-
-def test_hurry_within_shortens_a_linger_to_what_the_caller_can_wait() -> None:
-    store = RecordingStore()
-    committer = _committer(store)
-    future = committer.submit([("delete", 0, [1])], linger=30.0)
-    called = threading.Event()
-    future.add_done_callback(lambda f: called.set())
-    hurry_within(future, 0.05)  # a worker whose front end echoes the complete with its answer
-    assert called.wait(5)
-    assert store.batches == [[("delete", 0, [1])]] and store.synced == [False]
 
 
 class FillingStore(RecordingStore):

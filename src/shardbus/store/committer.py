@@ -27,8 +27,9 @@ completes, and a settlement taken back by a power loss means a delivery again, w
 
 Lingering is for writes nobody waits for. A lingering submission's future is a ``LingeringWrite``: waiting on it
 (``result()``, as the Python API's ``complete()`` does) ends the linger, and so does ``hurry(future)``, for callers
-that wait through a callback (a ``$management`` reply); ``hurry_within(future, seconds)`` shortens it to that (a
-worker answering a front end). A callback alone (the AMQP endpoint logging a failed write) lets it linger.
+that wait through a callback (a ``$management`` reply). A callback alone (the AMQP endpoint logging a failed
+write) lets it linger. A worker's partitions, whose front end waits for their answers, linger less instead
+(partition/broker.py's ``ANSWERED_SETTLE_LINGER``).
 
 A full store (``StoreFull``: the write ran out of space and nothing of it was stored) is transient, and handled
 here so that the partition keeps its state and keeps serving. Submissions marked ``refusable`` (sends: their
@@ -89,13 +90,6 @@ def hurry(future: Future) -> None:
     (any other future is written without lingering already)."""
     if isinstance(future, LingeringWrite):
         future.hurry()
-
-
-def hurry_within(future: Future, seconds: float) -> None:
-    """A caller waits for ``future`` through a callback, but may wait ``seconds`` for company (a worker's answer to
-    a front end's complete: many requests' completes share a transaction, and none waits the whole linger)."""
-    if isinstance(future, LingeringWrite) and not future.done():
-        LINGERS.at(time.monotonic() + seconds, future.hurry)
 
 
 class GroupCommitter:
