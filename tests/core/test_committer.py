@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -111,6 +112,41 @@ def test_a_callback_alone_lets_a_write_linger_and_hurry_ends_it() -> None:
     future.hurry()  # a worker whose front end waits for the reply
     assert called.wait(5)
     assert store.batches == [[("delete", 0, [1])]]
+
+
+def test_a_lingering_store_holds_no_commit_thread() -> None:
+    """Sixteen stores' settlements linger while a send comes: with one pool thread, the send is not held up by
+    the lingering stores (they wait on a deadline, not on a sleeping pool thread)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    stores = [RecordingStore() for _ in range(17)]
+    committers = [
+        GroupCommitter(store, lambda exc: RuntimeError(str(exc)), executor=pool)  # type: ignore[arg-type]
+        for store in stores
+    ]
+    lingering = [c.submit([("delete", 0, [1])], linger=30.0) for c in committers[:16]]
+    started = time.monotonic()
+    assert committers[16].submit([("put", 0, [2])]).result(5) is None
+    assert time.monotonic() - started < 5
+    assert not any(f.done() for f in lingering) and all(s.batches == [] for s in stores[:16])
+    for c in committers:
+        assert c.wait_idle(5)
+    assert all(s.batches == [[("delete", 0, [1])]] and s.synced == [False] for s in stores[:16])
+    pool.shutdown()
+
+
+def test_a_lingering_write_is_written_at_its_deadline_on_its_own() -> None:
+    store = RecordingStore()
+    committer = _committer(store)
+    future = committer.submit([("delete", 0, [1])], linger=0.05)
+    called = threading.Event()
+    future.add_done_callback(lambda f: called.set())  # nobody waits: only the deadline writes it
+    assert called.wait(5)
+    committer.submit([("delete", 0, [2])], linger=0.05).add_done_callback(lambda f: called.clear())
+    deadline = time.monotonic() + 5
+    while called.is_set() and time.monotonic() < deadline:  # a second linger after the first is written
+        time.sleep(0.01)
+    assert not called.is_set()
+    assert store.batches == [[("delete", 0, [1])], [("delete", 0, [2])]] and store.synced == [False, False]
 
 
 class FillingStore(RecordingStore):

@@ -41,7 +41,7 @@ from ..amqp.performatives import Error
 from ..amqp.transport import AmqpProtocol
 from ..extras import MissingExtra
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
-from ..partition.broker import PartitionBroker
+from ..partition.broker import ANSWERED_SETTLE_LINGER, PartitionBroker
 from ..partition.handle import OPERATIONS, Kind
 from ..partition.values import PartitionConfig
 from ..store.base import MessageStore, StoreError
@@ -146,6 +146,7 @@ class PartitionHost:
             self.store_paths[key] = path
         clock = self.clocks[key] = CallerClock(self.follow_caller_clock)
         broker = PartitionBroker(config, factory, clock)
+        broker.settle_linger = ANSWERED_SETTLE_LINGER  # the front end waits for a settlement's answer
         broker.listeners.append(lambda slot: self.on_available(key, slot))
         self.partitions[key] = broker
 
@@ -294,10 +295,11 @@ class WorkerConnection:
         if pending is None:
             self._reply(request_id, key, True, result)
             return
-        # Not hurried: a settlement's write lingers for company (SETTLE_LINGER, 2 ms) as it does in one process,
-        # so that the completes of many front-end requests share one transaction. Hurrying each one (the front end
-        # waits for this reply) made up to a transaction per request: in bench/scale.py's "both" the worker made
-        # 1.06-1.71 write calls per message with it and 1.05-1.07 without.
+        # Not hurried: a settlement's write lingers for company, so that the completes of many front-end requests
+        # share one transaction. Hurrying each one (the front end waits for this reply) made up to a transaction
+        # per request: in bench/scale.py's "both" the worker made 1.06-1.71 write calls per message with it and
+        # 1.05-1.07 without. As the front end echoes a complete only with this reply, a worker's partitions linger
+        # ANSWERED_SETTLE_LINGER (2 ms), not the 20 ms of one process (``open``).
 
         def done(f: Future) -> None:
             try:

@@ -239,7 +239,14 @@ MEMORY_BUDGET = _env_int("SHARDBUS_MEMORY_MB", 32, 0) << 20
 # How long a settlement's store write may wait for others to share its transaction (seconds). Nobody waits on
 # it (the outcome is applied in memory and answered at once), and should it not reach the disk the message is
 # delivered again: at-least-once, as with the service. Sends never wait (they are acknowledged once stored).
-SETTLE_LINGER = 0.002
+# A lingering store holds no thread (store/pools.py's ``LINGERS``), so the wait can be long enough for a stream of
+# completes spread over 16 partitions to share few transactions: at 20 ms rather than 2, bench/scale.py's receive
+# phase cost the broker 26 us per message instead of 40 (a delete-only transaction of ~6 rows costs SQLite and
+# its thread about as much as one of ~50).
+SETTLE_LINGER = 0.020
+# A worker's settlements linger this long instead (``PartitionBroker.settle_linger``): its front end echoes a
+# complete only with the worker's answer, which waits for the write (cluster/worker.py).
+ANSWERED_SETTLE_LINGER = 0.002
 # Bytes of sends staged but not yet committed, above which the next send is refused with ServerBusy: a producer
 # faster than the store meets backpressure (the SDK retries ServerBusy after a pause) instead of a queue of
 # writes that grows without end in memory. One batch beyond it is always taken, so a message larger than the
@@ -333,6 +340,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         self._epoch = 0  # counts memory resets: a late callback must not undo into a reloaded partition
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
         self.read_ahead = READ_AHEAD
+        self.settle_linger = SETTLE_LINGER  # a worker's are ANSWERED_SETTLE_LINGER (cluster/worker.py)
         self.memory_budget = MEMORY_BUDGET
         self._resident = 0  # this broker's share of RESIDENT
         self._stats: dict[int, SlotStats] = {}
@@ -347,7 +355,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         log.warning("partition %s of '%s': its store has space again; taking sends", self.id, self.config.path)
         with self._lock:
             if self._healthy and self._dirty and self._committer is not None:
-                self._write([], linger=SETTLE_LINGER)
+                self._write([], linger=self.settle_linger)
 
     def _write(
         self, ops: list[Op], on_commit: Callable[[], Any] | None = None, linger: float = 0.0, refusable: bool = False
@@ -1220,7 +1228,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             writes: list[Op] = []
             for entry, st in zip(entries, settles, strict=True):
                 self._settle_locked(slot, entry, st, writes)
-            future = self._write(writes, linger=SETTLE_LINGER)
+            future = self._write(writes, linger=self.settle_linger)
         if any(st.outcome in ("abandon", "release") for st in settles):
             self._notify((slot,))  # something is receivable again
         return future
@@ -1273,7 +1281,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 ops.append(("counts", q.key[0], q.key[1], q.count, q.bytes))
             dirty.clear()
             assert self._committer is not None
-            future = self._committer.submit(ops, None, SETTLE_LINGER)
+            future = self._committer.submit(ops, None, self.settle_linger)
             if self._evict:  # a completed deferred message's key leaves ``_leaving`` once this is stored
                 evict, self._evict = self._evict, []
                 future.add_done_callback(partial(self._evicted, self._epoch, evict))

@@ -5,7 +5,7 @@ refuses every call of an unavailable partition. See partition/broker.py, "Health
 
 ``Lifecycle`` is a part of ``PartitionBroker``; the state is the broker's (its ``__init__``). It changes no
 message's state: the in-doubt ranges ``start`` deletes go through the broker's ``_revoke_range``.
-``_on_store_resumed`` stays in broker.py, since it reads ``SETTLE_LINGER``, a setting of that module.
+``_on_store_resumed`` stays in broker.py, beside the settlement writes whose linger (``settle_linger``) it shares.
 Keeps nothing of its own.
 """
 

@@ -12,7 +12,11 @@ resolve, which is how a partition makes sent messages visible only once they are
 A submission may also ``linger``: wait up to that many seconds for company before its batch is written. Writes
 nobody waits for (settlements, whose outcome the client already has) use it, so that a stream of one-at-a-time
 completes shares a few transactions instead of paying one each. Any submission without it (a send, which is
-acknowledged only once stored) ends the wait at once and takes the lingering ones along, in order.
+acknowledged only once stored) ends the wait at once and takes the lingering ones along, in order. A store whose
+writes linger holds no thread meanwhile: its drain starts at the deadline (``LINGERS``, one timer thread for all
+stores, store/pools.py) or with the first write that must not wait, and a drain that finds only lingering writes
+not yet due gives its pool thread back and sets that deadline. So sixteen lingering stores leave the commit pool
+free for the sends, and a linger may be long (partition/broker.py's ``SETTLE_LINGER``).
 Consecutive lingering submissions without ``on_commit`` also share one future: they are written in the same
 batch and so have the same outcome, and a future per settlement (a condition variable made on the event loop,
 resolved on the store's thread) was work every complete paid for nothing. A batch of lingering submissions
@@ -23,8 +27,9 @@ completes, and a settlement taken back by a power loss means a delivery again, w
 
 Lingering is for writes nobody waits for. A lingering submission's future is a ``LingeringWrite``: waiting on it
 (``result()``, as the Python API's ``complete()`` does) ends the linger, and so does ``hurry(future)``, for callers
-that wait through a callback (a worker answering a front end, a ``$management`` reply). A callback alone (the AMQP
-endpoint logging a failed write) lets it linger.
+that wait through a callback (a ``$management`` reply). A callback alone (the AMQP endpoint logging a failed
+write) lets it linger. A worker's partitions, whose front end waits for their answers, linger less instead
+(partition/broker.py's ``ANSWERED_SETTLE_LINGER``).
 
 A full store (``StoreFull``: the write ran out of space and nothing of it was stored) is transient, and handled
 here so that the partition keeps its state and keeps serving. Submissions marked ``refusable`` (sends: their
@@ -53,7 +58,7 @@ from typing import Any
 
 from .. import stalltrace
 from .base import MessageStore, Op, StoreFull
-from .pools import COMMITS
+from .pools import COMMITS, LINGERS
 
 FULL_RETRY = 1.0  # seconds between writes to a full store
 MAX_KEPT_OPS = 20_000  # operations (about one per settlement, ~150 bytes) kept for a full store at most
@@ -102,9 +107,9 @@ class GroupCommitter:
         self._on_resumed = on_resumed  # called once a write succeeds after the store was full
         self._executor = executor or COMMITS.get()
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)  # ends a linger early
         self._pending: list[Pending] = []
-        self._running = False
+        self._running = False  # a drain is queued on the pool or writing
+        self._timed = False  # a deadline in ``LINGERS`` will look at this committer (see ``_linger``)
         self._urgent = False  # something pending must not wait (a plain submission, or wait_idle)
         self._sync = False  # something pending is a plain submission: the batch must be synced
         self._write_by = 0.0  # monotonic deadline of the oldest pending lingering submission
@@ -147,7 +152,6 @@ class GroupCommitter:
             if linger <= 0:
                 future = Future()
                 self._urgent = self._sync = True
-                self._wake.notify()
             else:
                 future = LingeringWrite(self)
                 if not self._pending or self._urgent:
@@ -155,10 +159,35 @@ class GroupCommitter:
             self._pending.append((list(ops) if shareable else ops, on_commit, future, refusable))
             self._shared = future if shareable else None
             self._idle.clear()
-            if self._running or not self._start_if_due():
+            if self._running:
+                return future  # the drain takes it (and ends its linger at the deadline, or now if urgent)
+            if not self._urgent:
+                self._linger()
+                return future
+            if not self._start_if_due():
                 return future
         self._executor.submit(self._drain)
         return future
+
+    def _linger(self) -> None:
+        """(Lock held, not running, pending not urgent.) Start a drain at ``_write_by``: a deadline in
+        ``LINGERS`` (one at a time per committer), not a pool thread sleeping, so a lingering store holds no thread."""
+        if not self._timed:
+            self._timed = True
+            LINGERS.at(self._write_by, self._linger_ended)
+
+    def _linger_ended(self) -> None:
+        """(``LINGERS``' thread.) The deadline passed: drain unless a drain runs already or the linger moved on."""
+        with self._lock:
+            self._timed = False
+            if self._running or not self._pending:
+                return
+            if not self._urgent and self._write_by > time.monotonic():  # the batch it was set for went early
+                self._linger()
+                return
+            if not self._start_if_due():
+                return
+        self._executor.submit(self._drain)
 
     def _start_if_due(self) -> bool:
         """(Lock held, not running.) Whether to start a drain now: not while a full store's retry is not due."""
@@ -186,15 +215,14 @@ class GroupCommitter:
     def _drain(self) -> None:
         while True:
             with self._lock:
-                while self._pending and not self._urgent:
-                    remaining = self._write_by - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._wake.wait(remaining)
                 batch = self._pending
                 if not batch:
                     self._running = False
                     self._idle.set()
+                    return
+                if not self._urgent and self._write_by > time.monotonic():  # lingering: give the thread back
+                    self._running = False
+                    self._linger()
                     return
                 sync = self._sync
                 self._pending = []
@@ -281,9 +309,12 @@ class GroupCommitter:
     def hurry(self) -> None:
         """Write what is pending now instead of lingering (a batch of lingering writes alone stays unsynced)."""
         with self._lock:
-            if self._pending and not self._urgent:
-                self._urgent = True
-                self._wake.notify()
+            if not self._pending or self._urgent:
+                return  # nothing waits, or it is on its way already
+            self._urgent = True
+            if self._running or not self._start_if_due():
+                return
+        self._executor.submit(self._drain)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted so far is written (used when closing): lingering ends now, and
