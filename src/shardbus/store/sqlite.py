@@ -50,7 +50,9 @@ writer's open transaction.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import sys
 import time
 from collections.abc import Collection
 from concurrent.futures import Future
@@ -92,7 +94,37 @@ CHECKPOINT_ROUNDS = 8  # a background checkpoint goes again at most this often f
 WAL_LIMIT = 4 * CHECKPOINT_BYTES  # journal_size_limit: a WAL file is cut back to this when it starts again
 _COMMIT_BYTES = 2 * PAGE_SIZE  # what a commit writes besides new rows' data (touched pages, the meta row), roughly
 
+WAL_FRAME = 24 + PAGE_SIZE  # a WAL frame: its header and one page
+_WAL_HEADER = 32  # the WAL file's header, before its first frame
+WAL_HEADROOM = 1 << 20  # the WAL file is kept this much longer than its frames use (``_keep_wal_ahead``)
+WAL_RETRY = 60.0  # seconds before extending a WAL again after an extension failed (a full disk)
+_ZEROS = 1 << 20  # bytes per write while extending a WAL
+
 _RANGE_MIN = 3  # a run of more than this many consecutive sequence numbers is deleted as one range
+
+
+def extend_wal(path: Path, size: int) -> int:
+    """Extend a WAL file to ``size`` bytes with zeros, written (not ``fallocate``: ext4 would allocate unwritten
+    blocks, and the first write into each would change metadata again) and synced, so that commits overwrite
+    blocks the file has instead of appending. Only while nobody appends to it (the store's writer calls it between
+    its commits). SQLite reads a WAL's frames up to the first whose salt and checksum do not check out, so zeros
+    after its last frame are never taken for one, after a crash too. Returns the file's size (0 if it is missing:
+    SQLite makes it at the first write)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    try:
+        end = os.fstat(fd).st_size
+        if end >= size:
+            return end
+        zeros = bytes(min(size - end, _ZEROS))
+        while end < size:
+            end += os.pwrite(fd, zeros[: size - end], end)
+        os.fdatasync(fd)
+        return end
+    finally:
+        os.close(fd)
 
 
 def _table(slot: int) -> str:
@@ -224,6 +256,9 @@ class SqliteStore:
             self._synced = True  # the connection's synchronous setting is FULL (else NORMAL)
             self._written = 0  # bytes written to the WAL since the last checkpoint started, roughly
             self._checkpoint: Future | None = None  # the last background checkpoint (in flight until done)
+            self._wal_size = 0  # bytes the WAL file has (``_keep_wal_ahead``), as last extended or looked at
+            self._wal_retry_at = 0.0  # an extension failed: none before this (monotonic)
+            self._shm: int | None = None  # the wal-index file, to read how many frames the WAL holds
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._ops = op_handlers(self)
@@ -469,6 +504,46 @@ class SqliteStore:
         if self._written >= CHECKPOINT_BYTES and (self._checkpoint is None or self._checkpoint.done()):
             self._written = 0
             self._checkpoint = CHECKPOINTS.get().submit(self._run_checkpoint)
+        self._keep_wal_ahead()
+
+    def _wal_frames(self) -> int:
+        """How many frames the WAL holds now: ``mxFrame`` of the wal-index header, the first 48 bytes of the
+        ``-shm`` file in native byte order (sqlite.org/walformat.html). Read after our own commit, on the writer's
+        thread: nobody else changes it. -1 if it cannot be read."""
+        fd = self._shm
+        if fd is None:
+            try:
+                fd = self._shm = os.open(f"{self.path}-shm", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return -1
+        header = os.pread(fd, 4, 16)
+        return int.from_bytes(header, sys.byteorder) if len(header) == 4 else -1
+
+    def _keep_wal_ahead(self) -> None:
+        """Keep the WAL file ``WAL_HEADROOM`` longer than what its frames use, so that commits overwrite blocks
+        it has (an fdatasync of data alone) instead of appending (one that also commits the file's new size to
+        the ext4 journal, which every file's fdatasync waits for). It grows only as far as this store's WAL has
+        gone (plus the headroom), up to ``WAL_LIMIT``: an idle store's stays small. Called after a commit, on
+        the writer's thread: nobody appends to the WAL meanwhile."""
+        size = self._wal_size
+        if size >= WAL_LIMIT or time.monotonic() < self._wal_retry_at:
+            return
+        frames = self._wal_frames()
+        if frames < 0:
+            return
+        used = _WAL_HEADER + frames * WAL_FRAME
+        if used + WAL_HEADROOM <= size:
+            return
+        target = min(WAL_LIMIT, used + 2 * WAL_HEADROOM)  # a megabyte or more at a time: few extensions
+        started = time.monotonic() if stalltrace.ON else 0.0
+        try:
+            self._wal_size = extend_wal(Path(f"{self.path}-wal"), target)
+        except OSError as exc:  # a full disk, say: commits append as they would without it; try again later
+            self._wal_retry_at = time.monotonic() + WAL_RETRY
+            log.debug("cannot extend the WAL of %s: %s", self.path, exc)
+            return
+        if stalltrace.ON:
+            stalltrace.record("walgrow", started, time.monotonic() - started, f"{self.path} {size}->{target}", True)
 
     def _run_checkpoint(self) -> None:
         """A passive checkpoint on a connection of its own (its thread's), closed after: never the last one
@@ -671,3 +746,6 @@ class SqliteStore:
             self._db.close()
         except sqlite3.Error:
             pass
+        shm, self._shm = self._shm, None
+        if shm is not None:
+            os.close(shm)
