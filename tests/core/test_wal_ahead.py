@@ -23,22 +23,64 @@ def _used(store: SqliteStore) -> int:
 
 
 def test_the_wal_file_stays_ahead_of_its_frames_and_bounded(tmp_path) -> None:
+    """Synced commits alone (a store that only takes sends): once the WAL has reached two megabytes by itself,
+    the file grows only by extensions, never by a commit appending to it, and never past its frames' use plus
+    two megabytes."""
     store = SqliteStore(tmp_path / "p.db")
     store.apply([("create_slot", 0)])
     wal = tmp_path / "p.db-wal"
     data = os.urandom(1000)
     sizes = set()
-    for b in range(300):  # 3 MB of rows and more of pages: several extensions
+    for b in range(500):  # 5 MB of rows and more of pages: several extensions
         store.apply([("put", 0, [_row(b * 10 + i, data) for i in range(10)])])
         size = wal.stat().st_size
         used = _used(store)
-        assert used <= size <= min(sqlite_store.WAL_LIMIT, used + 2 * sqlite_store.WAL_HEADROOM)
-        if store._wal_size < sqlite_store.WAL_LIMIT:
-            assert size - used >= sqlite_store.WAL_HEADROOM  # room for the next commits to overwrite in place
-        sizes.add(size)
-    assert len(sizes) >= 3  # it grew a megabyte or more at a time, not at every commit
+        assert used <= size <= max(used, min(sqlite_store.WAL_LIMIT, used + 2 * sqlite_store.WAL_HEADROOM))
+        if store._wal_size:
+            assert size == store._wal_size  # every commit since the first extension overwrote in place
+            sizes.add(size)
+    assert len(sizes) >= 2  # it grew a megabyte or more at a time, not at every commit
     store.close()
     assert not wal.exists()  # the last connection's close still checkpoints and removes it
+
+
+def test_extensions_wait_for_a_commit_nobody_waits_for(tmp_path, monkeypatch) -> None:
+    """Sends (synced) and settlements (unsynced) in turn: every extension lands on a settlement's commit, and
+    no commit appends once the first one is done."""
+    extended_in = []
+    extend = sqlite_store.extend_wal
+    syncs = [True]
+
+    def spy(path, size):
+        extended_in.append(syncs[-1])
+        return extend(path, size)
+
+    monkeypatch.setattr(sqlite_store, "extend_wal", spy)
+    store = SqliteStore(tmp_path / "p.db")
+    store.apply([("create_slot", 0)])
+    wal = tmp_path / "p.db-wal"
+    data = os.urandom(1000)
+    for b in range(300):
+        syncs.append(True)
+        store.apply([("put", 0, [_row(b * 10 + i, data) for i in range(10)])])
+        syncs.append(False)
+        store.apply([("delete", 0, [b * 10])], sync=False)
+        if store._wal_size:
+            assert wal.stat().st_size == store._wal_size
+    assert len(extended_in) >= 2
+    assert not any(extended_in)
+    store.close()
+
+
+def test_a_store_that_wrote_little_keeps_its_wal_as_it_was(tmp_path) -> None:
+    """Most stores are idle partitions: a WAL that never reached ``WAL_HEADROOM`` is never extended."""
+    store = SqliteStore(tmp_path / "p.db")
+    store.apply([("create_slot", 0)])
+    for b in range(20):
+        store.apply([("put", 0, [_row(b, os.urandom(1000))])])
+    size = (tmp_path / "p.db-wal").stat().st_size
+    assert size == _used(store) < sqlite_store.WAL_HEADROOM
+    store.close()
 
 
 def test_commits_after_a_checkpoint_overwrite_the_file_in_place(tmp_path) -> None:
@@ -102,8 +144,8 @@ def test_a_failed_extension_leaves_commits_as_they_were(tmp_path, monkeypatch) -
     monkeypatch.setattr(sqlite_store, "extend_wal", fail)
     store = SqliteStore(tmp_path / "p.db")
     store.apply([("create_slot", 0)])
-    for b in range(50):
-        store.apply([("put", 0, [_row(b, os.urandom(1000))])])
+    for b in range(300):
+        store.apply([("put", 0, [_row(b * 10 + i, os.urandom(1000)) for i in range(10)])])
     assert len(calls) == 1
-    assert len(store.load().rows[0]) == 50
+    assert len(store.load().rows[0]) == 3000
     store.close()
