@@ -111,7 +111,8 @@ WAL_FRAME = 24 + PAGE_SIZE  # a WAL frame: its header and one page
 _WAL_HEADER = 32  # the WAL file's header, before its first frame
 WAL_HEADROOM = 1 << 20  # the WAL file is kept this much longer than its frames use (``_keep_wal_ahead``)
 WAL_RETRY = 60.0  # seconds before extending a WAL again after an extension failed (a full disk)
-_ZEROS = 1 << 20  # bytes per write while extending a WAL
+_ZERO_BLOCK = bytes(64 << 10)  # what a WAL is extended with, written many times over (``extend_wal``)
+_ZERO_WRITE = 1 << 20  # bytes per write while extending a WAL (16 of the block: an IOV_MAX is 1,024)
 _WAL_CHECK = 64 << 10  # the WAL's frames are looked at after about this much written (by ``_written``'s count)
 
 _RANGE_MIN = 3  # a run of more than this many consecutive sequence numbers is deleted as one range
@@ -132,9 +133,13 @@ def extend_wal(path: Path, size: int) -> int:
         end = os.fstat(fd).st_size
         if end >= size:
             return end
-        zeros = bytes(min(size - end, _ZEROS))
-        while end < size:
-            end += os.pwrite(fd, zeros[: size - end], end)
+        block = memoryview(_ZERO_BLOCK)
+        while end < size:  # up to _ZERO_WRITE a call, from one small buffer: no megabyte of zeros in memory
+            n = min(size - end, _ZERO_WRITE)
+            buffers = [block] * (n // len(block))
+            if n % len(block):
+                buffers.append(block[: n % len(block)])
+            end += os.pwritev(fd, buffers, end)
         os.fdatasync(fd)
         return end
     finally:
