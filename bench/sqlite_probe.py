@@ -19,7 +19,12 @@ settings, WAL, FULL, ten times a second), whose commit is what the soak calls th
 the modes and file counts, so the machine's drift falls on all of them; each line gives the median over rounds of
 the commit p50/p90/p99 (with their range) and the probe's p99 in the same runs.
 
+With ``--busy 3,4`` a thread beside them does Python work in bursts (3 ms on average, then 4 ms of rest), as a
+broker's event loop does: a commit's thread waits for the GIL after each statement that let it go (``--switch``
+sets how long the holder keeps it at most, ``sys.setswitchinterval``).
+
     python bench/sqlite_probe.py [--rounds 3] [--seconds 10] [--files 1,16] [--rate 70] [--modes grow,inplace,...]
+        [--busy MS,MS] [--switch MS]
 """
 
 from __future__ import annotations
@@ -80,8 +85,11 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def run(root: Path, mode: str, files: int, seconds: float, rate: float) -> tuple[list[float], list[float]]:
-    """Commit times (ms) of ``files`` writers at ``rate`` commits a second in all, and the probe's, for ``seconds``."""
+def run(
+    root: Path, mode: str, files: int, seconds: float, rate: float, busy: tuple[float, float] | None = None
+) -> tuple[list[float], list[float]]:
+    """Commit times (ms) of ``files`` writers at ``rate`` commits a second in all, and the probe's, for ``seconds``;
+    with ``busy`` (mean seconds of work, of rest), a thread of Python work beside them, as a broker's event loop."""
     per_file = rate / files
     commits = int(seconds * per_file) + 2
     dbs = [_prepare(root / f"p{i:02d}.db", mode, commits) for i in range(files)]
@@ -120,8 +128,17 @@ def run(root: Path, mode: str, files: int, seconds: float, rate: float) -> tuple
             probe_ms.append((time.perf_counter() - started) * 1000)
         db.close()
 
+    def loop() -> None:  # an event loop's Python work: bursts that hold the GIL, and waits that let it go
+        while time.monotonic() < stop:
+            until = time.perf_counter() + random.expovariate(1 / busy[0])
+            while time.perf_counter() < until:
+                sum(range(200))
+            time.sleep(random.expovariate(1 / busy[1]))
+
     threads = [threading.Thread(target=writer, args=(db, random.random() / per_file)) for db in dbs]
     threads.append(threading.Thread(target=probe))
+    if busy:
+        threads.append(threading.Thread(target=loop))
     for t in threads:
         t.start()
     for t in threads:
@@ -138,9 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", default="1,16", help="file counts, comma-separated")
     parser.add_argument("--rate", type=float, default=70.0, help="synced commits a second in all (the soak: ~70)")
     parser.add_argument("--modes", default="grow,inplace,prealloc,normal")
+    parser.add_argument(
+        "--busy", help="ms of Python work, ms of rest (means): a thread holding the GIL as an event loop, e.g. 3,4"
+    )
+    parser.add_argument("--switch", type=float, help="sys.setswitchinterval, in ms (Python's default: 5)")
     parser.add_argument("--dir", type=Path, help="where the files go (default: a temporary folder beside /tmp)")
     args = parser.parse_args(argv)
+    if args.switch:
+        sys.setswitchinterval(args.switch / 1000)
     modes = args.modes.split(",")
+    busy = tuple(float(x) / 1000 for x in args.busy.split(",")) if args.busy else None
     counts = [int(f) for f in args.files.split(",")]
     results: dict[tuple[str, int], list[tuple[float, float, float, float, int]]] = {}
     base = args.dir or Path(tempfile.mkdtemp(prefix="sqlite-probe-", dir="/var/tmp"))
@@ -150,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode, files in order:
             root = base / f"{r}-{mode}-{files}"
             root.mkdir(parents=True)
-            times, probe_ms = run(root, mode, files, args.seconds, args.rate)
+            times, probe_ms = run(root, mode, files, args.seconds, args.rate, busy)
             shutil.rmtree(root)
             row = (_pct(times, 0.5), _pct(times, 0.9), _pct(times, 0.99), _pct(probe_ms, 0.99), len(times))
             results.setdefault((mode, files), []).append(row)
