@@ -5,11 +5,11 @@ Each writer thread owns one SQLite file with the store's settings (``store/sqlit
 WAL frames, one fdatasync), open loop at ``--rate`` commits a second in all, spread over the files. The WAL is
 written one of these ways:
 
-    grow      a new WAL, appended to at every commit (each fdatasync also commits the file's new size and blocks
-              to the ext4 journal, which every file's fdatasync shares)
+    grow      a new WAL, appended to at every commit (each fdatasync also writes the file's new size and block
+              map, not only its data)
     inplace   a WAL that was as long before and was checkpointed whole: SQLite starts it again from its beginning,
               so every commit overwrites blocks the file already has (an fdatasync writes data only)
-    prealloc  a new WAL whose file was extended with zeros first (``store/sqlite.py``'s ``_extend_wal``), what the
+    prealloc  a new WAL whose file was extended with zeros first (``store/sqlite.py``'s ``extend_wal``), what the
               store now does: overwrites in place from the first commit
     normal    ``synchronous=NORMAL``, a new WAL: no fsync at a commit. A reference only: it would break
               "acknowledged = durable", so sends never use it
