@@ -516,6 +516,10 @@ _PROPERTY_ENCODERS = (
 )
 
 
+_e_timestamp, _e_symbol = codec.e_timestamp, codec.e_symbol
+_pack_str32 = struct.Struct(">BI").pack
+
+
 def stored_sections(m: Message) -> bytes:
     """What ``wire_sections`` would hold for a data-body message whose sender's encoding is not kept (one read
     back from the store): its properties and application properties as ``encode_delivery``'s general path writes
@@ -548,6 +552,13 @@ def stored_sections(m: Message) -> bytes:
     for v, encode in zip(values[:n], _PROPERTY_ENCODERS, strict=False):
         if v is None:
             fields.append(0x40)
+        elif encode is _e_timestamp:  # the broker's own ints (ms): no checks needed
+            fields += _pack_long(0x83, v)
+        elif type(v) is str and encode is not _e_symbol:  # ``e_string``, inlined: the usual message-id and session
+            data = v.encode()
+            size = len(data)
+            fields += bytes((0xA1, size)) if size < 256 else _pack_str32(0xB1, size)
+            fields += data
         else:
             encode(fields, v)  # type: ignore[misc]
     out = bytearray(b"\x00\x53\x73")
@@ -556,7 +567,7 @@ def stored_sections(m: Message) -> bytes:
         out += b"\x00\x53\x74"
         codec.e_map(out, m.application_properties)
     size = len(m.body)
-    out += b"\x00\x53\x75\xa0" + bytes((size,)) if size < 256 else b"\x00\x53\x75\xb0" + size.to_bytes(4, "big")
+    out += b"\x00\x53\x75\xa0" + bytes((size,)) if size < 256 else b"\x00\x53\x75" + _pack_str32(0xB0, size)
     return bytes(out)
 
 
