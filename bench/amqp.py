@@ -50,6 +50,11 @@ client that honours credit stalls after 10,000 transfers on one link (``--check-
 stay below 65,536 per SDK receiver: past that the broker exhausts the SDK's session incoming window and closes the
 connection with amqp:internal-error.
 
+Memory: the lines share one broker process, whose memory budget (``SHARDBUS_MEMORY_MB``, 32) the send lines use up
+(their queues keep about 40 MB), so run whole the receive lines read all but a read-ahead window of their queues
+back from the store, while run alone (or with ``SHARDBUS_MEMORY_MB=1000``) they are served from memory; set
+``SHARDBUS_MEMORY_MB=0`` to measure the read-back path alone (docs/benchmarks.md has both).
+
 Body size: 1 KB is the default everywhere. The issue's reference figures (the engines it compared) were measured
 with ~231-byte messages; ``--body-size 182`` gives our own producer messages of that size (its 36-character
 message-id and the data section's header make up the rest). The broker's CPU per message grows with the bytes it

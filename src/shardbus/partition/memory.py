@@ -27,8 +27,10 @@ MARK_PREFIX = "mark:"  # meta keys of complete_below's marks: "mark:<slot>:<sub-
 # One read brings at most this many: a larger read costs a receiver that waits for it more than it saves (a
 # query per 256 messages is already a small share of their delivery).
 READ_BATCH = 256
-# A read-ahead brings at most this many bytes' worth of the largest message the partition accepts (Premium allows
-# 100 MB messages: 256 of them would be 25 GB), and at least one message.
+# A read-ahead (a queue's, a session's, the scheduled messages') stops once its rows hold this many bytes (the last
+# may pass it), and brings at least one message: bounded by the bytes read, not by the largest message the
+# partition accepts (Premium allows 100 MB messages: 256 of them would be 25 GB; dividing by that size made a read
+# of their 1 KB messages one row).
 READ_BATCH_BYTES = 64 << 20
 LARGE_MESSAGE = READ_BATCH_BYTES // 16  # a message above this is kept in a window only within MEMORY_BUDGET
 # A session-enabled slot's table of sessions (``MessageQueue.sessions``) takes sessions it did not know (discovered

@@ -146,26 +146,31 @@ class StoreWindow:
 
     def _refill_session(self, q: MessageQueue, session: SessionQueue) -> None:
         """A session's next stored ACTIVE messages from its ``disk_from`` (``READ_BATCH`` at most, within the
-        window) become resident, read by the store's session index."""
+        window, and no more than ``READ_BATCH_BYTES`` of them, as ``_refill``'s) become resident, read by the
+        store's session index."""
         first = session.disk_from
         assert first is not None and self._store is not None
-        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
+        limit = min(self.read_ahead, READ_BATCH)
         slot = q.key[0]
         try:
-            rows = self._store.scan_session(slot, session.id, int(_ACTIVE), first, self._visible_next, limit)
+            rows = self._store.scan_session(
+                slot, session.id, int(_ACTIVE), first, self._visible_next, limit, READ_BATCH_BYTES
+            )
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
         entries, ready, leaving = q.entries, session.ready, self._leaving
-        held = 0
+        held = read = 0
         for row in rows:
             seq = row[0]
+            size = len(row[5])
+            read += size
             if seq in entries or (slot, seq) in leaving:
                 continue  # resident (come due from the schedule), or gone with its row's change still queued
             entries[seq] = self._entry_of(slot, row)
-            held += len(row[5])
+            held += size
             heapq.heappush(ready, seq)
         self._hold(held)
-        session.disk_from = None if len(rows) < limit else rows[-1][0] + 1
+        session.disk_from = None if len(rows) < limit and read < READ_BATCH_BYTES else rows[-1][0] + 1
 
     def _discover_sessions(self, q: MessageQueue) -> bool:
         """Find the sessions not in a session-enabled queue's table, in the order of their oldest messages: one
@@ -194,27 +199,30 @@ class StoreWindow:
 
     def _refill_scheduled(self, q: MessageQueue) -> None:
         """The next SCHEDULED messages by enqueue time from ``sched_disk`` (``READ_BATCH`` at most, within the
-        window) become resident. Rows not yet visible are left to ``make_visible`` (which keeps a message
-        resident when it is due before ``sched_disk``)."""
+        window, and no more than ``READ_BATCH_BYTES`` of them, as ``_refill``'s) become resident. Rows not yet
+        visible are left to ``make_visible`` (which keeps a message resident when it is due before
+        ``sched_disk``)."""
         after = q.sched_disk
         assert after is not None and self._store is not None
-        limit = min(self.read_ahead, READ_BATCH, max(1, READ_BATCH_BYTES // self.config.max_message_size_bytes))
+        limit = min(self.read_ahead, READ_BATCH)
         slot = q.key[0]
         try:
-            rows = self._store.scan_due(slot, (after[0], after[1] - 1), limit)
+            rows = self._store.scan_due(slot, (after[0], after[1] - 1), limit, READ_BATCH_BYTES)
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
         entries, visible_next, leaving = q.entries, self._visible_next, self._leaving
-        held = 0
+        held = read = 0
         for row in rows:
             seq = row[0]
+            size = len(row[5])
+            read += size
             if seq in entries or seq >= visible_next or (slot, seq) in leaving:
                 continue
-            entry = entries[seq] = self._entry_of(slot, row, _SCHEDULED)
-            held += entry.size
+            entries[seq] = self._entry_of(slot, row, _SCHEDULED)
+            held += size
             heapq.heappush(q.scheduled, (row[6], seq))
         self._hold(held)
-        q.sched_disk = None if len(rows) < limit else (rows[-1][6], rows[-1][0] + 1)
+        q.sched_disk = None if len(rows) < limit and read < READ_BATCH_BYTES else (rows[-1][6], rows[-1][0] + 1)
 
     def _trim_scheduled(self, q: MessageQueue) -> None:
         """Too many SCHEDULED messages are resident (sends due sooner than the disk's): the window keeps the

@@ -122,9 +122,11 @@ class MessageStore(Protocol):
         ``first <= seq < end``, in sequence order."""
         ...
 
-    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+    def scan_due(
+        self, slot: int, after: tuple[int, int], limit: int, max_bytes: int | None = None
+    ) -> list[tuple[Any, ...]]:
         """Up to ``limit`` SCHEDULED rows of a slot with (due, seq) above ``after``, in that order (by the ``_due``
-        index): each is ``Row``'s columns followed by its due time (ms)."""
+        index): each is ``Row``'s columns followed by its due time (ms). ``max_bytes`` bounds them as ``scan``'s."""
         ...
 
     def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
@@ -133,10 +135,12 @@ class MessageStore(Protocol):
         expiry time (ms)."""
         ...
 
-    def scan_session(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
+    def scan_session(
+        self, slot: int, session: str, state: int, first: int, end: int, limit: int, max_bytes: int | None = None
+    ) -> list[Row]:
         """Up to ``limit`` rows in ``state`` (ACTIVE for a session's window; DEFERRED or SCHEDULED for a peek) of
         one session of a slot's main queue with ``first <= seq < end``, in sequence order (by the ``_ses`` index,
-        on (session, seq) of the rows that have a session)."""
+        on (session, seq) of the rows that have a session). ``max_bytes`` bounds them as ``scan``'s."""
         ...
 
     def scan_heads(self, slot: int, first: int, end: int, limit: int) -> list[tuple[int, str]]:

@@ -390,14 +390,25 @@ class PostgresStore:
         return f"{dead}queue = %s AND seq >= %s AND seq < %s AND state = 0"
 
     def scan(self, slot: int, queue: int, first: int, end: int, limit: int, max_bytes: int | None = None) -> list[Row]:
+        return self._scan_rows(
+            f"FROM {self._table(slot)} WHERE {self._queue_terms(queue)} ORDER BY seq",
+            (queue, first, end),
+            limit,
+            max_bytes,
+        )
+
+    def _scan_rows(
+        self, tail: str, params: tuple[Any, ...], limit: int, max_bytes: int | None, key: str = ""
+    ) -> list[Any]:
+        """Up to ``limit`` rows ``SELECT``ed with ``tail`` (their FROM, WHERE and ORDER BY), as ``Row``s or, with
+        ``key``, ``Row``'s columns followed by that column. With ``max_bytes``, no more rows than it takes for their
+        data to reach it: the rows' sizes are read first (a TOASTed value's size is in its pointer, so this reads
+        no data), and the rows then with the limit that leaves (the reads of ``scan``, ``scan_session``,
+        ``scan_due``)."""
         try:
             with self._reading().cursor(binary=True) as cur:
-                if max_bytes is not None:  # the rows' sizes first (a TOASTed value's size is in its pointer)
-                    cur.execute(
-                        f"SELECT octet_length(data) FROM {self._table(slot)} "
-                        f"WHERE {self._queue_terms(queue)} ORDER BY seq LIMIT %s",
-                        (queue, first, end, limit),
-                    )
+                if max_bytes is not None:
+                    cur.execute(f"SELECT octet_length(data) {tail} LIMIT %s", (*params, limit))
                     size = count = 0
                     for (n,) in cur:
                         count += 1
@@ -405,11 +416,12 @@ class PostgresStore:
                         if size >= max_bytes:
                             break
                     limit = min(limit, max(count, 1))
-                cur.execute(
-                    f"SELECT seq, queue, state, delivery_count, dead_letter, data FROM {self._table(slot)} "
-                    f"WHERE {self._queue_terms(queue)} ORDER BY seq LIMIT %s",
-                    (queue, first, end, limit),
-                )
+                cur.execute(f"SELECT {_COLUMNS}{', ' + key if key else ''} {tail} LIMIT %s", (*params, limit))
+                if key:
+                    return [
+                        (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), k)
+                        for seq, qu, st, dc, dl, d, k in cur
+                    ]
                 return [
                     Row(seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d)) for seq, qu, st, dc, dl, d in cur
                 ]
@@ -440,35 +452,36 @@ class PostgresStore:
             (state, queue, first, end, limit),
         )
 
-    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
-        return self._scan_by(slot, "due", f"state = {SCHEDULED}", after, limit)
+    def scan_due(
+        self, slot: int, after: tuple[int, int], limit: int, max_bytes: int | None = None
+    ) -> list[tuple[Any, ...]]:
+        return self._scan_by(slot, "due", f"state = {SCHEDULED}", after, limit, max_bytes)
 
     def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
         return self._scan_by(slot, "expires", "expires IS NOT NULL AND queue = 0", after, limit)
 
-    def _scan_by(self, slot: int, key: str, where: str, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
+    def _scan_by(
+        self, slot: int, key: str, where: str, after: tuple[int, int], limit: int, max_bytes: int | None = None
+    ) -> list[tuple[Any, ...]]:
         """Rows matching ``where`` after ``after`` in (``key``, seq) order, each with its ``key`` value last (the
         scans along the due and expiry indexes)."""
-        try:
-            with self._reading().cursor(binary=True) as cur:
-                cur.execute(
-                    f"SELECT {_COLUMNS}, {key} FROM {self._table(slot)} WHERE {where} "
-                    f"AND ({key}, seq) > (%s, %s) ORDER BY {key}, seq LIMIT %s",
-                    (after[0], after[1], limit),
-                )
-                return [
-                    (seq, qu, st, dc, None if dl is None else bytes(dl), bytes(d), k)
-                    for seq, qu, st, dc, dl, d, k in cur
-                ]
-        except psycopg.Error as exc:
-            self._reset_reader()
-            raise StoreError(f"cannot read store {self}: {exc}") from exc
+        return self._scan_rows(
+            f"FROM {self._table(slot)} WHERE {where} AND ({key}, seq) > (%s, %s) ORDER BY {key}, seq",
+            after,
+            limit,
+            max_bytes,
+            key,
+        )
 
-    def scan_session(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
-        return self._rows(
-            f"SELECT {_COLUMNS} FROM {self._table(slot)} WHERE session = %s AND seq >= %s AND seq < %s "
-            "AND queue = 0 AND state = %s ORDER BY session, seq LIMIT %s",
-            (_db_text(session), first, end, state, limit),
+    def scan_session(
+        self, slot: int, session: str, state: int, first: int, end: int, limit: int, max_bytes: int | None = None
+    ) -> list[Row]:
+        return self._scan_rows(
+            f"FROM {self._table(slot)} WHERE session = %s AND seq >= %s AND seq < %s "
+            "AND queue = 0 AND state = %s ORDER BY session, seq",
+            (_db_text(session), first, end, state),
+            limit,
+            max_bytes,
         )
 
     def scan_heads(self, slot: int, first: int, end: int, limit: int) -> list[tuple[int, str]]:

@@ -390,16 +390,23 @@ class SqliteStore:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
     def scan(self, slot: int, queue: int, first: int, end: int, limit: int, max_bytes: int | None = None) -> list[Row]:
+        return self._scan_rows(
+            f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE {_queue_terms(queue)} ORDER BY seq LIMIT ?",
+            (queue, first, end, limit),
+            max_bytes,
+        )
+
+    def _scan_rows(self, query: str, params: tuple[Any, ...], max_bytes: int | None) -> list[Any]:
+        """The rows of ``query`` (``Row``'s columns first). With ``max_bytes``, no more rows than it takes for their
+        data to reach it: SQLite steps on demand, so the rows past it are never read (the reads of ``scan``,
+        ``scan_session``, ``scan_due``)."""
         try:
-            cursor = self._read().execute(
-                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE {_queue_terms(queue)} ORDER BY seq LIMIT ?",
-                (queue, first, end, limit),
-            )
+            cursor = self._read().execute(query, params)
             if max_bytes is None:
                 return cursor.fetchall()  # tuples in Row's order: a Row each would cost more than reading it
             rows = []
             size = 0
-            for row in cursor:  # SQLite steps on demand: rows past the bytes are never read
+            for row in cursor:
                 rows.append(row)
                 size += len(row[5])
                 if size >= max_bytes:
@@ -430,16 +437,15 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
-    def scan_due(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
-        try:
-            cursor = self._read().execute(
-                f"SELECT {_COLUMNS}, due FROM {_table(slot)} WHERE state = {SCHEDULED} AND (due, seq) > (?, ?) "
-                "ORDER BY due, seq LIMIT ?",
-                (after[0], after[1], limit),
-            )
-            return cursor.fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+    def scan_due(
+        self, slot: int, after: tuple[int, int], limit: int, max_bytes: int | None = None
+    ) -> list[tuple[Any, ...]]:
+        return self._scan_rows(
+            f"SELECT {_COLUMNS}, due FROM {_table(slot)} WHERE state = {SCHEDULED} AND (due, seq) > (?, ?) "
+            "ORDER BY due, seq LIMIT ?",
+            (after[0], after[1], limit),
+            max_bytes,
+        )
 
     def scan_expiring(self, slot: int, after: tuple[int, int], limit: int) -> list[tuple[Any, ...]]:
         try:
@@ -452,16 +458,15 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
 
-    def scan_session(self, slot: int, session: str, state: int, first: int, end: int, limit: int) -> list[Row]:
-        try:  # the _ses index: the session's rows in sequence order, the main queue's in ``state`` picked from them
-            cursor = self._read().execute(
-                f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE session = ? "
-                "AND seq >= ? AND seq < ? AND queue = 0 AND state = ? ORDER BY seq LIMIT ?",
-                (session, first, end, state, limit),
-            )
-            return cursor.fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+    def scan_session(
+        self, slot: int, session: str, state: int, first: int, end: int, limit: int, max_bytes: int | None = None
+    ) -> list[Row]:
+        return self._scan_rows(  # the _ses index: the session's rows in order, the main queue's in ``state`` of them
+            f"SELECT {_COLUMNS} FROM {_table(slot)} WHERE session = ? "
+            "AND seq >= ? AND seq < ? AND queue = 0 AND state = ? ORDER BY seq LIMIT ?",
+            (session, first, end, state, limit),
+            max_bytes,
+        )
 
     def scan_heads(self, slot: int, first: int, end: int, limit: int) -> list[tuple[int, str]]:
         try:
