@@ -9,8 +9,8 @@ written one of these ways:
               map, not only its data)
     inplace   a WAL that was as long before and was checkpointed whole: SQLite starts it again from its beginning,
               so every commit overwrites blocks the file already has (an fdatasync writes data only)
-    prealloc  a new WAL whose file was extended with zeros first (``store/sqlite.py``'s ``extend_wal``), what the
-              store now does: overwrites in place from the first commit
+    prealloc  a new WAL whose file was extended with zeros first (``extend_wal``): overwrites in place from the
+              first commit
     normal    ``synchronous=NORMAL``, a new WAL: no fsync at a commit. A reference only: it would break
               "acknowledged = durable", so sends never use it
 
@@ -41,9 +41,25 @@ import threading
 import time
 from pathlib import Path
 
-from shardbus.store.sqlite import PAGE_SIZE, WAL_FRAME, extend_wal
+from shardbus.store.sqlite import PAGE_SIZE
 
 ROW = b"m" * 1024
+WAL_FRAME = 24 + PAGE_SIZE  # a WAL frame: its header and one page
+_ZERO_BLOCK = bytes(64 << 10)
+
+
+def extend_wal(path: Path, size: int) -> None:
+    """Extend a WAL file to ``size`` bytes with written zeros (not ``fallocate``: ext4 would allocate unwritten
+    blocks, and the first write into each would change metadata again), synced. SQLite reads a WAL's frames up to
+    the first whose salt and checksum do not match its header, so the zeros are never taken for frames."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        end = os.fstat(fd).st_size
+        while end < size:
+            end += os.pwrite(fd, _ZERO_BLOCK[: size - end], end)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _open(path: Path, synchronous: str) -> sqlite3.Connection:

@@ -3,7 +3,7 @@
 
 For each trace: synced commits' p50/p90/p99 per time window (the first window is warm-up: every store's WAL is new),
 the share of synced commits that began within ``--gap`` ms of the end of the same store's previous commit (a batch
-that queued behind the commit in flight: its sends paid for two), WAL extensions (``walgrow``) and checkpoints; and
+that queued behind the commit in flight: its sends paid for two), and checkpoints; and
 synced commits that overlapped a lag of the broker's event loop (``loop`` lines: the loop's thread busy, holding the
 GIL a commit's thread takes back after each statement) against the others. Several traces (base and branch of a
 side-by-side run) print side by side.
@@ -39,7 +39,7 @@ def report(trace: Path, window: float, gap: float) -> list[str]:
         if kind == "commit":
             store, _, sync = detail.rpartition(" ")
             commits.append((start, ms, store, sync == "sync=True"))
-        elif kind in ("walgrow", "checkpoint"):
+        elif kind == "checkpoint":
             kinds[kind].append(ms)
         elif kind == "loop" and ms >= LOOP_MS:
             loops.append((start, start + ms / 1000))

@@ -24,19 +24,6 @@ move a p99. So checkpoints are rarer and larger (4 MB of writes, not 2 MB: the W
 hot pages, the tail of its tables and the counts, so a checkpoint copies far fewer pages than the WAL holds) and
 one at a time in the process (``CHECKPOINTS`` has one thread): at most one checkpoint's fsync at any moment.
 
-A synced commit is one ``fdatasync`` of the WAL (SQLite on Linux uses it, not ``fsync``). One that appends to the
-file also makes the file system write the file's new size and block map before it returns; one that overwrites
-blocks the file has writes its data alone. A WAL starts again from its beginning after a complete checkpoint and is
-cut back only past ``WAL_LIMIT``, so it overwrites in place once it has been as long before; but a new WAL (every
-store's, after each start, as closing removes it) appends for a whole checkpoint interval of about 6.6 MB (some
-three minutes of a partition of the soak). So the file is kept ``WAL_HEADROOM`` (1 MB) ahead of its frames with
-written zeros (``_keep_wal_ahead``, after a commit, on the writer's thread): a megabyte or more at a time, never
-past ``WAL_LIMIT``, only as far as this store's WAL has gone. SQLite reads a WAL's frames up to the first whose salt
-and checksum do not match its header, so the zeros are never taken for frames, after a crash either. What it costs:
-one write of a megabyte of zeros and its sync per megabyte the WAL grows past where it had been, and a store's WAL
-file holds at most a megabyte or two more than it did.
-How much a commit gains, measured: docs/operations.md, "A store commit on the disk".
-
 A full disk: a write that runs out of space fails with SQLITE_FULL (SQLite maps the file system's ENOSPC to it),
 and the transaction is rolled back whole (a WAL commit is the commit frame; frames written before the failure
 are ignored and overwritten by the next transaction), so the database holds exactly what it held before. That
@@ -63,9 +50,7 @@ writer's open transaction.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import sys
 import time
 from collections.abc import Collection
 from concurrent.futures import Future
@@ -107,43 +92,7 @@ CHECKPOINT_ROUNDS = 8  # a background checkpoint goes again at most this often f
 WAL_LIMIT = 4 * CHECKPOINT_BYTES  # journal_size_limit: a WAL file is cut back to this when it starts again
 _COMMIT_BYTES = 2 * PAGE_SIZE  # what a commit writes besides new rows' data (touched pages, the meta row), roughly
 
-WAL_FRAME = 24 + PAGE_SIZE  # a WAL frame: its header and one page
-_WAL_HEADER = 32  # the WAL file's header, before its first frame
-WAL_HEADROOM = 1 << 20  # the WAL file is kept this much longer than its frames use (``_keep_wal_ahead``)
-WAL_RETRY = 60.0  # seconds before extending a WAL again after an extension failed (a full disk)
-_ZERO_BLOCK = bytes(64 << 10)  # what a WAL is extended with, written many times over (``extend_wal``)
-_ZERO_WRITE = 1 << 20  # bytes per write while extending a WAL (16 of the block: an IOV_MAX is 1,024)
-_WAL_CHECK = 64 << 10  # the WAL's frames are looked at after about this much written (by ``_written``'s count)
-
 _RANGE_MIN = 3  # a run of more than this many consecutive sequence numbers is deleted as one range
-
-
-def extend_wal(path: Path, size: int) -> int:
-    """Extend a WAL file to ``size`` bytes with zeros, written (not ``fallocate``: ext4 would allocate unwritten
-    blocks, and the first write into each would change metadata again) and synced, so that commits overwrite
-    blocks the file has instead of appending. Only while nobody appends to it (the store's writer calls it between
-    its commits). SQLite reads a WAL's frames up to the first whose salt and checksum do not check out, so zeros
-    after its last frame are never taken for one, after a crash too. Returns the file's size (0 if it is missing:
-    SQLite makes it at the first write)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return 0
-    try:
-        end = os.fstat(fd).st_size
-        if end >= size:
-            return end
-        block = memoryview(_ZERO_BLOCK)
-        while end < size:  # up to _ZERO_WRITE a call, from one small buffer: no megabyte of zeros in memory
-            n = min(size - end, _ZERO_WRITE)
-            buffers = [block] * (n // len(block))
-            if n % len(block):
-                buffers.append(block[: n % len(block)])
-            end += os.pwritev(fd, buffers, end)
-        os.fdatasync(fd)
-        return end
-    finally:
-        os.close(fd)
 
 
 def _table(slot: int) -> str:
@@ -275,10 +224,6 @@ class SqliteStore:
             self._synced = True  # the connection's synchronous setting is FULL (else NORMAL)
             self._written = 0  # bytes written to the WAL since the last checkpoint started, roughly
             self._checkpoint: Future | None = None  # the last background checkpoint (in flight until done)
-            self._wal_size = 0  # bytes the WAL file has (``_keep_wal_ahead``), as last extended or looked at
-            self._wal_retry_at = 0.0  # an extension failed: none before this (monotonic)
-            self._wal_checked = 0  # ``_written`` when the WAL's frames were last looked at
-            self._wal_due = False  # an unsynced commit should extend the WAL (a synced one found it due)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
         self._ops = op_handlers(self)
@@ -529,57 +474,6 @@ class SqliteStore:
         if self._written >= CHECKPOINT_BYTES and (self._checkpoint is None or self._checkpoint.done()):
             self._written = 0
             self._checkpoint = CHECKPOINTS.get().submit(self._run_checkpoint)
-        self._keep_wal_ahead(sync)
-
-    def _wal_frames(self) -> int:
-        """How many frames the WAL holds now: ``mxFrame`` of the wal-index header, the first 48 bytes of the
-        ``-shm`` file in native byte order (sqlite.org/walformat.html). Read after our own commit, on the writer's
-        thread: nobody else changes it. -1 if it cannot be read. Opened for each read, not kept: a descriptor
-        per store for a read every few commits is not worth it."""
-        try:
-            fd = os.open(f"{self.path}-shm", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return -1
-        try:
-            header = os.pread(fd, 4, 16)
-        finally:
-            os.close(fd)
-        return int.from_bytes(header, sys.byteorder) if len(header) == 4 else -1
-
-    def _keep_wal_ahead(self, sync: bool) -> None:
-        """Keep the WAL file up to ``WAL_HEADROOM`` longer than what its frames use, so that commits overwrite
-        blocks it has (an fdatasync of data alone) instead of appending (one that also writes the file's new size
-        and block map). It grows only as far as this store's WAL has gone (plus the headroom), up to
-        ``WAL_LIMIT``, and only once the WAL reached a megabyte by itself: an idle store's (most are: an entity
-        has many partitions) stays as it was. Called after a commit, on the writer's thread: nobody appends to
-        the WAL meanwhile. The extension (a megabyte of zeros and a sync, ~5 ms) is left to a commit nobody
-        waits for (``sync=False``: lingering settlements) while a quarter of the headroom is left; after that
-        (or for a store that only takes sends, from two megabytes) a synced commit does it. The frames are read
-        every ``_WAL_CHECK`` bytes or so of writes."""
-        size = self._wal_size
-        if size >= WAL_LIMIT or (0 <= self._written - self._wal_checked < _WAL_CHECK and (sync or not self._wal_due)):
-            return  # looked at not long ago (``_written`` starts again from 0 at a checkpoint)
-        self._wal_checked = self._written
-        if time.monotonic() < self._wal_retry_at:
-            return
-        frames = self._wal_frames()
-        if frames < 0:
-            return
-        used = _WAL_HEADER + frames * WAL_FRAME
-        self._wal_due = used >= WAL_HEADROOM and used + WAL_HEADROOM > size  # for the next unsynced commit
-        if not self._wal_due or (sync and (used < 2 * WAL_HEADROOM or used + WAL_HEADROOM // 4 <= size)):
-            return  # a WAL that has not reached a megabyte or two by itself stays as it is: most stores are idle
-        target = min(WAL_LIMIT, used + 2 * WAL_HEADROOM)  # a megabyte or more at a time: few extensions
-        started = time.monotonic() if stalltrace.ON else 0.0
-        try:
-            self._wal_size = extend_wal(Path(f"{self.path}-wal"), target)
-            self._wal_due = False
-        except OSError as exc:  # a full disk, say: commits append as they would without it; try again later
-            self._wal_retry_at = time.monotonic() + WAL_RETRY
-            log.debug("cannot extend the WAL of %s: %s", self.path, exc)
-            return
-        if stalltrace.ON:
-            stalltrace.record("walgrow", started, time.monotonic() - started, f"{self.path} {size}->{target}", True)
 
     def _run_checkpoint(self) -> None:
         """A passive checkpoint on a connection of its own (its thread's), closed after: never the last one
