@@ -34,6 +34,12 @@ from .memory import (
 )
 
 
+def _read_to_end(rows: list[Any], limit: int) -> bool:
+    """Whether a read-ahead of at most ``limit`` rows and ``READ_BATCH_BYTES`` found no more: it stopped short of
+    both bounds (``scan``'s ``max_bytes`` ends a read once its rows hold that many bytes)."""
+    return len(rows) < limit and sum(len(row[5]) for row in rows) < READ_BATCH_BYTES
+
+
 class StoreWindow:
     """The store-window part of ``PartitionBroker``: disk-only messages into memory and out again."""
 
@@ -116,20 +122,18 @@ class StoreWindow:
         rows = self._scan(q, first, self._visible_next, limit, READ_BATCH_BYTES)
         entries, ready, gone, slot = q.entries, q.ready, q.gone, q.key[0]
         push = heapq.heappush
-        held = read = 0
+        held = 0
         for row in rows:
             seq = row[0]
-            size = len(row[5])
-            read += size
             if seq in entries or seq in gone:
                 continue
             entries[seq] = self._entry_of(slot, row)
-            held += size
+            held += len(row[5])
             push(ready, seq)
         self._hold(held)
         if rows:
             q.top = max(q.top, rows[-1][0])
-        if len(rows) < limit and read < READ_BATCH_BYTES:
+        if _read_to_end(rows, limit):
             q.disk_from = None  # everything is resident now
             gone.clear()
         else:
@@ -159,18 +163,16 @@ class StoreWindow:
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
         entries, ready, leaving = q.entries, session.ready, self._leaving
-        held = read = 0
+        held = 0
         for row in rows:
             seq = row[0]
-            size = len(row[5])
-            read += size
             if seq in entries or (slot, seq) in leaving:
                 continue  # resident (come due from the schedule), or gone with its row's change still queued
             entries[seq] = self._entry_of(slot, row)
-            held += size
+            held += len(row[5])
             heapq.heappush(ready, seq)
         self._hold(held)
-        session.disk_from = None if len(rows) < limit and read < READ_BATCH_BYTES else rows[-1][0] + 1
+        session.disk_from = None if _read_to_end(rows, limit) else rows[-1][0] + 1
 
     def _discover_sessions(self, q: MessageQueue) -> bool:
         """Find the sessions not in a session-enabled queue's table, in the order of their oldest messages: one
@@ -211,18 +213,16 @@ class StoreWindow:
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
         entries, visible_next, leaving = q.entries, self._visible_next, self._leaving
-        held = read = 0
+        held = 0
         for row in rows:
             seq = row[0]
-            size = len(row[5])
-            read += size
             if seq in entries or seq >= visible_next or (slot, seq) in leaving:
                 continue
             entries[seq] = self._entry_of(slot, row, _SCHEDULED)
-            held += size
+            held += len(row[5])
             heapq.heappush(q.scheduled, (row[6], seq))
         self._hold(held)
-        q.sched_disk = None if len(rows) < limit and read < READ_BATCH_BYTES else (rows[-1][6], rows[-1][0] + 1)
+        q.sched_disk = None if _read_to_end(rows, limit) else (rows[-1][6], rows[-1][0] + 1)
 
     def _trim_scheduled(self, q: MessageQueue) -> None:
         """Too many SCHEDULED messages are resident (sends due sooner than the disk's): the window keeps the
