@@ -53,10 +53,6 @@ RECONNECT_DELAY = 0.2
 TICK_INTERVAL = 0.1
 HEALTH_INTERVAL = 1.0  # ``tick_all`` to workers that tick themselves: only for their partitions' health
 REVOKE_ROUNDS = 5
-# The hot operations, per message sent and completed: a serving loop sends them on a connection of its own
-# (``DirectLink``), so neither they nor their replies cross to the cluster client's thread and back.
-DIRECT = frozenset({"enqueue", "lock_messages", "complete"})
-_running_loop = asyncio.events._get_running_loop  # the calling thread's running loop or None (C, no raise)
 
 
 def _done(value: Any) -> Future:
@@ -88,19 +84,6 @@ class WorkerLink:
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
-        self._direct: dict[asyncio.AbstractEventLoop, DirectLink] = {}  # by serving loop (one in a server)
-        self._direct_retry = 0.0  # monotonic time before which a failed direct connection is not tried again
-
-    def _direct_for(self, loop: asyncio.AbstractEventLoop) -> DirectLink:
-        """This serving loop's direct connection to the worker, (re)connecting it in the background."""
-        for old in [other for other, d in self._direct.items() if d.closed and other.is_closed()]:
-            del self._direct[old]  # a loop that ended (tests run many)
-        direct = self._direct.get(loop)
-        now = time.monotonic()
-        if direct is None or (direct.closed and now >= self._direct_retry):
-            direct = self._direct[loop] = DirectLink(self, loop)
-            self._direct_retry = now + RECONNECT_DELAY
-        return direct
 
     # --- calls (any thread) --------------------------------------------------------------------------
     def call(self, partition: RemotePartition | None, key: str, operation: str, args: list[Any], now: float) -> Future:
@@ -108,23 +91,12 @@ class WorkerLink:
         if not self.connected:
             future.set_exception(PartitionUnavailable(self._down_text(partition)))
             return future
-        if operation in DIRECT and partition is not None:
-            loop = _running_loop()
-            if loop is not None and loop is not self.client.loop:  # a serving loop: straight from it if it can
-                direct = self._direct.get(loop)
-                if direct is None or direct.closed:
-                    direct = self._direct_for(loop)
-                if direct.connected and direct.takes(partition, operation):
-                    return direct.call(future, partition, key, operation, args, now)
         request_id = next(self._ids)
         try:
             frame = wire.pack_frame([request_id, key, now, operation, args])
         except records.PACK_ERRORS as exc:  # as an in-process partition refuses to store it
             raise ArgumentError(f"A value in the request cannot be stored: {exc}.") from exc
         self._pending[request_id] = (future, partition)
-        if operation == "enqueue" and partition is not None:  # in flight here: its next sends follow it here
-            partition._sends_elsewhere.add(future)
-            future.add_done_callback(partition._sent_elsewhere)
         with self._lock:
             self._outbox.append(frame)
             if self._flush_scheduled:
@@ -314,173 +286,6 @@ class WorkerLink:
                     p.revoke_in_doubt()
 
 
-class DirectLink:
-    """A serving loop's own connection to one worker, for the hot operations (``DIRECT``).
-
-    Without it every enqueue, lock request and complete went from the serving loop to the cluster client's loop
-    (a cross-thread wake-up per burst) and its reply came back the same way (another), and the two threads took
-    turns at the interpreter lock. On its own loop the request goes out at the end of the turn that made it and the
-    reply completes its future on the loop that waits for it. Everything else (the life cycle, queries that block
-    their caller, ticks, events) stays on the cluster client's link (``WorkerLink``), which also decides health
-    and restores partitions; this link only carries requests and their replies. It connects in the background on
-    first use; until then, and after it drops, calls take the cluster client's link.
-
-    Order: a partition's sends must be stored in the order they were made, so while one of its enqueues is in
-    flight on the other link, its next ones follow it there (``takes``). A request in flight when the connection
-    drops fails ``PartitionUnavailable`` (an enqueue is then in doubt, as on the other link).
-
-    Touched only on its loop's thread. In memory: the requests in flight and the frames of one loop turn.
-    """
-
-    def __init__(self, link: WorkerLink, loop: asyncio.AbstractEventLoop) -> None:
-        self.link = link
-        self.loop = loop
-        self.connected = False
-        self.closed = False
-        self._amqp: AmqpClient | None = None
-        self._sender: ClientSender | None = None
-        self._receiver: ClientReceiver | None = None
-        self._pending: dict[int, tuple[Future, RemotePartition]] = {}
-        self._ids = itertools.count(1)
-        self._outbox: list[bytes] = []  # packed frames of this loop turn
-        self._ready: list[bytes] = []  # transfers waiting for link credit
-        self._flush_scheduled = False
-        self._waiting_credit = False
-        loop.create_task(self._connect())
-
-    @staticmethod
-    def takes(partition: RemotePartition, operation: str) -> bool:
-        return operation != "enqueue" or not partition._sends_elsewhere
-
-    def call(
-        self, future: Future, partition: RemotePartition, key: str, operation: str, args: list[Any], now: float
-    ) -> Future:
-        request_id = next(self._ids)
-        try:
-            frame = wire.pack_frame([request_id, key, now, operation, args])
-        except records.PACK_ERRORS as exc:  # as an in-process partition refuses to store it
-            raise ArgumentError(f"A value in the request cannot be stored: {exc}.") from exc
-        self._pending[request_id] = (future, partition)
-        self._outbox.append(frame)
-        if not self._flush_scheduled:  # what this turn asks leaves together, at the end of the turn
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-        return future
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._outbox:
-            self._ready += wire.transfers(self._outbox)
-            self._outbox = []
-        sender, amqp = self._sender, self._amqp
-        if sender is None or amqp is None or not self.connected or not self._ready:
-            return
-        link = sender.link
-        count = min(len(self._ready), link.credit)
-        conn = amqp._conn
-        for payload in self._ready[:count]:
-            conn.send_transfer(link, b"", payload, settled=True)
-        del self._ready[:count]
-        if amqp._protocol is not None:
-            amqp._protocol.flush_now()  # already at the end of the loop turn
-        if self._ready and not self._waiting_credit:
-            self._waiting_credit = True
-            self.loop.create_task(self._await_credit(sender))
-
-    async def _await_credit(self, sender: ClientSender) -> None:
-        try:
-            while self._ready and self.connected:
-                sender._credit.clear()
-                await sender._credit.wait()
-                self._flush()
-        finally:
-            self._waiting_credit = False
-
-    async def _connect(self) -> None:
-        link = self.link
-        try:
-            if link.address is None:
-                raise ConnectionError("no address")
-            amqp = await AmqpClient.connect(
-                link.address[0],
-                link.address[1],
-                sasl_mechanism="PLAIN",
-                username=CLUSTER_USER,
-                password=link.client.key,
-                timeout=5,
-            )
-            session = await amqp.session(incoming_window=0x7FFFFFFF, outgoing_window=0x7FFFFFFF)
-            sender = await session.sender("$partitions", settled=True)
-            receiver = await session.receiver("$partitions", credit=CREDIT)
-        except Exception as exc:  # the cluster client's link serves meanwhile; a later call tries again
-            log.info("no direct connection to worker %s (yet): %s", link.name, exc)
-            self.closed = True
-            return
-        receiver.deliveries = _Deliveries(self._delivery)  # type: ignore[assignment]
-        self._amqp, self._sender, self._receiver = amqp, sender, receiver
-        if link.client.closing or amqp._closed.done():
-            self._lost()
-            return
-        self.connected = True
-        amqp._closed.add_done_callback(lambda _f: self._lost())
-
-    def _delivery(self, delivery: E.DeliveryReceived) -> None:
-        """Replies, straight from the AMQP client's event handler (on this loop)."""
-        receiver = self._receiver
-        if receiver is not None and receiver.link.credit < CREDIT // 2:
-            receiver.grant(CREDIT)
-        pending = self._pending
-        for frame in wire.decode_frames(delivery.payload):
-            if frame[0] == 0:  # events go to the connection that opened the partition: not this one
-                continue
-            request_id, ok, value, health = frame
-            future, partition = pending.pop(request_id, (None, None))
-            if future is None:
-                continue
-            partition.failure = health
-            if future.done():
-                continue
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(wire.decode_error(value))
-
-    def _lost(self) -> None:
-        """The connection ended: what was in flight failed (the cluster client's link serves from now on)."""
-        if self.closed and not self.connected and not self._pending:
-            return
-        self.connected = False
-        self.closed = True
-        amqp, self._amqp = self._amqp, None
-        self._sender = self._receiver = None
-        if amqp is not None and amqp._protocol is not None and amqp._protocol.transport is not None:
-            amqp._protocol.transport.close()
-        pending, self._pending = self._pending, {}
-        self._outbox.clear()
-        self._ready.clear()
-        for future, partition in pending.values():
-            if not future.done():
-                future.set_exception(
-                    PartitionUnavailable(
-                        f"Partition {partition.id} of '{partition.config.path}' is unavailable (the connection to "
-                        f"worker {self.link.name} was lost). Messages with a partition key that maps to it cannot "
-                        "be processed now; retry later."
-                    )
-                )
-
-    def close(self) -> None:
-        """From any thread: end the connection (on its loop, if that still runs)."""
-        if self.loop.is_closed():
-            return
-        if _running_loop() is self.loop:
-            self._lost()
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._lost)
-        except RuntimeError:  # the loop closed meanwhile
-            pass
-
-
 class _Deliveries:
     """Stands in for a ``ClientReceiver``'s queue: the AMQP client hands each delivery straight to a function."""
 
@@ -544,9 +349,6 @@ class ClusterClient:
 
     def close(self) -> None:
         self.closing = True
-        for link in self.links.values():
-            for direct in list(link._direct.values()):
-                direct.close()
 
         async def shutdown() -> None:
             self._ticker.cancel()
@@ -596,7 +398,6 @@ class RemotePartition:
         self.wanted = False  # started by the front end (so restarted after a worker restart)
         self.failure: str | None = "not started"
         self.in_doubt: set[str] = set()  # batch ids of sends that failed in flight: maybe stored (see above)
-        self._sends_elsewhere: set[Future] = set()  # its enqueues in flight on the cluster client's link
         self._precheck = spec.precheck
         link.partitions[self.key] = self
         if link.connected:  # else the link opens it when it connects (WorkerLink._restore)
@@ -615,9 +416,6 @@ class RemotePartition:
 
     def _sync(self, operation: str, *args: Any) -> Any:
         return self._wait(self._call(operation, *args))
-
-    def _sent_elsewhere(self, future: Future) -> None:
-        self._sends_elsewhere.discard(future)  # (set.add and set.discard are atomic: any thread)
 
     def _available(self, slot: int) -> None:
         for listener in self.listeners:
