@@ -1,0 +1,31 @@
+"""bench/hop_micro.py and bench/hop_threads.py run end to end on a few messages (the hop to a worker's benches)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_hop_micro_compares_a_local_and_a_remote_partition() -> None:
+    out = _run(str(BENCH / "hop_micro.py"), "--messages", "400", "--rounds", "1")
+    for line in ("this local", "this remote", "this remote/local"):
+        assert re.search(rf"^  {line} +[\d.]+ \(", out, re.M), out
+
+
+def test_hop_threads_splits_both_by_process_and_thread() -> None:
+    out = _run(str(BENCH / "hop_threads.py"), "--count", "300", "--rounds", "1")
+    assert re.search(
+        r"^round 1 workers1 +broker +[\d.]+ us/msg +front end: loop [\d.]+, others .*worker 1: loop", out, re.M
+    ), out
+    for key in ("front end loop", "worker 1 loop", "worker 1 others"):
+        assert re.search(rf"^    {key} +[\d.]+", out, re.M), out
