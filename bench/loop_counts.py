@@ -6,6 +6,8 @@ for the same clients, queue and messages (bench/scale.py's ``ShardbusServe`` and
     syscalls   ``strace -c`` attached to the loop's thread only (the thread whose id is the process id) for one
                phase: reads, writes, epoll_wait, futex (thread hand-offs), per message. strace slows the loop
                down a lot, so its rates mean nothing; the counts per message are what to read.
+    io         the loop thread's read and write system calls per message (/proc/PID/task/PID/io, no tracer):
+               socket reads and writes, eventfd wake-ups.
     switches   the loop thread's voluntary and involuntary context switches per message (/proc, no tracer):
                a voluntary one is a sleep in epoll_wait or on a lock, so it counts wake-ups.
     gc         the broker's garbage collections per message by generation (``gc.get_stats()``, read through a
@@ -61,6 +63,16 @@ def switches(pid: int) -> tuple[int, int]:
     return v, n
 
 
+def loop_io(pid: int) -> tuple[int, int]:
+    """(read, write) system calls of the loop's thread so far (/proc/PID/task/PID/io, no tracer)."""
+    out = {}
+    with open(f"/proc/{pid}/task/{pid}/io") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            out[key] = int(value)
+    return out["syscr"], out["syscw"]
+
+
 def gc_stats(path: Path) -> list[tuple[int, int]]:
     time.sleep(0.25)  # the dumper writes every 100 ms
     return ast.literal_eval(path.read_text())
@@ -114,7 +126,7 @@ def measure(
         for r in range(rounds):
             for phase in PHASES:
                 row = out.setdefault(label, {}).setdefault(phase, {})
-                g0, s0 = gc_stats(stats_file), switches(pid)
+                g0, s0, io0 = gc_stats(stats_file), switches(pid), loop_io(pid)
                 tracer = None
                 if pyspy and phase == "both":
                     tracer = subprocess.Popen(
@@ -134,9 +146,11 @@ def measure(
                 if tracer is not None:
                     tracer.send_signal(signal.SIGINT)
                     tracer.wait()
-                s1, g1 = switches(pid), gc_stats(stats_file)
+                s1, io1, g1 = switches(pid), loop_io(pid), gc_stats(stats_file)
                 row.setdefault("vol switches", []).append((s1[0] - s0[0]) / n)
                 row.setdefault("invol switches", []).append((s1[1] - s0[1]) / n)
+                row.setdefault("loop reads", []).append((io1[0] - io0[0]) / n)
+                row.setdefault("loop writes", []).append((io1[1] - io0[1]) / n)
                 for gen in range(3):
                     row.setdefault(f"gc gen{gen}", []).append((g1[gen][0] - g0[gen][0]) / n)
                 if tracer is not None and not (pyspy and phase == "both"):
@@ -144,7 +158,7 @@ def measure(
                     for name, count in calls.items():
                         row.setdefault(name, []).append(count / n)
                     row.setdefault("syscalls", []).append(sum(calls.values()) / n)
-                print(f"{label} round {r + 1} {phase}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in row.items()),
+                print(f"{label} {phase}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in row.items()),
                       flush=True)
     finally:
         for role in roles:
