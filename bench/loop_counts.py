@@ -10,6 +10,8 @@ for the same clients, queue and messages (bench/scale.py's ``ShardbusServe`` and
                socket reads and writes, eventfd wake-ups.
     switches   the loop thread's voluntary and involuntary context switches per message (/proc, no tracer):
                a voluntary one is a sleep in epoll_wait or on a lock, so it counts wake-ups.
+    calls      with ``--count-calls module:Class.method,...``: how often the broker calls those functions per
+               message, and how many items the lists they return hold (wrapped by the same ``sitecustomize``).
     gc         the broker's garbage collections per message by generation (``gc.get_stats()``, read through a
                ``sitecustomize`` put on the broker's PYTHONPATH that writes them to a file every 100 ms).
 
@@ -35,20 +37,39 @@ import scale  # bench/scale.py, beside this file
 
 PHASES = ("send", "receive", "both")
 
-SITECUSTOMIZE = '''
-import gc, os, threading, time
+SITECUSTOMIZE = """
+import gc, importlib, os, threading, time
 _path = os.environ.get("SHARDBUS_GC_STATS")
+_calls = {}
+for _spec in filter(None, os.environ.get("SHARDBUS_COUNT_CALLS", "").split(",")):
+    _module, _, _name = _spec.partition(":")
+    _owner = importlib.import_module(_module)
+    _attr = _name.split(".")
+    for _part in _attr[:-1]:
+        _owner = getattr(_owner, _part)
+    def _wrap(fn, key):
+        _calls[key] = [0, 0]
+        def counted(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            row = _calls[key]
+            row[0] += 1
+            if isinstance(out, list):
+                row[1] += len(out)
+            return out
+        return counted
+    setattr(_owner, _attr[-1], _wrap(getattr(_owner, _attr[-1]), _name))
 if _path:
     def _dump():
         while True:
             stats = [(s["collections"], s["collected"]) for s in gc.get_stats()]
+            stats += [tuple(_calls[k]) for k in sorted(_calls)]
             tmp = _path + ".tmp"
             with open(tmp, "w") as f:
                 f.write(repr(stats))
             os.replace(tmp, _path)
             time.sleep(0.1)
     threading.Thread(target=_dump, daemon=True, name="gc-stats").start()
-'''
+"""
 
 
 def switches(pid: int) -> tuple[int, int]:
@@ -106,8 +127,16 @@ def run_phase(phase: str, snd: scale.Role, rcv: scale.Role, n: int, tag: str) ->
 
 
 def measure(
-    tree: Path, tmp: Path, label: str, n: int, rounds: int, use_strace: bool, out: dict, pyspy: str | None = None,
+    tree: Path,
+    tmp: Path,
+    label: str,
+    n: int,
+    rounds: int,
+    use_strace: bool,
+    out: dict,
+    pyspy: str | None = None,
     pyspy_out: str = "",
+    count_calls: tuple[str, ...] = (),
 ) -> None:
     site = tmp / f"site-{label}"
     site.mkdir()
@@ -115,8 +144,10 @@ def measure(
     stats_file = tmp / f"gc-{label}"
     os.environ["PYTHONPATH"] = str(site)
     os.environ["SHARDBUS_GC_STATS"] = str(stats_file)
+    os.environ["SHARDBUS_COUNT_CALLS"] = ",".join(count_calls)
+    counted = [spec.partition(":")[2] for spec in count_calls]
     serve = scale.ShardbusServe(tmp / f"serve-{label}", [], tree=tree)
-    del os.environ["PYTHONPATH"], os.environ["SHARDBUS_GC_STATS"]
+    del os.environ["PYTHONPATH"], os.environ["SHARDBUS_GC_STATS"], os.environ["SHARDBUS_COUNT_CALLS"]
     roles: list[scale.Role] = []
     try:
         snd = scale.Role("send", serve.url, scale.QUEUE, 100)
@@ -130,9 +161,23 @@ def measure(
                 tracer = None
                 if pyspy and phase == "both":
                     tracer = subprocess.Popen(
-                        [pyspy, "record", "-p", str(pid), "-r", "500", "-f", "raw", "--threads", "--native", "--idle",
-                         "-o", f"{pyspy_out}-{label}-{r}.txt"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        [
+                            pyspy,
+                            "record",
+                            "-p",
+                            str(pid),
+                            "-r",
+                            "500",
+                            "-f",
+                            "raw",
+                            "--threads",
+                            "--native",
+                            "--idle",
+                            "-o",
+                            f"{pyspy_out}-{label}-{r}.txt",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
                     )
                     time.sleep(1.0)
                 elif use_strace:
@@ -153,13 +198,15 @@ def measure(
                 row.setdefault("loop writes", []).append((io1[1] - io0[1]) / n)
                 for gen in range(3):
                     row.setdefault(f"gc gen{gen}", []).append((g1[gen][0] - g0[gen][0]) / n)
+                for i, name in enumerate(sorted(counted), 3):  # --count-calls: calls and listed items returned
+                    row.setdefault(f"{name} calls", []).append((g1[i][0] - g0[i][0]) / n)
+                    row.setdefault(f"{name} items", []).append((g1[i][1] - g0[i][1]) / n)
                 if tracer is not None and not (pyspy and phase == "both"):
                     calls = parse_strace(trace_out.read_text())
                     for name, count in calls.items():
                         row.setdefault(name, []).append(count / n)
                     row.setdefault("syscalls", []).append(sum(calls.values()) / n)
-                print(f"{label} {phase}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in row.items()),
-                      flush=True)
+                print(f"{label} {phase}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in row.items()), flush=True)
     finally:
         for role in roles:
             role.stop()
@@ -173,6 +220,11 @@ def main() -> None:
     parser.add_argument("--no-strace", action="store_true")
     parser.add_argument("--base", type=Path, help="another checkout, measured interleaved")
     parser.add_argument("--pyspy", help="py-spy's binary: sample the broker's threads in 'both' (then no strace)")
+    parser.add_argument(
+        "--count-calls",
+        default="",
+        help="module:Class.method,... to count in the broker (calls, and items of the lists they return)",
+    )
     parser.add_argument("--pyspy-out", default="/tmp/loop-pyspy", help="prefix of py-spy's raw stack files")
     args = parser.parse_args()
     scale.install_uvloop()
@@ -184,7 +236,16 @@ def main() -> None:
             for label, tree in trees if r % 2 == 0 else trees[::-1]:
                 (tmp / f"r{r}").mkdir(exist_ok=True)
                 measure(
-                    tree, tmp / f"r{r}", label, args.count, 1, not args.no_strace, out, args.pyspy, args.pyspy_out
+                    tree,
+                    tmp / f"r{r}",
+                    label,
+                    args.count,
+                    1,
+                    not args.no_strace,
+                    out,
+                    args.pyspy,
+                    args.pyspy_out,
+                    tuple(filter(None, args.count_calls.split(","))),
                 )
     print("\nper message, medians over the rounds")
     for label, phases in out.items():
