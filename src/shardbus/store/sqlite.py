@@ -49,6 +49,7 @@ writer's open transaction.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import time
@@ -137,36 +138,51 @@ def _add_due(db: sqlite3.Connection, slot: int) -> None:
 
 
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
+# Rows per statement: any count up to _EXACT_ROWS in one statement (a send brings 1-5 messages, a batch of
+# settlements a few counts rows), larger ones in power-of-two chunks and an exact rest. So a connection prepares
+# at most _EXACT_ROWS + 5 shapes of each insert (its statement cache holds 128), and a small write is one statement.
+_EXACT_ROWS = 16
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunks(n: int) -> tuple[int, ...]:
+    """How ``n`` rows are split into insert statements (see ``_EXACT_ROWS``)."""
+    out = []
+    while n > _EXACT_ROWS:
+        size = 1 << (min(n, _PUT_CHUNK).bit_length() - 1)
+        out.append(size)
+        n -= size
+    if n:
+        out.append(n)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_marks(width: int, rows: int) -> str:
+    """``(?,?,..),(?,?,..)``: ``rows`` rows of ``width`` parameters each."""
+    return ",".join(["(" + ",".join("?" * width) + ")"] * rows)
+
+
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
-_PUT_BITS = _PUT_CHUNK.bit_length()
 # An expiry time is a parameter, or NULL in the statement for rows without one (the usual case).
-_PUT_VALUES = {
-    timed: [",".join([f"(?,?,?,?,NULL,?,{'?' if timed else 'NULL'})"] * (1 << k)) for k in range(_PUT_BITS)]
-    for timed in (False, True)
-}
+@functools.lru_cache(maxsize=1024)  # by table: a few shapes each
+def _put_sql(table: str, rows: int, timed: bool) -> str:
+    """The insert of ``rows`` rows without dead-letter fields (with expiry times if ``timed``) into ``table``."""
+    values = ",".join([f"(?,?,?,?,NULL,?,{'?' if timed else 'NULL'})"] * rows)
+    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {values}"
+
+
 # New messages as a send stores them (consecutive sequence numbers, main queue, ACTIVE, never delivered): only
 # the first sequence number (?1, the others are ?1+i), each row's data and, if timed, its expiry time are bound;
 # the rest are constants in the statement. Binding a parameter costs the sqlite3 module far more than SQLite's
 # evaluating ?1+i (bench/amqp_instructions.py's produce replay: 1,650 instructions less per 1 KB message, -1.4%,
 # than binding five per row).
-_NEW_VALUES = {
-    timed: [
-        ",".join(f"(?1+{i},0,0,0,NULL,?{i + 2},{f'?{(1 << k) + i + 2}' if timed else 'NULL'})" for i in range(1 << k))
-        for k in range(_PUT_BITS)
-    ]
-    for timed in (False, True)
-}
-
-
-def _put_sql(table: str, k: int, timed: bool) -> str:
-    """The insert of ``2**k`` rows without dead-letter fields (with expiry times if ``timed``) into ``table``."""
-    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {_PUT_VALUES[timed][k]}"
-
-
-def _new_sql(table: str, k: int, timed: bool) -> str:
-    """The insert of ``2**k`` new rows (``_NEW_VALUES``) into ``table``: parameters are the first sequence number,
-    the rows' data, then (if ``timed``) their expiry times."""
-    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {_NEW_VALUES[timed][k]}"
+@functools.lru_cache(maxsize=1024)
+def _new_sql(table: str, rows: int, timed: bool) -> str:
+    """The insert of ``rows`` new rows into ``table``: parameters are the first sequence number, the rows' data,
+    then (if ``timed``) their expiry times."""
+    values = ",".join(f"(?1+{i},0,0,0,NULL,?{i + 2},{f'?{rows + i + 2}' if timed else 'NULL'})" for i in range(rows))
+    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {values}"
 
 
 def _merge_deletes(ops: list[Op]) -> list[Op]:
@@ -448,7 +464,11 @@ class SqliteStore:
         db = self._db
         started = time.monotonic() if stalltrace.ON else 0.0
         try:
-            if sync != self._synced:  # a connection setting, changed only between transactions
+            # The connection stays FULL between transactions: a synced commit (a send, which its caller waits for)
+            # runs no PRAGMA. An unsynced one (settlements nobody waits for) flips to NORMAL and back around itself,
+            # paying the two statements off the senders' path. (Only a failed flip back leaves it NORMAL: then the
+            # next synced commit flips first.)
+            if not sync or not self._synced:
                 db.execute("PRAGMA synchronous=FULL" if sync else "PRAGMA synchronous=NORMAL")
                 self._synced = sync
             db.execute("BEGIN")
@@ -467,6 +487,9 @@ class SqliteStore:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+            finally:
+                if not sync:
+                    self._resync()
         except sqlite3.Error as exc:
             if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
                 raise StoreFull(f"store {self.path} is full: {exc}") from exc
@@ -474,6 +497,15 @@ class SqliteStore:
         if self._written >= CHECKPOINT_BYTES and (self._checkpoint is None or self._checkpoint.done()):
             self._written = 0
             self._checkpoint = CHECKPOINTS.get().submit(self._run_checkpoint)
+
+    def _resync(self) -> None:
+        """Back to FULL after an unsynced commit. A failure here is not the batch's (it is committed or rolled
+        back already): the connection stays NORMAL, ``_synced`` says so, and the next synced commit flips first."""
+        try:
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._synced = True
+        except sqlite3.Error as exc:
+            log.warning("store %s: cannot set synchronous=FULL again (the next synced commit will): %s", self.path, exc)
 
     def _run_checkpoint(self) -> None:
         """A passive checkpoint on a connection of its own (its thread's), closed after: never the last one
@@ -509,10 +541,10 @@ class SqliteStore:
             return
         # Every new message comes here, so this path binds as little as it can:
         # - many rows per statement, not ``executemany``: the sqlite3 module lets go of the GIL around every step,
-        #   and while the event loop is busy each take-back waits for it. Chunk sizes are powers of two, so a
-        #   table has few statements;
+        #   and while the event loop is busy each take-back waits for it. A send's rows are one statement, and
+        #   a table has few shapes of it (``_chunks``);
         # - the columns are looked at whole (``zip``, ``count``: loops in C, not a Python loop per row), and what
-        #   a send's rows share is written as constants (``_NEW_VALUES``);
+        #   a send's rows share is written as constants (``_new_sql``);
         # - the sqlite3 module binds exact ints and bytearrays directly, but looks every other value up in its
         #   adapter registry (and raises and clears an AttributeError on the way): None is left out of the
         #   parameters and the packed message goes in as a bytearray, a copy that costs less than that lookup.
@@ -531,14 +563,13 @@ class SqliteStore:
             and seqs == tuple(range(first, first + n))
         )
         i = 0
-        while i < n:
-            k = min(n - i, _PUT_CHUNK).bit_length() - 1
-            end = i + (1 << k)
+        for size in _chunks(n):
+            end = i + size
             if new:
                 values: list[Any] = [first + i, *map(bytearray, datas[i:end])]
                 if timed:
                     values += expires[i:end]
-                execute(_new_sql(table, k, timed), values)
+                execute(_new_sql(table, size, timed), values)
             else:
                 values = []
                 if timed:
@@ -547,7 +578,7 @@ class SqliteStore:
                 else:
                     for seq, queue, state, delivery_count, _, data, _ in rows[i:end]:
                         values += (seq, queue, state, delivery_count, bytearray(data))
-                execute(_put_sql(table, k, timed), values)
+                execute(_put_sql(table, size, timed), values)
             i = end
         self._written += sum(map(len, datas))
 
@@ -622,15 +653,28 @@ class SqliteStore:
         self._count_values[(slot, queue)] = (n, size)
 
     def _flush_values(self) -> None:
+        # One multi-row statement per table, not ``executemany``: each row of that is a step, and the sqlite3
+        # module lets go of the GIL around every step (a send's commit waits for the event loop to give it back).
         if self._meta_values:
-            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", self._meta_values.items())
-            self._meta_values.clear()
+            meta = self._meta_values
+            self._insert_rows("meta", 2, [v for item in meta.items() for v in item], len(meta))
+            meta.clear()
         if self._count_values:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
-                [(slot, queue, n, size) for (slot, queue), (n, size) in self._count_values.items()],
-            )
-            self._count_values.clear()
+            counts = self._count_values
+            values: list[Any] = []
+            for (slot, queue), (n, size) in counts.items():
+                values += (slot, queue, n, size)
+            self._insert_rows("counts", 4, values, len(counts))
+            counts.clear()
+
+    def _insert_rows(self, table: str, width: int, values: list[Any], rows: int) -> None:
+        """``INSERT OR REPLACE`` of ``rows`` rows of ``width`` columns (``values`` flat, row after row) into
+        ``table``, in as few statements as ``_chunks`` allows."""
+        execute = self._db.execute
+        i = 0
+        for size in _chunks(rows):
+            execute(f"INSERT OR REPLACE INTO {table} VALUES {_row_marks(width, size)}", values[i : i + size * width])
+            i += size * width
 
     def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
         self._db.execute(f"DELETE FROM {_table(slot)} WHERE {_queue_terms(queue)}", (queue, first, end))
