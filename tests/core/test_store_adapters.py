@@ -358,6 +358,18 @@ def test_empty_batch_and_empty_lists(store: MessageStore) -> None:
 
 
 # --- transactions, errors, size ------------------------------------------------------------------------------
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_batch_that_starts_with_a_new_slot_is_atomic_too(kit: Kit, store: MessageStore, sync: bool) -> None:
+    """The slot's CREATE TABLE begins the transaction (SQLite: the sqlite3 module would begin one only before a
+    DML statement), so a failure later in the batch takes the new slot back with the rest; synced or not."""
+    store.apply([("create_slot", 0)])
+    with pytest.raises(StoreError):
+        store.apply([("create_slot", 9), ("put", 9, [_row(1)]), ("put", 8, [_row(2)])], sync=sync)  # no slot 8
+    store.apply([("put", 0, [_row(1)])])
+    snap = _reload(kit, store)
+    assert 9 not in snap.rows and [r.seq for r in snap.rows[0]] == [1]
+
+
 def test_a_failing_op_leaves_nothing_of_its_batch(kit: Kit, store: MessageStore) -> None:
     store.apply([("create_slot", 0), ("put", 0, [_row(1)]), ("meta", "next_seq", 2)])
     before = store.load()

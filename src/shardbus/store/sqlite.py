@@ -163,6 +163,12 @@ def _row_marks(width: int, rows: int) -> str:
     return ",".join(["(" + ",".join("?" * width) + ")"] * rows)
 
 
+@functools.lru_cache(maxsize=64)
+def _marks(n: int) -> str:
+    """``?,?,..``: ``n`` parameters (an IN list)."""
+    return ",".join("?" * n)
+
+
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
 # An expiry time is a parameter, or NULL in the statement for rows without one (the usual case).
 @functools.lru_cache(maxsize=1024)  # by table: a few shapes each
@@ -220,7 +226,10 @@ class SqliteStore:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            # DEFERRED: the sqlite3 module begins a transaction itself before the first INSERT, UPDATE or DELETE,
+            # letting go of the GIL once (an executed BEGIN: five times), and ``commit()`` is once too (an executed
+            # COMMIT: five). Statements that are not those (a slot's CREATE TABLE) begin it first (``_begin``).
+            self._db = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
             # Only a new file takes it (an existing one keeps its page size): 1 KB messages cost less to insert
             # and delete with 8 KB pages than with the default 4 KB (fewer page splits and WAL frames).
             self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
@@ -471,13 +480,12 @@ class SqliteStore:
             if not sync or not self._synced:
                 db.execute("PRAGMA synchronous=FULL" if sync else "PRAGMA synchronous=NORMAL")
                 self._synced = sync
-            db.execute("BEGIN")
             try:
                 dispatch = self._ops
                 for op in _merge_deletes(ops):
                     dispatch[op[0]](*op[1:])
                 self._flush_values()
-                db.execute("COMMIT")
+                db.commit()  # nothing when no statement began a transaction (nothing to write)
                 self._written += _COMMIT_BYTES
                 if stalltrace.ON:
                     stalltrace.record("commit", started, time.monotonic() - started, f"{self.path} sync={sync}", True)
@@ -485,7 +493,7 @@ class SqliteStore:
                 self._meta_values.clear()
                 self._count_values.clear()
                 if db.in_transaction:
-                    db.execute("ROLLBACK")
+                    db.rollback()
                 raise
             finally:
                 if not sync:
@@ -497,6 +505,11 @@ class SqliteStore:
         if self._written >= CHECKPOINT_BYTES and (self._checkpoint is None or self._checkpoint.done()):
             self._written = 0
             self._checkpoint = CHECKPOINTS.get().submit(self._run_checkpoint)
+
+    def _begin(self) -> None:
+        """Begin the batch's transaction before a statement the sqlite3 module would not begin it for (DDL)."""
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN")
 
     def _resync(self) -> None:
         """Back to FULL after an unsynced commit. A failure here is not the batch's (it is committed or rolled
@@ -554,7 +567,7 @@ class SqliteStore:
         if dead_letters.count(None) != n or expires.count(None) != (0 if timed else n):
             self._db.executemany(f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES (?,?,?,?,?,?,?)", rows)
             return
-        execute = self._db.execute
+        many = self._db.executemany  # with one parameter set: it lets go of the GIL once less than ``execute``
         first = seqs[0]
         new = (
             queues.count(0) == n
@@ -569,7 +582,7 @@ class SqliteStore:
                 values: list[Any] = [first + i, *map(bytearray, datas[i:end])]
                 if timed:
                     values += expires[i:end]
-                execute(_new_sql(table, size, timed), values)
+                many(_new_sql(table, size, timed), (values,))
             else:
                 values = []
                 if timed:
@@ -578,7 +591,7 @@ class SqliteStore:
                 else:
                     for seq, queue, state, delivery_count, _, data, _ in rows[i:end]:
                         values += (seq, queue, state, delivery_count, bytearray(data))
-                execute(_put_sql(table, size, timed), values)
+                many(_put_sql(table, size, timed), (values,))
             i = end
         self._written += sum(map(len, datas))
 
@@ -603,11 +616,13 @@ class SqliteStore:
         if not seqs:
             return
         if len(seqs) == 1:
-            self._db.execute(f"DELETE FROM {table} WHERE seq=?", (seqs[0],))
+            self._db.executemany(f"DELETE FROM {table} WHERE seq=?", ((seqs[0],),))
             return
         # Consumers complete in order, so the sequence numbers mostly come in runs: one range delete per run
-        # costs less than a statement per row.
-        singles: list[tuple[int]] = []
+        # costs less than a statement per row. The rest go by ``seq IN (...)``, a statement per ``_chunks`` (not a
+        # step per row: each lets go of the GIL).
+        many = self._db.executemany
+        singles: list[int] = []
         ordered = sorted(seqs)
         start = prev = ordered[0]
         for seq in [*ordered[1:], None]:
@@ -615,13 +630,15 @@ class SqliteStore:
                 prev = seq
                 continue
             if prev - start >= _RANGE_MIN:
-                self._db.execute(f"DELETE FROM {table} WHERE seq BETWEEN ? AND ?", (start, prev))
+                many(f"DELETE FROM {table} WHERE seq BETWEEN ? AND ?", ((start, prev),))
             else:
-                singles.extend((s,) for s in range(start, prev + 1))
+                singles.extend(range(start, prev + 1))
             if seq is not None:
                 start = prev = seq
-        if singles:
-            self._db.executemany(f"DELETE FROM {table} WHERE seq=?", singles)
+        i = 0
+        for size in _chunks(len(singles)):
+            many(f"DELETE FROM {table} WHERE seq IN ({_marks(size)})", (singles[i : i + size],))
+            i += size
 
     def _update(self, slot: int, updates: list[Any]) -> None:
         self._db.executemany(
@@ -630,6 +647,7 @@ class SqliteStore:
         )
 
     def _create_slot(self, slot: int) -> None:
+        self._begin()
         self._db.execute(
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
             "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL, "
@@ -640,6 +658,7 @@ class SqliteStore:
         self._db.execute("INSERT OR IGNORE INTO slots VALUES (?)", (slot,))
 
     def _drop_slot(self, slot: int) -> None:
+        self._begin()
         self._indexed.discard(slot)
         self._db.execute(f"DROP TABLE IF EXISTS {_table(slot)}")
         self._db.execute("DELETE FROM slots WHERE slot=?", (slot,))
@@ -670,10 +689,10 @@ class SqliteStore:
     def _insert_rows(self, table: str, width: int, values: list[Any], rows: int) -> None:
         """``INSERT OR REPLACE`` of ``rows`` rows of ``width`` columns (``values`` flat, row after row) into
         ``table``, in as few statements as ``_chunks`` allows."""
-        execute = self._db.execute
+        many = self._db.executemany  # one parameter set: see ``_put``
         i = 0
         for size in _chunks(rows):
-            execute(f"INSERT OR REPLACE INTO {table} VALUES {_row_marks(width, size)}", values[i : i + size * width])
+            many(f"INSERT OR REPLACE INTO {table} VALUES {_row_marks(width, size)}", (values[i : i + size * width],))
             i += size * width
 
     def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
@@ -684,6 +703,7 @@ class SqliteStore:
 
     def _sessions(self, slot: int, pairs: list[tuple[int, str]]) -> None:
         if slot not in self._indexed:  # a session-enabled slot created since the start
+            self._begin()
             self._db.execute(_session_index(slot))
             self._indexed.add(slot)
         self._db.executemany(f"UPDATE {_table(slot)} SET session=? WHERE seq=?", [(sid, seq) for seq, sid in pairs])
