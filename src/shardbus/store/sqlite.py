@@ -163,6 +163,10 @@ def _row_marks(width: int, rows: int) -> str:
     return ",".join(["(" + ",".join("?" * width) + ")"] * rows)
 
 
+_META_ONE = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+_COUNTS_ONE = "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)"
+
+
 @functools.lru_cache(maxsize=64)
 def _marks(n: int) -> str:
     """``?,?,..``: ``n`` parameters (an IN list)."""
@@ -672,28 +676,28 @@ class SqliteStore:
         self._count_values[(slot, queue)] = (n, size)
 
     def _flush_values(self) -> None:
-        # One multi-row statement per table, not ``executemany``: each row of that is a step, and the sqlite3
-        # module lets go of the GIL around every step (a send's commit waits for the event loop to give it back).
-        if self._meta_values:
-            meta = self._meta_values
-            self._insert_rows("meta", 2, [v for item in meta.items() for v in item], len(meta))
+        # One multi-row statement per table, not a step per row (``executemany`` of many rows): the sqlite3 module
+        # lets go of the GIL around every step (a send's commit waits for the event loop to give it back). The
+        # usual one row (a send: ``next_seq``; its sub-queue's counts) takes the prepared statement as it is.
+        many = self._db.executemany
+        meta = self._meta_values
+        if meta:
+            if len(meta) == 1:
+                many(_META_ONE, meta.items())
+            else:
+                self._insert_rows("meta", 2, [v for item in meta.items() for v in item], len(meta))
             meta.clear()
-        if self._count_values:
-            counts = self._count_values
-            values: list[Any] = []
-            for (slot, queue), (n, size) in counts.items():
-                values += (slot, queue, n, size)
-            self._insert_rows("counts", 4, values, len(counts))
-            counts.clear()
-
-    def _insert_rows(self, table: str, width: int, values: list[Any], rows: int) -> None:
-        """``INSERT OR REPLACE`` of ``rows`` rows of ``width`` columns (``values`` flat, row after row) into
-        ``table``, in as few statements as ``_chunks`` allows."""
-        many = self._db.executemany  # one parameter set: see ``_put``
-        i = 0
-        for size in _chunks(rows):
-            many(f"INSERT OR REPLACE INTO {table} VALUES {_row_marks(width, size)}", (values[i : i + size * width],))
-            i += size * width
+        counts = self._count_values
+        if counts:
+            if len(counts) == 1:
+                ((slot, queue), (n, size)) = counts.popitem()
+                many(_COUNTS_ONE, ((slot, queue, n, size),))
+            else:
+                values: list[Any] = []
+                for (slot, queue), (n, size) in counts.items():
+                    values += (slot, queue, n, size)
+                self._insert_rows("counts", 4, values, len(counts))
+                counts.clear()
 
     def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
         self._db.execute(f"DELETE FROM {_table(slot)} WHERE {_queue_terms(queue)}", (queue, first, end))
