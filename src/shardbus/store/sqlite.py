@@ -699,6 +699,15 @@ class SqliteStore:
                 self._insert_rows("counts", 4, values, len(counts))
                 counts.clear()
 
+    def _insert_rows(self, table: str, width: int, values: list[Any], rows: int) -> None:
+        """``INSERT OR REPLACE`` of ``rows`` rows of ``width`` columns (``values`` flat, row after row) into
+        ``table``, in as few statements as ``_chunks`` allows."""
+        many = self._db.executemany  # one parameter set: see ``_put``
+        i = 0
+        for size in _chunks(rows):
+            many(f"INSERT OR REPLACE INTO {table} VALUES {_row_marks(width, size)}", (values[i : i + size * width],))
+            i += size * width
+
     def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
         self._db.execute(f"DELETE FROM {_table(slot)} WHERE {_queue_terms(queue)}", (queue, first, end))
 
