@@ -3,7 +3,8 @@
 FULL makes every commit fsync the WAL, so a batch is on disk when ``apply`` returns (an acknowledged send
 survives power loss, not just a process crash). The cost is one fsync per batch; the group committer puts many
 operations in each batch. ``apply(sync=False)`` commits with ``synchronous=NORMAL`` instead: no fsync, so the
-commit survives a crash of the process but maybe not of the machine. The WAL is written in order and every
+commit survives a crash of the process but maybe not of the machine (the connection is set to NORMAL for that
+commit and back to FULL after it, so a synced commit never waits for a PRAGMA). The WAL is written in order and every
 later FULL commit (and every checkpoint) syncs the whole file, so an unsynced commit becomes durable with the
 next synced one and never jumps ahead of it.
 
@@ -45,6 +46,11 @@ counts computed once).
 
 Reads (``load``, ``scan``) use a connection of their own: in WAL mode it sees the last commit, never the
 writer's open transaction.
+
+A commit's statements are few because each lets go of the GIL several times (the ``sqlite3`` module wraps every
+call into SQLite that may take time), and each time the commit's thread may wait for the event loop to give it
+back: see ``apply`` and ``_put``, and bench/sqlite_handoffs.py, which counts them. Held in memory besides the
+connections: the statement texts of the few shapes of insert (``_chunks``, per slot table, in bounded caches).
 """
 
 from __future__ import annotations
