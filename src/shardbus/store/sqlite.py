@@ -3,8 +3,7 @@
 FULL makes every commit fsync the WAL, so a batch is on disk when ``apply`` returns (an acknowledged send
 survives power loss, not just a process crash). The cost is one fsync per batch; the group committer puts many
 operations in each batch. ``apply(sync=False)`` commits with ``synchronous=NORMAL`` instead: no fsync, so the
-commit survives a crash of the process but maybe not of the machine (the connection is set to NORMAL for that
-commit and back to FULL after it, so a synced commit never waits for a PRAGMA). The WAL is written in order and every
+commit survives a crash of the process but maybe not of the machine. The WAL is written in order and every
 later FULL commit (and every checkpoint) syncs the whole file, so an unsynced commit becomes durable with the
 next synced one and never jumps ahead of it.
 
@@ -483,11 +482,11 @@ class SqliteStore:
         db = self._db
         started = time.monotonic() if stalltrace.ON else 0.0
         try:
-            # The connection stays FULL between transactions: a synced commit (a send, which its caller waits for)
-            # runs no PRAGMA. An unsynced one (settlements nobody waits for) flips to NORMAL and back around itself,
-            # paying the two statements off the senders' path. (Only a failed flip back leaves it NORMAL: then the
-            # next synced commit flips first.)
-            if not sync or not self._synced:
+            # A connection setting, changed only between transactions and only when it changes: a statement (five
+            # GIL hand-offs) that a send right after a settlement batch pays. Flipping back after every unsynced
+            # batch instead kept it off the sends' path but cost a statement per settlement batch, where they come
+            # several to a send (bench/scale.py's "both" with --workers 1: 1.01-1.06x the CPU per message).
+            if sync != self._synced:
                 db.execute("PRAGMA synchronous=FULL" if sync else "PRAGMA synchronous=NORMAL")
                 self._synced = sync
             try:
@@ -505,9 +504,6 @@ class SqliteStore:
                 if db.in_transaction:
                     db.rollback()
                 raise
-            finally:
-                if not sync:
-                    self._resync()
         except sqlite3.Error as exc:
             if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
                 raise StoreFull(f"store {self.path} is full: {exc}") from exc
@@ -520,15 +516,6 @@ class SqliteStore:
         """Begin the batch's transaction before a statement the sqlite3 module would not begin it for (DDL)."""
         if not self._db.in_transaction:
             self._db.execute("BEGIN")
-
-    def _resync(self) -> None:
-        """Back to FULL after an unsynced commit. A failure here is not the batch's (it is committed or rolled
-        back already): the connection stays NORMAL, ``_synced`` says so, and the next synced commit flips first."""
-        try:
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._synced = True
-        except sqlite3.Error as exc:
-            log.warning("store %s: cannot set synchronous=FULL again (the next synced commit will): %s", self.path, exc)
 
     def _run_checkpoint(self) -> None:
         """A passive checkpoint on a connection of its own (its thread's), closed after: never the last one
