@@ -183,8 +183,8 @@ def test_unsynced_batches_keep_their_order_among_synced_ones(kit: Kit, store: Me
 
 
 def test_sqlite_syncs_exactly_the_batches_asked_to(tmp_path) -> None:
-    """The setting changes only when it must, between transactions; a synced commit is otherwise BEGIN (the sqlite3
-    module's own), its statements and COMMIT."""
+    """The setting changes only when it must, between transactions; a synced commit is otherwise BEGIN, its
+    statements and COMMIT."""
     store = SqliteStore(tmp_path / "p.db")
     setting = lambda: store._db.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  (2 FULL, 1 NORMAL)
     store.apply([("create_slot", 0)])
@@ -361,8 +361,7 @@ def test_empty_batch_and_empty_lists(store: MessageStore) -> None:
 # --- transactions, errors, size ------------------------------------------------------------------------------
 @pytest.mark.parametrize("sync", [True, False])
 def test_a_batch_that_starts_with_a_new_slot_is_atomic_too(kit: Kit, store: MessageStore, sync: bool) -> None:
-    """The slot's CREATE TABLE begins the transaction (SQLite: the sqlite3 module would begin one only before a
-    DML statement), so a failure later in the batch takes the new slot back with the rest; synced or not."""
+    """A failure later in a batch takes the slot it created back with the rest; synced or not."""
     store.apply([("create_slot", 0)])
     with pytest.raises(StoreError):
         store.apply([("create_slot", 9), ("put", 9, [_row(1)]), ("put", 8, [_row(2)])], sync=sync)  # no slot 8

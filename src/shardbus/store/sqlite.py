@@ -235,10 +235,10 @@ class SqliteStore:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            # DEFERRED: the sqlite3 module begins a transaction itself before the first INSERT, UPDATE or DELETE,
-            # letting go of the GIL once (an executed BEGIN: five times), and ``commit()`` is once too (an executed
-            # COMMIT: five). Statements that are not those (a slot's CREATE TABLE) begin it first (``_begin``).
-            self._db = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
+            # Not isolation_level="DEFERRED" (the module's own BEGIN and ``commit()`` let go of the GIL once each, an
+            # executed BEGIN or COMMIT five times): with it, bench/scale.py's "both" with --workers 1 made 1.38 write
+            # system calls per message in the worker against 1.03, and used 1.08x the CPU per message.
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             # Only a new file takes it (an existing one keeps its page size): 1 KB messages cost less to insert
             # and delete with 8 KB pages than with the default 4 KB (fewer page splits and WAL frames).
             self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
@@ -489,12 +489,13 @@ class SqliteStore:
             if sync != self._synced:
                 db.execute("PRAGMA synchronous=FULL" if sync else "PRAGMA synchronous=NORMAL")
                 self._synced = sync
+            db.execute("BEGIN")
             try:
                 dispatch = self._ops
                 for op in _merge_deletes(ops):
                     dispatch[op[0]](*op[1:])
                 self._flush_values()
-                db.commit()  # nothing when no statement began a transaction (nothing to write)
+                db.execute("COMMIT")
                 self._written += _COMMIT_BYTES
                 if stalltrace.ON:
                     stalltrace.record("commit", started, time.monotonic() - started, f"{self.path} sync={sync}", True)
@@ -511,11 +512,6 @@ class SqliteStore:
         if self._written >= CHECKPOINT_BYTES and (self._checkpoint is None or self._checkpoint.done()):
             self._written = 0
             self._checkpoint = CHECKPOINTS.get().submit(self._run_checkpoint)
-
-    def _begin(self) -> None:
-        """Begin the batch's transaction before a statement the sqlite3 module would not begin it for (DDL)."""
-        if not self._db.in_transaction:
-            self._db.execute("BEGIN")
 
     def _run_checkpoint(self) -> None:
         """A passive checkpoint on a connection of its own (its thread's), closed after: never the last one
@@ -644,7 +640,6 @@ class SqliteStore:
         )
 
     def _create_slot(self, slot: int) -> None:
-        self._begin()
         self._db.execute(
             f"CREATE TABLE IF NOT EXISTS {_table(slot)} (seq INTEGER PRIMARY KEY, queue INTEGER NOT NULL, "
             "state INTEGER NOT NULL, delivery_count INTEGER NOT NULL, dead_letter BLOB, data BLOB NOT NULL, "
@@ -655,7 +650,6 @@ class SqliteStore:
         self._db.execute("INSERT OR IGNORE INTO slots VALUES (?)", (slot,))
 
     def _drop_slot(self, slot: int) -> None:
-        self._begin()
         self._indexed.discard(slot)
         self._db.execute(f"DROP TABLE IF EXISTS {_table(slot)}")
         self._db.execute("DELETE FROM slots WHERE slot=?", (slot,))
@@ -709,7 +703,6 @@ class SqliteStore:
 
     def _sessions(self, slot: int, pairs: list[tuple[int, str]]) -> None:
         if slot not in self._indexed:  # a session-enabled slot created since the start
-            self._begin()
             self._db.execute(_session_index(slot))
             self._indexed.add(slot)
         self._db.executemany(f"UPDATE {_table(slot)} SET session=? WHERE seq=?", [(sid, seq) for seq, sid in pairs])
