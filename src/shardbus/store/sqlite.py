@@ -145,7 +145,7 @@ def _add_due(db: sqlite3.Connection, slot: int) -> None:
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
 # Rows per statement: any count up to _EXACT_ROWS in one statement (a send brings 1-5 messages, a batch of
 # settlements a few counts rows), larger ones in power-of-two chunks and an exact rest. So a connection prepares
-# at most _EXACT_ROWS + 5 shapes of each insert (its statement cache holds 128), and a small write is one statement.
+# at most _EXACT_ROWS + 4 shapes of each insert (its statement cache holds 128), and a small write is one statement.
 _EXACT_ROWS = 16
 
 
