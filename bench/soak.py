@@ -41,6 +41,7 @@ import argparse
 import collections
 import gc
 import json
+import math
 import os
 import random
 import re
@@ -225,9 +226,14 @@ class Sent:
     session: str | None = None
     order: int = 0  # position in its session
     due: float = 0.0  # monotonic time the open-loop schedule meant it to be sent (receive latency counts from it)
+    acked_at: float = 0.0  # monotonic time its send returned (0: not yet)
+    batch: int = 1  # messages in its send
 
 
 Span = tuple[float, float, str]  # a send: due and returned (monotonic), what it was
+# A first delivery: the send's due time and the receive (monotonic), what it was, when its send returned (0: not yet
+# when it was received), when the consumer asked for it (its ``receive_messages`` call began)
+RecvSpan = tuple[float, float, str, float, float]
 
 
 @dataclass
@@ -242,6 +248,9 @@ class Ledger:
     slow_sends: list[Span] = field(default_factory=list)  # each interval's sends above its p99
     sample_sends: list[Span] = field(default_factory=list)  # 1% of all sends, picked at random
     receive_ms: list[float] = field(default_factory=list)  # from the send's due time to the first receive
+    recv_spans: list[RecvSpan] = field(default_factory=list)  # this interval's timed first deliveries
+    slow_recvs: list[RecvSpan] = field(default_factory=list)  # each interval's receives above its p99
+    sample_recvs: list[RecvSpan] = field(default_factory=list)  # 1% of all timed receives, picked at random
     settle_ms: list[float] = field(default_factory=list)
     settled = 0
     misordered: list[str] = field(default_factory=list)
@@ -250,50 +259,64 @@ class Ledger:
         with self.lock:
             self.sent[mid] = sent
 
-    def event(self, mid: str, where: str, what: str) -> None:
+    def event(self, mid: str, where: str, what: str, asked: float = 0.0) -> None:
+        """``asked``: for a receive, when the consumer's ``receive_messages`` call that brought it began."""
         with self.lock:
             events = self.events[mid]
             if what == "received" and not events:  # first delivery: how long after it was due to be sent
                 sent = self.sent.get(mid)
                 # soak-q and the topic: sessions wait for their turn at a session receiver, ttl for its sweep
                 if sent is not None and sent.due and sent.entity in (Q, TOPIC) and sent.plan != "scheduled":
-                    self.receive_ms.append((time.monotonic() - sent.due) * 1000)
+                    now = time.monotonic()
+                    self.receive_ms.append((now - sent.due) * 1000)
+                    self.recv_spans.append((sent.due, now, f"{where} x{sent.batch}", sent.acked_at, asked))
             events.append((where, what))
             if what in ("completed", "dlq-completed"):
                 self.settled += 1
 
-    def send_done(self, due: float, what: str) -> None:
-        """(Lock held.) A send (``what``: entity and kind) due at ``due`` returned now."""
+    def send_done(self, due: float, what: str) -> float:
+        """(Lock held.) A send (``what``: entity and kind) due at ``due`` returned now (returned)."""
         now = time.monotonic()
         self.send_ms.append((now - due) * 1000)
         self.send_spans.append((due, now, what))
+        return now
 
     def take_latencies(self) -> tuple[list[float], list[float], list[float], int]:
         with self.lock:
             sends, receives, settles, settled = self.send_ms, self.receive_ms, self.settle_ms, self.settled
-            spans = self.send_spans
+            spans, recv_spans = self.send_spans, self.recv_spans
             self.send_ms, self.receive_ms, self.settle_ms, self.settled, self.send_spans = [], [], [], 0, []
+            self.recv_spans = []
         # what the stall trace is matched against (``stall_report``): this interval's slowest 1% and a sample
-        if spans:
-            cut = _pct([span[1] - span[0] for span in spans], 0.99)
-            self.slow_sends += [span for span in spans if span[1] - span[0] >= cut]
-            self.sample_sends += random.sample(spans, max(1, len(spans) // 100))
+        for got, slow, sample in ((spans, self.slow_sends, self.sample_sends),
+                                  (recv_spans, self.slow_recvs, self.sample_recvs)):  # fmt: skip
+            if got:
+                cut = _pct([span[1] - span[0] for span in got], 0.99)
+                slow += [span for span in got if span[1] - span[0] >= cut]
+                sample += random.sample(got, max(1, len(got) // 100))
         return sends, receives, settles, settled
 
 
 class Probe:
-    """The machine's own drift, measured beside the broker: every ``period`` seconds a tiny fixed operation on a
-    bare SQLite file (an insert and a synced commit, what a send costs the store at least) and a 64-byte loopback
-    TCP echo (what every request costs the network stack). Its medians and p99s per interval tell a slower machine
-    (both move) from a slower broker (only the broker's latencies move). It runs in this process, beside the SDK's
-    threads, so it waits for this process's GIL as the measured requests do: what it shows is everything but the
-    broker. Ten times a second: 3,000 samples in a 5-minute interval, 30 of them above its p99."""
+    """The machine's own drift, measured beside the broker: a tiny fixed operation on a bare SQLite file every
+    ``period`` seconds (an insert and a synced commit, what a send costs the store at least) and a 64-byte loopback
+    TCP echo every ``echo_period`` (what every request costs the network stack). Its medians and p99s per interval
+    tell a slower machine (both move) from a slower broker (only the broker's latencies move). It runs in this
+    process, beside the SDK's threads, so it waits for this process's GIL as the measured requests do: what it
+    shows is everything but the broker.
 
-    def __init__(self, root: Path, period: float = 0.1) -> None:
+    A p99 is only as steady as the samples above it. The commit is sampled ten times a second (each one an fsync
+    on the disk the broker writes: more would load what it measures), 3,000 samples in a 5-minute interval, 30 of
+    them above its p99; the echo costs nothing worth counting (~50 us of one core), so it is sampled a hundred
+    times a second: 30,000 an interval, 300 above its p99. ``flatness`` prints each p99 with its confidence
+    interval (``_pct_ci``), so a drift within the noise reads as such."""
+
+    def __init__(self, root: Path, period: float = 0.1, echo_period: float = 0.01) -> None:
         import socket
         import sqlite3
 
         self.period = period
+        self.echo_period = echo_period
         self.sqlite_ms: list[float] = []
         self.echo_ms: list[float] = []
         self.lock = threading.Lock()
@@ -306,7 +329,10 @@ class Probe:
         threading.Thread(target=self._echo_server, daemon=True).start()
         self.client = socket.create_connection(self.server.getsockname(), timeout=5)
         self.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.thread = threading.Thread(target=self._run, name="probe", daemon=True)
+        self.threads = [
+            threading.Thread(target=self._run_sqlite, name="probe-sqlite", daemon=True),
+            threading.Thread(target=self._run_echo, name="probe-echo", daemon=True),
+        ]
 
     def _echo_server(self) -> None:
         import socket
@@ -317,7 +343,7 @@ class Probe:
             while data := conn.recv(4096):
                 conn.sendall(data)
 
-    def _run(self) -> None:
+    def _run_sqlite(self) -> None:
         payload, k = b"p" * 64, 0
         while not self.stop.wait(self.period):
             k += 1
@@ -325,18 +351,25 @@ class Probe:
             self.db.execute("BEGIN")
             self.db.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (k % 1000, payload))
             self.db.execute("COMMIT")
-            middle = time.perf_counter()
+            elapsed = (time.perf_counter() - started) * 1000
+            with self.lock:
+                self.sqlite_ms.append(elapsed)
+
+    def _run_echo(self) -> None:
+        payload = b"e" * 64
+        while not self.stop.wait(self.echo_period):
+            started = time.perf_counter()
             self.client.sendall(payload)
             got = 0
             while got < len(payload):
                 got += len(self.client.recv(4096))
-            ended = time.perf_counter()
+            elapsed = (time.perf_counter() - started) * 1000
             with self.lock:
-                self.sqlite_ms.append((middle - started) * 1000)
-                self.echo_ms.append((ended - middle) * 1000)
+                self.echo_ms.append(elapsed)
 
     def start(self) -> None:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
 
     def take(self) -> tuple[list[float], list[float]]:
         with self.lock:
@@ -346,7 +379,8 @@ class Probe:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join(5)
+        for thread in self.threads:
+            thread.join(5)
         self.client.close()
         self.server.close()
         self.db.close()
@@ -409,12 +443,19 @@ def _commit_report(commits: list[tuple[float, float, str]], checkpoints: list[tu
 
 
 def stall_report(
-    trace: Path, slow: list[Span], sample: list[Span], client: list[tuple[float, float, str, str]] = ()
+    trace: Path,
+    slow: list[Span],
+    sample: list[Span],
+    client: list[tuple[float, float, str, str]] = (),
+    slow_recvs: list[RecvSpan] = (),
+    sample_recvs: list[RecvSpan] = (),
 ) -> list[str]:
     """Match the slowest sends against what the broker traced (``SHARDBUS_STALL_TRACE``): for each kind of event
     (commit, batch, checkpoint, gc, tick, upkeep, loop), how many lasted ``STALL_MS`` or more, and what share of
     the slow sends overlapped one, against the share of a random sample of all sends. A kind that overlaps the
-    slow sends far more often than the sample is where their time went."""
+    slow sends far more often than the sample is where their time went. The same for the slowest first deliveries
+    (``slow_recvs``, each interval's above its p99, against ``sample_recvs``), matched over what came after their
+    send returned, with where their time went (``_receive_report``)."""
     import bisect
 
     events: dict[str, list[tuple[float, float, str]]] = collections.defaultdict(list)
@@ -454,17 +495,23 @@ def stall_report(
     for kind, evs in events.items():
         evs.sort()
         indexed[kind] = (evs, [e[0] for e in evs], max(e[1] - e[0] for e in evs))
-    for kind in sorted(indexed):
-        evs = indexed[kind][0]
-        total = sum(e[1] - e[0] for e in evs)
-        hit_slow = sum(1 for d, e, _ in slow if overlapping(kind, d, e))
-        hit_sample = sum(1 for d, e, _ in sample if overlapping(kind, d, e))
-        longest = max(e[1] - e[0] for e in evs) * 1000
-        out.append(
-            f"stalls: {kind:>10} >= {STALL_MS:g} ms: {len(evs):6d} events, {total:7.2f} s in all, longest "
-            f"{longest:7.1f} ms; overlap {100 * hit_slow / max(1, len(slow)):5.1f}% of the {len(slow)} slowest sends, "
-            f"{100 * hit_sample / max(1, len(sample)):5.1f}% of {len(sample)} sampled sends"
-        )
+
+    def overlap_table(label: str, slow: list[Span], sample: list[Span]) -> list[str]:
+        lines = []
+        for kind in sorted(indexed):
+            evs = indexed[kind][0]
+            total = sum(e[1] - e[0] for e in evs)
+            hit_slow = sum(1 for d, e, _ in slow if overlapping(kind, d, e))
+            hit_sample = sum(1 for d, e, _ in sample if overlapping(kind, d, e))
+            longest = max(e[1] - e[0] for e in evs) * 1000
+            lines.append(
+                f"stalls: {kind:>10} >= {STALL_MS:g} ms: {len(evs):6d} events, {total:7.2f} s in all, longest "
+                f"{longest:7.1f} ms; overlap {100 * hit_slow / max(1, len(slow)):5.1f}% of the {len(slow)} slowest "
+                f"{label}, {100 * hit_sample / max(1, len(sample)):5.1f}% of {len(sample)} sampled"
+            )
+        return lines
+
+    out += overlap_table("sends", slow, sample)
     for what, n in collections.Counter(s[2] for s in slow).most_common():
         share = sum(1 for s in sample if s[2] == what) / max(1, len(sample))
         out.append(f"stalls: {n / max(1, len(slow)):6.1%} of the slowest: '{what}' ({share:.1%} of the sample)")
@@ -476,6 +523,42 @@ def stall_report(
                 seen.append(f"{kind} x{len(evs)} (max {max(e[1] - e[0] for e in evs) * 1000:.0f} ms)")
         traced = ", ".join(seen) or "nothing traced"
         out.append(f"stalls: send ({what}) at {due:.3f} took {(end - due) * 1000:.1f} ms: {traced}")
+    if slow_recvs:
+        # a receive is matched over what came after its send returned (the delivery), or all of it if it came first
+        windows = [(max(due, acked), end, what) for due, end, what, acked, _ in slow_recvs]
+        sampled = [(max(due, acked), end, what) for due, end, what, acked, _ in sample_recvs]
+        out += _receive_report(slow_recvs, sample_recvs)
+        out += overlap_table("receives (after their send returned)", windows, sampled)
+    return out
+
+
+def _receive_report(slow: list[RecvSpan], sample: list[RecvSpan]) -> list[str]:
+    """Where the slowest first deliveries' time went, against a sample of all: the send's own part (due to its
+    return), what came after (the commit making it deliverable, the delivery, the consumer), and whether the
+    consumer was busy with earlier messages (it asked for this one only after its send returned: the message
+    waited on the client's side) or waiting (asked before: the broker or the wire had it late)."""
+    out = []
+    for name, spans in (("slowest", slow), ("sampled", sample)):
+        acked = [s for s in spans if s[3]]
+        early = len(spans) - len(acked)
+        busy = [s for s in acked if s[4] > s[3]]
+        waiting = [s for s in acked if s[4] <= s[3]]
+        parts = [
+            f"{len(spans)} {name} receives: p50 {_pct([(s[1] - s[0]) * 1000 for s in spans], 0.5):.1f} ms",
+            f"send part p50 {_pct([(s[3] - s[0]) * 1000 for s in acked], 0.5):.1f} ms",
+            f"after the send p50 {_pct([(s[1] - s[3]) * 1000 for s in acked], 0.5):.1f} ms",
+            f"{early / max(1, len(spans)):.0%} received before their send returned",
+            f"{len(busy) / max(1, len(spans)):.0%} with the consumer busy (after-send p50 "
+            f"{_pct([(s[1] - s[3]) * 1000 for s in busy], 0.5):.1f} ms)",
+            f"{len(waiting) / max(1, len(spans)):.0%} with it waiting (p50 "
+            f"{_pct([(s[1] - s[3]) * 1000 for s in waiting], 0.5):.1f} ms)",
+        ]
+        out.append("stalls: " + ", ".join(parts))
+    for what, n in collections.Counter(s[2] for s in slow).most_common():
+        share = sum(1 for s in sample if s[2] == what) / max(1, len(sample))
+        out.append(
+            f"stalls: {n / max(1, len(slow)):6.1%} of the slowest receives: '{what}' ({share:.1%} of the sample)"
+        )
     return out
 
 
@@ -484,6 +567,20 @@ def _pct(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _pct_ci(values: list[float], q: float, z: float = 1.96) -> tuple[float, float]:
+    """A 95% confidence interval of the ``q`` quantile, distribution-free: the order statistics ``z`` binomial
+    standard deviations either side of its rank (the count of samples below the true quantile is binomial(n, q)).
+    At q = 0.99 that is +-6 ranks of 3,000 samples and +-19 of 30,000: a p99 from few samples is a wide interval."""
+    if not values:
+        return float("nan"), float("nan")
+    ordered = sorted(values)
+    n = len(ordered)
+    half = z * math.sqrt(n * q * (1 - q))
+    low = max(0, math.floor(n * q - half))
+    high = min(n - 1, math.ceil(n * q + half))
+    return ordered[low], ordered[high]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -552,6 +649,7 @@ class Load:
     def _send(self, sender, messages: list[ServiceBusMessage], records: list[tuple[str, Sent]], due: float) -> bool:
         for mid, sent in records:
             sent.due = due
+            sent.batch = len(records)
             self.ledger.record_sent(mid, sent)
         try:
             sender.send_messages(messages if len(messages) > 1 else messages[0])
@@ -560,9 +658,10 @@ class Load:
                 self.ledger.send_errors[type(exc).__name__] += 1
             return False
         with self.ledger.lock:
-            self.ledger.send_done(due, f"{records[0][1].entity} x{len(records)}")
+            now = self.ledger.send_done(due, f"{records[0][1].entity} x{len(records)}")
             for _, sent in records:
                 sent.acked = True
+                sent.acked_at = now
         return True
 
     # --- soak-q -------------------------------------------------------------------------------------------------
@@ -612,11 +711,12 @@ class Load:
         deferred_since = 0.0
         with self.client() as client, client.get_queue_receiver(Q, max_wait_time=1, **RECEIVER_OPTIONS) as receiver:
             while self.consuming.is_set():
+                asked = time.monotonic()
                 got = receiver.receive_messages(max_message_count=TAKE, max_wait_time=1)
                 for msg in got:
                     mid = str(msg.message_id)
                     plan = (msg.application_properties or {}).get(b"plan", b"complete").decode()
-                    self.ledger.event(mid, Q, "received")
+                    self.ledger.event(mid, Q, "received", asked)
                     if plan == "abandon-always" or (plan == "abandon-once" and mid not in abandoned):
                         abandoned.add(mid)
                         self._settle(receiver.abandon_message, msg, Q, "abandoned")
@@ -759,8 +859,9 @@ class Load:
             client.get_subscription_receiver(TOPIC, sub, max_wait_time=1, **RECEIVER_OPTIONS) as receiver,
         ):
             while self.consuming.is_set():
+                asked = time.monotonic()
                 for msg in receiver.receive_messages(max_message_count=TAKE, max_wait_time=1):
-                    self.ledger.event(str(msg.message_id), where, "received")
+                    self.ledger.event(str(msg.message_id), where, "received", asked)
                     self._settle(receiver.complete_message, msg, where, "completed", timed=True)
 
 
@@ -853,6 +954,22 @@ MIN_P99_SAMPLES = 1000  # a p99 from fewer samples is a handful of outliers (at 
 _COUNTS = {"send": "n_send", "recv": "n_recv", "settle": "n_settle"}
 
 
+def _ci_weight(ci: tuple[float, float]) -> float:
+    """1 / the variance of a p99's log, read from its 95% interval (``_pct_ci``); a zero-width one counts as a
+    1% interval (a probe whose slowest samples tie)."""
+    low, high = ci
+    if not (low > 0 and high > 0):
+        return 0.0
+    sigma = max(math.log(high / low), 0.01) / (2 * 1.96)
+    return 1 / sigma**2
+
+
+def _weighted_geomean(values: list[float], weights: list[float]) -> float:
+    if sum(weights) <= 0:
+        return statistics.geometric_mean(values)
+    return math.exp(sum(w * math.log(v) for v, w in zip(values, weights, strict=True)) / sum(weights))
+
+
 def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     """One verdict per metric over the intervals after warm-up.
 
@@ -860,7 +977,8 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     run (a leak only grows). Latencies: their spread, the slowest interval's over the fastest's; ``flat`` within
     ``FLAT``. A latency that is not flat is divided, interval by interval, by the machine's own drift in the same
     interval, measured at the same percentile (the geometric mean of the SQLite and echo probes' p50s, or p99s,
-    as ratios to their medians over the intervals): ``follows the machine`` when what is left is within ``FLAT``
+    as ratios to their medians over the intervals; the p99s weighed by how many samples stand behind each, see
+    ``Probe``): ``follows the machine`` when what is left is within ``FLAT``
     (the machine slowed down, not the broker), ``MOVED`` otherwise. A p99 is judged only over intervals with at
     least ``MIN_P99_SAMPLES`` samples (``too few samples`` otherwise)."""
     base = after[0]
@@ -869,8 +987,18 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
         drift[pct] = []
         for row in after:
             parts = [row[p] / statistics.median([r[p] for r in after]) for p in probes if row[p] == row[p]]
-            drift[pct].append(statistics.geometric_mean(parts) if parts and all(parts) else float("nan"))
+            if not parts or not all(parts):
+                drift[pct].append(float("nan"))
+            elif pct == "p99" and all(f"{p}_ci" in row for p in probes):
+                # each probe weighed by how sure its p99 is (inverse variance of its log, from its 95% interval):
+                # the echo's 30,000 samples an interval count for more than the commit's 3,000
+                weights = [_ci_weight(row[f"{p}_ci"]) for p in probes]
+                drift[pct].append(_weighted_geomean(parts, weights))
+            else:
+                drift[pct].append(statistics.geometric_mean(parts))
     out = []
+    shown = ", ".join(f"{d:.2f}" for d in drift["p99"])
+    out.append(("machine p99 drift", f"{shown} per interval (the probes' p99s against their medians, weighed)"))
     for name in ("rss", "fds"):
         ratios = [r[name] / base[name] for r in after if base[name]]
         worst = max(ratios) if ratios else float("nan")
@@ -889,6 +1017,12 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
             continue
         spread = max(values) / min(values)
         text = f"{min(values):.2f}-{max(values):.2f} ms, spread {spread:.2f}x"
+        cis = [r.get(f"{name}_ci") for r, _ in rows]
+        if pct == "p99" and cis and all(c and c[0] > 0 for c in cis):
+            # what the spread of the true p99s may be, from each interval's 95% interval: the noise of the estimate
+            low = max(1.0, max(c[0] for c in cis) / min(c[1] for c in cis))
+            high = max(c[1] for c in cis) / min(c[0] for c in cis)
+            text += f" (95% intervals allow {low:.2f}-{high:.2f}x)"
         if name.startswith(("sqlite", "echo")):
             out.append((name, f"{text} (the machine's probe)"))
             continue
@@ -972,6 +1106,9 @@ def main(argv: list[str] | None = None) -> int:
                 "sqlite": _pct(sqlite_ms, 0.5), "echo": _pct(echo_ms, 0.5),
                 "sqlite_p99": _pct(sqlite_ms, 0.99), "echo_p99": _pct(echo_ms, 0.99),
                 "n_send": len(sends), "n_recv": len(receives), "n_settle": len(settles),
+                "send_p99_ci": _pct_ci(sends, 0.99), "recv_p99_ci": _pct_ci(receives, 0.99),
+                "settle_p99_ci": _pct_ci(settles, 0.99), "sqlite_p99_ci": _pct_ci(sqlite_ms, 0.99),
+                "echo_p99_ci": _pct_ci(echo_ms, 0.99), "n_sqlite": len(sqlite_ms), "n_echo": len(echo_ms),
             }  # fmt: skip
             sent_before, errors_before = sent_total, errors
             rows.append(row)
@@ -1031,7 +1168,8 @@ def main(argv: list[str] | None = None) -> int:
             if "GREW" in verdict and len(after) >= 3 and status == 0:
                 status = 2
     if trace is not None:
-        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends, client_stalls.events):
+        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends, client_stalls.events,
+                                 ledger.slow_recvs, ledger.sample_recvs):  # fmt: skip
             print(line)
     if not args.keep and args.data_dir is None:
         shutil.rmtree(root, ignore_errors=True)

@@ -13,6 +13,11 @@ written one of these ways:
               first commit
     normal    ``synchronous=NORMAL``, a new WAL: no fsync at a commit. A reference only: it would break
               "acknowledged = durable", so sends never use it
+    store     the broker's own ``SqliteStore.apply`` (this tree's): a send's batch (a 1 KB row, ``next_seq``, its
+              counts; synced), each followed by an unsynced settlement batch (that row deleted, the counts), as a
+              soak's store alternates them; only the sends are timed
+    store-base  the same through a base tree's ``SqliteStore`` (``--base DIR``: DIR/src), in the same process and
+              rounds, so that both meet the same machine (with ``--busy``: how often each waits for the GIL)
 
 Beside them the soak's probe runs (``bench/soak.py``'s ``Probe``: a 64-byte row into a bare SQLite file, default
 settings, WAL, FULL, ten times a second), whose commit is what the soak calls the machine's own. Rounds interleave
@@ -24,7 +29,7 @@ broker's event loop does: a commit's thread waits for the GIL after each stateme
 sets how long the holder keeps it at most, ``sys.setswitchinterval``).
 
     python bench/sqlite_probe.py [--rounds 3] [--seconds 10] [--files 1,16] [--rate 70] [--modes grow,inplace,...]
-        [--busy MS,MS] [--switch MS]
+        [--busy MS,MS] [--switch MS] [--base DIR]
 """
 
 from __future__ import annotations
@@ -96,6 +101,46 @@ def _prepare(path: Path, mode: str, commits: int) -> sqlite3.Connection:
     return db
 
 
+_STORE_CLASSES: dict[str, type] = {}
+
+
+def _load_base(base: Path) -> None:
+    """A base tree's ``shardbus`` package, as ``shardbus_base`` (its relative imports stay inside it)."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "shardbus_base", base / "src/shardbus/__init__.py", submodule_search_locations=[str(base / "src/shardbus")]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["shardbus_base"] = module
+    spec.loader.exec_module(module)
+    _STORE_CLASSES["store-base"] = importlib.import_module("shardbus_base.store.sqlite").SqliteStore
+
+
+class _StoreWriter:
+    """A ``SqliteStore`` written as a soak's partition writes it: a send (timed), then its settlement (not)."""
+
+    def __init__(self, path: Path, mode: str) -> None:
+        from shardbus.store.base import Row
+        from shardbus.store.sqlite import SqliteStore
+
+        self.row = Row
+        self.store = (_STORE_CLASSES.get(mode) or SqliteStore)(path)
+        self.store.apply([("create_slot", 0)])
+
+    def commit(self, seq: int) -> None:
+        self.store.apply([("put", 0, [self.row(seq, 0, 0, 0, None, ROW, None)]), ("meta", "next_seq", seq + 1),
+                          ("counts", 0, 0, 1, len(ROW))])  # fmt: skip
+
+    def settle(self, seq: int) -> None:
+        self.store.apply([("delete", 0, [seq]), ("counts", 0, 0, 0, 0)], sync=False)
+
+    def close(self) -> None:
+        self.store.close()
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -108,23 +153,31 @@ def run(
     with ``busy`` (mean seconds of work, of rest), a thread of Python work beside them, as a broker's event loop."""
     per_file = rate / files
     commits = int(seconds * per_file) + 2
-    dbs = [_prepare(root / f"p{i:02d}.db", mode, commits) for i in range(files)]
+    if mode.startswith("store"):
+        dbs = [_StoreWriter(root / f"p{i:02d}.db", mode) for i in range(files)]
+    else:
+        dbs = [_prepare(root / f"p{i:02d}.db", mode, commits) for i in range(files)]
     times: list[float] = []
     probe_ms: list[float] = []
     lock = threading.Lock()
     stop = time.monotonic() + seconds
 
-    def writer(db: sqlite3.Connection, phase: float) -> None:
+    def writer(db: sqlite3.Connection | _StoreWriter, phase: float) -> None:
         due = time.monotonic() + phase
         seq = 1_000_000
         while (now := time.monotonic()) < stop:
             if due > now:
                 time.sleep(due - now)
             started = time.perf_counter()
-            _commit(db, seq)
+            if isinstance(db, _StoreWriter):
+                db.commit(seq)
+            else:
+                _commit(db, seq)
             elapsed = (time.perf_counter() - started) * 1000
             with lock:
                 times.append(elapsed)
+            if isinstance(db, _StoreWriter):
+                db.settle(seq)
             seq += 1
             due += random.expovariate(per_file)  # Poisson arrivals: commits of different files meet as in the soak
 
@@ -175,11 +228,16 @@ def main(argv: list[str] | None = None) -> int:
         "--busy", help="ms of Python work, ms of rest (means): a thread holding the GIL as an event loop, e.g. 3,4"
     )
     parser.add_argument("--switch", type=float, help="sys.setswitchinterval, in ms (Python's default: 5)")
+    parser.add_argument("--base", type=Path, help="a base tree (for the store-base mode)")
     parser.add_argument("--dir", type=Path, help="where the files go (default: a temporary folder beside /tmp)")
     args = parser.parse_args(argv)
     if args.switch:
         sys.setswitchinterval(args.switch / 1000)
     modes = args.modes.split(",")
+    if "store-base" in modes:
+        if args.base is None:
+            parser.error("the store-base mode needs --base DIR")
+        _load_base(args.base)
     busy = tuple(float(x) / 1000 for x in args.busy.split(",")) if args.busy else None
     counts = [int(f) for f in args.files.split(",")]
     results: dict[tuple[str, int], list[tuple[float, float, float, float, int]]] = {}

@@ -183,14 +183,56 @@ def test_unsynced_batches_keep_their_order_among_synced_ones(kit: Kit, store: Me
 
 
 def test_sqlite_syncs_exactly_the_batches_asked_to(tmp_path) -> None:
+    """The setting changes only when it must, between transactions; a synced commit is otherwise BEGIN, its
+    statements and COMMIT."""
     store = SqliteStore(tmp_path / "p.db")
     setting = lambda: store._db.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731  (2 FULL, 1 NORMAL)
     store.apply([("create_slot", 0)])
     assert setting() == 2
-    store.apply([("delete", 0, [1])], sync=False)
-    assert setting() == 1
-    store.apply([("put", 0, [_row(1)])])
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    store.apply([("delete", 0, [1]), ("counts", 0, 0, 0, 0)], sync=False)
+    assert statements[0] == "PRAGMA synchronous=NORMAL"
+    store.apply([("delete", 0, [2]), ("counts", 0, 0, 0, 0)], sync=False)
+    store.apply([("put", 0, [_row(1)]), ("meta", "next_seq", 2), ("counts", 0, 0, 1, 10)])
+    store.apply([("put", 0, [_row(2)]), ("meta", "next_seq", 3), ("counts", 0, 0, 2, 20)])
+    store._db.set_trace_callback(None)
+    assert [s for s in statements if s.startswith("PRAGMA")] == ["PRAGMA synchronous=NORMAL", "PRAGMA synchronous=FULL"]
     assert setting() == 2
+    store.close()
+
+
+def test_sqlite_small_writes_are_one_statement_each(tmp_path) -> None:
+    """A send's rows, its meta and its counts are one statement each (each statement lets go of the GIL), and
+    a batch of settlements' counts is one; what they write reads back the same."""
+    store = SqliteStore(tmp_path / "p.db")
+    store.apply([("create_slot", 0), ("create_slot", 1), ("create_slot", 2)])
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    store.apply(
+        [("put", s, [_row(q) for q in range(1, 6)]) for s in (0, 1, 2)]
+        + [("meta", "next_seq", 6), ("meta", "other", 1)]
+        + [("counts", s, q, 5 + s, 50 * q) for s in (0, 1, 2) for q in (0, 1)]
+    )
+    store._db.set_trace_callback(None)
+    assert len(statements) == 2 + 3 + 1 + 1, statements  # BEGIN, a put per table, meta, counts, COMMIT
+    snap = SqliteStore(tmp_path / "p.db").load()
+    assert snap.meta == {"next_seq": 6, "other": 1}
+    assert snap.counts == {(s, q): (5 + s, 50 * q) for s in (0, 1, 2) for q in (0, 1)}
+    assert [[r.seq for r in snap.rows[s]] for s in (0, 1, 2)] == [[1, 2, 3, 4, 5]] * 3
+    store.close()
+
+
+def test_sqlite_puts_of_every_size_read_back(tmp_path) -> None:
+    """Exact statements up to _EXACT_ROWS rows, power-of-two chunks and an exact rest above: every row lands."""
+    store = SqliteStore(tmp_path / "p.db")
+    store.apply([("create_slot", 0)])
+    seq = 1
+    for n in (1, 2, 5, 15, 16, 17, 31, 100, 257, 600):
+        store.apply([("put", 0, [_row(seq + i) for i in range(n)])])
+        seq += n
+    store.apply([("put", 0, [_row(s) for s in range(1, 40)])])  # replaces, not new (the ``_put_sql`` path)
+    assert [r.seq for r in store.load().rows[0]] == list(range(1, seq))
     store.close()
 
 
@@ -317,6 +359,17 @@ def test_empty_batch_and_empty_lists(store: MessageStore) -> None:
 
 
 # --- transactions, errors, size ------------------------------------------------------------------------------
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_batch_that_starts_with_a_new_slot_is_atomic_too(kit: Kit, store: MessageStore, sync: bool) -> None:
+    """A failure later in a batch takes the slot it created back with the rest; synced or not."""
+    store.apply([("create_slot", 0)])
+    with pytest.raises(StoreError):
+        store.apply([("create_slot", 9), ("put", 9, [_row(1)]), ("put", 8, [_row(2)])], sync=sync)  # no slot 8
+    store.apply([("put", 0, [_row(1)])])
+    snap = _reload(kit, store)
+    assert 9 not in snap.rows and [r.seq for r in snap.rows[0]] == [1]
+
+
 def test_a_failing_op_leaves_nothing_of_its_batch(kit: Kit, store: MessageStore) -> None:
     store.apply([("create_slot", 0), ("put", 0, [_row(1)]), ("meta", "next_seq", 2)])
     before = store.load()

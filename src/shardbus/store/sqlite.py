@@ -45,10 +45,16 @@ counts computed once).
 
 Reads (``load``, ``scan``) use a connection of their own: in WAL mode it sees the last commit, never the
 writer's open transaction.
+
+A commit's statements are few because each lets go of the GIL several times (the ``sqlite3`` module wraps every
+call into SQLite that may take time), and each time the commit's thread may wait for the event loop to give it
+back: see ``apply`` and ``_put``, and bench/sqlite_handoffs.py, which counts them. Held in memory besides the
+connections: the statement texts of the few shapes of insert (``_chunks``, per slot table, in bounded caches).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import time
@@ -137,36 +143,61 @@ def _add_due(db: sqlite3.Connection, slot: int) -> None:
 
 
 _PUT_CHUNK = 256  # rows per insert statement at most (5 parameters each; SQLite allows 32,766)
+# Rows per statement: any count up to _EXACT_ROWS in one statement (a send brings 1-5 messages, a batch of
+# settlements a few counts rows), larger ones in power-of-two chunks and an exact rest. So a connection prepares
+# at most _EXACT_ROWS + 4 shapes of each insert (its statement cache holds 128), and a small write is one statement.
+_EXACT_ROWS = 16
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunks(n: int) -> tuple[int, ...]:
+    """How ``n`` rows are split into insert statements (see ``_EXACT_ROWS``)."""
+    out = []
+    while n > _EXACT_ROWS:
+        size = 1 << (min(n, _PUT_CHUNK).bit_length() - 1)
+        out.append(size)
+        n -= size
+    if n:
+        out.append(n)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_marks(width: int, rows: int) -> str:
+    """``(?,?,..),(?,?,..)``: ``rows`` rows of ``width`` parameters each."""
+    return ",".join(["(" + ",".join("?" * width) + ")"] * rows)
+
+
+_META_ONE = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+_COUNTS_ONE = "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)"
+
+
+@functools.lru_cache(maxsize=64)
+def _marks(n: int) -> str:
+    """``?,?,..``: ``n`` parameters (an IN list)."""
+    return ",".join("?" * n)
+
+
 # A new message's row has no dead-letter fields yet: NULL is in the statement, not a parameter (see ``_put``).
-_PUT_BITS = _PUT_CHUNK.bit_length()
 # An expiry time is a parameter, or NULL in the statement for rows without one (the usual case).
-_PUT_VALUES = {
-    timed: [",".join([f"(?,?,?,?,NULL,?,{'?' if timed else 'NULL'})"] * (1 << k)) for k in range(_PUT_BITS)]
-    for timed in (False, True)
-}
+@functools.lru_cache(maxsize=1024)  # by table: a few shapes each
+def _put_sql(table: str, rows: int, timed: bool) -> str:
+    """The insert of ``rows`` rows without dead-letter fields (with expiry times if ``timed``) into ``table``."""
+    values = ",".join([f"(?,?,?,?,NULL,?,{'?' if timed else 'NULL'})"] * rows)
+    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {values}"
+
+
 # New messages as a send stores them (consecutive sequence numbers, main queue, ACTIVE, never delivered): only
 # the first sequence number (?1, the others are ?1+i), each row's data and, if timed, its expiry time are bound;
 # the rest are constants in the statement. Binding a parameter costs the sqlite3 module far more than SQLite's
 # evaluating ?1+i (bench/amqp_instructions.py's produce replay: 1,650 instructions less per 1 KB message, -1.4%,
 # than binding five per row).
-_NEW_VALUES = {
-    timed: [
-        ",".join(f"(?1+{i},0,0,0,NULL,?{i + 2},{f'?{(1 << k) + i + 2}' if timed else 'NULL'})" for i in range(1 << k))
-        for k in range(_PUT_BITS)
-    ]
-    for timed in (False, True)
-}
-
-
-def _put_sql(table: str, k: int, timed: bool) -> str:
-    """The insert of ``2**k`` rows without dead-letter fields (with expiry times if ``timed``) into ``table``."""
-    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {_PUT_VALUES[timed][k]}"
-
-
-def _new_sql(table: str, k: int, timed: bool) -> str:
-    """The insert of ``2**k`` new rows (``_NEW_VALUES``) into ``table``: parameters are the first sequence number,
-    the rows' data, then (if ``timed``) their expiry times."""
-    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {_NEW_VALUES[timed][k]}"
+@functools.lru_cache(maxsize=1024)
+def _new_sql(table: str, rows: int, timed: bool) -> str:
+    """The insert of ``rows`` new rows into ``table``: parameters are the first sequence number, the rows' data,
+    then (if ``timed``) their expiry times."""
+    values = ",".join(f"(?1+{i},0,0,0,NULL,?{i + 2},{f'?{rows + i + 2}' if timed else 'NULL'})" for i in range(rows))
+    return f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES {values}"
 
 
 def _merge_deletes(ops: list[Op]) -> list[Op]:
@@ -204,6 +235,9 @@ class SqliteStore:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Not isolation_level="DEFERRED" (the module's own BEGIN and ``commit()`` let go of the GIL once each, an
+            # executed BEGIN or COMMIT five times): with it, bench/scale.py's "both" with --workers 1 made 1.38 write
+            # system calls per message in the worker against 1.03, and used 1.08x the CPU per message.
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             # Only a new file takes it (an existing one keeps its page size): 1 KB messages cost less to insert
             # and delete with 8 KB pages than with the default 4 KB (fewer page splits and WAL frames).
@@ -448,7 +482,11 @@ class SqliteStore:
         db = self._db
         started = time.monotonic() if stalltrace.ON else 0.0
         try:
-            if sync != self._synced:  # a connection setting, changed only between transactions
+            # A connection setting, changed only between transactions and only when it changes: a statement (five
+            # GIL hand-offs) that a send right after a settlement batch pays. Flipping back after every unsynced
+            # batch instead kept it off the sends' path but cost a statement per settlement batch, where they come
+            # several to a send (bench/scale.py's "both" with --workers 1: 1.01-1.06x the CPU per message).
+            if sync != self._synced:
                 db.execute("PRAGMA synchronous=FULL" if sync else "PRAGMA synchronous=NORMAL")
                 self._synced = sync
             db.execute("BEGIN")
@@ -465,7 +503,7 @@ class SqliteStore:
                 self._meta_values.clear()
                 self._count_values.clear()
                 if db.in_transaction:
-                    db.execute("ROLLBACK")
+                    db.rollback()
                 raise
         except sqlite3.Error as exc:
             if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
@@ -509,10 +547,10 @@ class SqliteStore:
             return
         # Every new message comes here, so this path binds as little as it can:
         # - many rows per statement, not ``executemany``: the sqlite3 module lets go of the GIL around every step,
-        #   and while the event loop is busy each take-back waits for it. Chunk sizes are powers of two, so a
-        #   table has few statements;
+        #   and while the event loop is busy each take-back waits for it. A send's rows are one statement, and
+        #   a table has few shapes of it (``_chunks``);
         # - the columns are looked at whole (``zip``, ``count``: loops in C, not a Python loop per row), and what
-        #   a send's rows share is written as constants (``_NEW_VALUES``);
+        #   a send's rows share is written as constants (``_new_sql``);
         # - the sqlite3 module binds exact ints and bytearrays directly, but looks every other value up in its
         #   adapter registry (and raises and clears an AttributeError on the way): None is left out of the
         #   parameters and the packed message goes in as a bytearray, a copy that costs less than that lookup.
@@ -522,7 +560,7 @@ class SqliteStore:
         if dead_letters.count(None) != n or expires.count(None) != (0 if timed else n):
             self._db.executemany(f"INSERT OR REPLACE INTO {table}({_COLUMNS}, expires) VALUES (?,?,?,?,?,?,?)", rows)
             return
-        execute = self._db.execute
+        many = self._db.executemany  # with one parameter set: it lets go of the GIL once less than ``execute``
         first = seqs[0]
         new = (
             queues.count(0) == n
@@ -531,14 +569,13 @@ class SqliteStore:
             and seqs == tuple(range(first, first + n))
         )
         i = 0
-        while i < n:
-            k = min(n - i, _PUT_CHUNK).bit_length() - 1
-            end = i + (1 << k)
+        for size in _chunks(n):
+            end = i + size
             if new:
                 values: list[Any] = [first + i, *map(bytearray, datas[i:end])]
                 if timed:
                     values += expires[i:end]
-                execute(_new_sql(table, k, timed), values)
+                many(_new_sql(table, size, timed), (values,))
             else:
                 values = []
                 if timed:
@@ -547,7 +584,7 @@ class SqliteStore:
                 else:
                     for seq, queue, state, delivery_count, _, data, _ in rows[i:end]:
                         values += (seq, queue, state, delivery_count, bytearray(data))
-                execute(_put_sql(table, k, timed), values)
+                many(_put_sql(table, size, timed), (values,))
             i = end
         self._written += sum(map(len, datas))
 
@@ -572,11 +609,13 @@ class SqliteStore:
         if not seqs:
             return
         if len(seqs) == 1:
-            self._db.execute(f"DELETE FROM {table} WHERE seq=?", (seqs[0],))
+            self._db.executemany(f"DELETE FROM {table} WHERE seq=?", ((seqs[0],),))
             return
         # Consumers complete in order, so the sequence numbers mostly come in runs: one range delete per run
-        # costs less than a statement per row.
-        singles: list[tuple[int]] = []
+        # costs less than a statement per row. The rest go by ``seq IN (...)``, a statement per ``_chunks`` (not a
+        # step per row: each lets go of the GIL).
+        many = self._db.executemany
+        singles: list[int] = []
         ordered = sorted(seqs)
         start = prev = ordered[0]
         for seq in [*ordered[1:], None]:
@@ -584,13 +623,15 @@ class SqliteStore:
                 prev = seq
                 continue
             if prev - start >= _RANGE_MIN:
-                self._db.execute(f"DELETE FROM {table} WHERE seq BETWEEN ? AND ?", (start, prev))
+                many(f"DELETE FROM {table} WHERE seq BETWEEN ? AND ?", ((start, prev),))
             else:
-                singles.extend((s,) for s in range(start, prev + 1))
+                singles.extend(range(start, prev + 1))
             if seq is not None:
                 start = prev = seq
-        if singles:
-            self._db.executemany(f"DELETE FROM {table} WHERE seq=?", singles)
+        i = 0
+        for size in _chunks(len(singles)):
+            many(f"DELETE FROM {table} WHERE seq IN ({_marks(size)})", (singles[i : i + size],))
+            i += size
 
     def _update(self, slot: int, updates: list[Any]) -> None:
         self._db.executemany(
@@ -622,15 +663,37 @@ class SqliteStore:
         self._count_values[(slot, queue)] = (n, size)
 
     def _flush_values(self) -> None:
-        if self._meta_values:
-            self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", self._meta_values.items())
-            self._meta_values.clear()
-        if self._count_values:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)",
-                [(slot, queue, n, size) for (slot, queue), (n, size) in self._count_values.items()],
-            )
-            self._count_values.clear()
+        # One multi-row statement per table, not a step per row (``executemany`` of many rows): the sqlite3 module
+        # lets go of the GIL around every step (a send's commit waits for the event loop to give it back). The
+        # usual one row (a send: ``next_seq``; its sub-queue's counts) takes the prepared statement as it is.
+        many = self._db.executemany
+        meta = self._meta_values
+        if meta:
+            if len(meta) == 1:
+                many(_META_ONE, meta.items())
+            else:
+                self._insert_rows("meta", 2, [v for item in meta.items() for v in item], len(meta))
+            meta.clear()
+        counts = self._count_values
+        if counts:
+            if len(counts) == 1:
+                ((slot, queue), (n, size)) = counts.popitem()
+                many(_COUNTS_ONE, ((slot, queue, n, size),))
+            else:
+                values: list[Any] = []
+                for (slot, queue), (n, size) in counts.items():
+                    values += (slot, queue, n, size)
+                self._insert_rows("counts", 4, values, len(counts))
+                counts.clear()
+
+    def _insert_rows(self, table: str, width: int, values: list[Any], rows: int) -> None:
+        """``INSERT OR REPLACE`` of ``rows`` rows of ``width`` columns (``values`` flat, row after row) into
+        ``table``, in as few statements as ``_chunks`` allows."""
+        many = self._db.executemany  # one parameter set: see ``_put``
+        i = 0
+        for size in _chunks(rows):
+            many(f"INSERT OR REPLACE INTO {table} VALUES {_row_marks(width, size)}", (values[i : i + size * width],))
+            i += size * width
 
     def _delete_range(self, slot: int, queue: int, first: int, end: int) -> None:
         self._db.execute(f"DELETE FROM {_table(slot)} WHERE {_queue_terms(queue)}", (queue, first, end))

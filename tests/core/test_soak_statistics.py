@@ -1,0 +1,68 @@
+"""bench/soak.py's statistics, pure: the p99's confidence interval, the machine's p99 drift weighed by the samples
+behind each probe, the verdicts (a broker whose tail moves still reads MOVED), and the receive side of the stall
+report."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
+pytest.importorskip("azure.servicebus")
+_spec = importlib.util.spec_from_file_location("soak_bench", _PATH)
+assert _spec is not None and _spec.loader is not None
+soak = importlib.util.module_from_spec(_spec)
+sys.modules["soak_bench"] = soak
+_spec.loader.exec_module(soak)
+
+
+def test_the_p99_interval_narrows_with_samples_and_holds_the_truth() -> None:
+    rng = random.Random(7)
+    widths = []
+    for n in (3_000, 30_000):
+        covered = 0
+        for _ in range(40):
+            values = [rng.expovariate(1.0) for _ in range(n)]
+            low, high = soak._pct_ci(values, 0.99)
+            covered += low <= 4.60517 <= high  # the exponential's true p99: ln(100)
+        widths.append(high / low)
+        assert covered >= 34  # ~95% of 40
+    assert widths[1] < widths[0]
+
+
+def _row(send_p99: float, machine: float, rng: random.Random) -> dict:
+    """An interval whose broker send p99 is ``send_p99`` and whose machine is ``machine`` times slower."""
+    sqlite = [rng.expovariate(1.0) * machine for _ in range(3_000)]
+    echo = [rng.expovariate(10.0) * machine for _ in range(30_000)]
+    row = {"rss": 50.0, "fds": 40, "n_send": 5_000, "n_recv": 5_000, "n_settle": 5_000}
+    for name, p50, p99 in (("send", 2.0, send_p99), ("recv", 3.0, 11.0), ("settle", 1.0, 1.7)):
+        row[f"{name}_p50"], row[f"{name}_p99"] = p50 * machine, p99
+        row[f"{name}_p99_ci"] = (p99 * 0.97, p99 * 1.03)
+    for name, values in (("sqlite", sqlite), ("echo", echo)):
+        row[name], row[f"{name}_p99"] = soak._pct(values, 0.5), soak._pct(values, 0.99)
+        row[f"{name}_p99_ci"] = soak._pct_ci(values, 0.99)
+    return row
+
+
+def test_a_moved_tail_still_reads_moved_and_a_slower_machine_does_not() -> None:
+    rng = random.Random(3)
+    moved = dict(soak.flatness([_row(p99, 1.0, rng) for p99 in (5.5, 5.6, 6.6, 5.5)]))
+    assert "MOVED" in moved["send_p99"]
+    assert "95% intervals allow" in moved["send_p99"]
+    assert "machine p99 drift" in moved
+    followed = dict(soak.flatness([_row(5.5 * m, m, rng) for m in (1.0, 1.0, 1.25, 1.0)]))
+    assert "follows the machine" in followed["send_p99"], followed["send_p99"]
+
+
+def test_the_receive_report_splits_the_send_from_the_delivery() -> None:
+    # (due, received, what, acked, asked): one waited behind a busy consumer, one was late with it waiting
+    slow = [(0.0, 0.020, "soak-q x5", 0.004, 0.015), (1.0, 1.018, "soak-q x1", 1.003, 0.9)]
+    sample = [(2.0, 2.006, "soak-q x1", 2.003, 1.9), (3.0, 3.002, "soak-q x1", 0.0, 2.9)]
+    lines = soak._receive_report(slow, sample)
+    assert "50% with the consumer busy" in lines[0] and "50% with it waiting" in lines[0]
+    assert "50% received before their send returned" in lines[1]
+    assert any("'soak-q x5'" in line for line in lines)
