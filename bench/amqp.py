@@ -63,7 +63,8 @@ reading.
 
     python bench/amqp.py [--quick] [--scale F] [--repeat R] [--slices S] [--only NAME[,NAME]] [--check-credit]
                          [--window N] [--ack-each] [--no-pin] [--body-size BYTES]
-                         [--profile [--top N] [--sort tottime|cumulative]] [--broker-gc-off] [--base DIR]
+                         [--profile [--top N] [--sort tottime|cumulative] [--profile-wall]] [--broker-gc-off]
+                         [--base DIR]
 
 ``--base DIR`` serves a second broker from another checkout (``DIR/src``, e.g. ``git archive 7735009 | tar -x -C
 DIR``; bench/amqp_broker.py imports that tree's ``Broker``) next to this tree's, and every line takes turns among the
@@ -74,7 +75,8 @@ to one ceiling; running the base's own bench/amqp.py would instead measure again
 
 ``--profile`` runs the broker's event-loop thread under cProfile (timer: thread CPU time, so waits for the GIL are
 not counted; the profiler makes the broker about three times slower, so read shares, not absolute numbers) and
-prints its top functions and the garbage collector's work per measurement. ``--broker-gc-off`` (diagnosis only)
+prints its top functions and the garbage collector's work per measurement; ``--profile-wall`` makes it count wall
+time instead, so that what the loop waits for shows. ``--broker-gc-off`` (diagnosis only)
 runs the broker with Python's cyclic garbage collector disabled, to show what its full collections cost.
 """
 
@@ -739,6 +741,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the broker's event loop per measurement")
     parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
     parser.add_argument("--sort", default="tottime", help="profile order: tottime or cumulative")
+    parser.add_argument(
+        "--profile-wall", action="store_true", help="--profile counts wall time (what the loop waits for), not CPU"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every measurement; prints medians")
     parser.add_argument(
         "--slices", type=int, default=SLICES, help="turns each endpoint gets per measurement (they alternate)"
@@ -807,6 +812,8 @@ def main() -> None:
         if profile_dir is not None:
             profile_dir.mkdir()
             broker_args += ["--profile-dir", str(profile_dir)]
+            if args.profile_wall:
+                broker_args.append("--wall")
         broker = Child("shardbus", "amqp_broker.py", broker_args, profile_dir)
         children.append(broker)
         brokers = [broker]

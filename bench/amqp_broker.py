@@ -6,7 +6,7 @@ can serve it from another checkout's shardbus (``SHARDBUS_BENCH_SRC``) whose cli
 bench/amqp.py itself imports, may be named differently. Keeps nothing but the broker and, with
 ``--profile-dir``, one profile.
 
-    python bench/amqp_broker.py DATA_DIR QUEUE[,QUEUE] [--profile-dir DIR] [--gc-off] [--cpus N[,N]]
+    python bench/amqp_broker.py DATA_DIR QUEUE[,QUEUE] [--profile-dir DIR [--wall]] [--gc-off] [--cpus N[,N]]
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ SRC_ENV = "SHARDBUS_BENCH_SRC"  # the src folder whose shardbus this child serve
 BATCH_LIMIT = 100 * 1024 * 1024  # what a premium namespace advertises (com.microsoft:max-message-batch-size)
 
 
-def run_broker(data_dir: str, queues: list[str], profile_dir: str | None, gc_off: bool = False) -> None:
+def run_broker(
+    data_dir: str, queues: list[str], profile_dir: str | None, gc_off: bool = False, wall: bool = False
+) -> None:
     """Child: a shardbus broker on a free port; prints ``READY <port> <src>``. With ``profile_dir``, its event-loop
     thread runs under cProfile and SIGUSR1 dumps (and restarts) the profile to ``profile_dir/<n>.prof``. ``gc_off``
-    (diagnosis only) disables Python's cyclic garbage collector in the broker process."""
+    (diagnosis only) disables Python's cyclic garbage collector in the broker process. ``wall``: the profile
+    counts wall time instead, so that what the loop waits for (a lock, a read, the GIL) shows."""
     from shardbus.server import Broker
 
     watch_parent()
@@ -48,7 +51,7 @@ def run_broker(data_dir: str, queues: list[str], profile_dir: str | None, gc_off
     for q in queues:
         broker.namespace.create_queue(q, **queue_options)
     # Thread CPU time, not wall time: waits for the GIL (held by the store threads) would otherwise dominate.
-    profiler = cProfile.Profile(time.thread_time) if profile_dir else None
+    profiler = cProfile.Profile(time.perf_counter if wall else time.thread_time) if profile_dir else None
     dumps = iter(range(1_000_000))
     gc_runs = [0, 0, 0]
     gc_seconds = [0.0, 0.0, 0.0]
@@ -93,12 +96,13 @@ def main() -> None:
     parser.add_argument("queues", help="comma-separated")
     parser.add_argument("--profile-dir")
     parser.add_argument("--gc-off", action="store_true")
+    parser.add_argument("--wall", action="store_true", help="the profile counts wall time, not thread CPU time")
     parser.add_argument("--cpus", help="comma-separated CPUs this process (every thread) runs on")
     args = parser.parse_args()
     sys.path.insert(0, os.environ.get(SRC_ENV) or str(Path(__file__).resolve().parents[1] / "src"))
     if args.cpus:  # before the broker starts a thread: they all inherit it
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    run_broker(args.data_dir, args.queues.split(","), args.profile_dir, args.gc_off)
+    run_broker(args.data_dir, args.queues.split(","), args.profile_dir, args.gc_off, args.wall)
 
 
 if __name__ == "__main__":
