@@ -395,15 +395,25 @@ def sdk_receiver(child: Child, queue: str, total: int, runner: asyncio.Runner, p
 
     mode = ServiceBusReceiveMode.PEEK_LOCK if peek_lock else ServiceBusReceiveMode.RECEIVE_AND_DELETE
 
+    waits = SDK_WAITS.setdefault(child.name, [0.0, 0.0, 0, 0])
+
     def take(count: int) -> None:
         got = 0
+        clock = time.perf_counter
         while got < count:
-            msgs = receiver.receive_messages(max_message_count=min(SDK_RECEIVE_BATCH, count - got), max_wait_time=5)
+            want = min(SDK_RECEIVE_BATCH, count - got)
+            t0 = clock()
+            msgs = receiver.receive_messages(max_message_count=want, max_wait_time=5)
+            t1 = clock()
             if not msgs:
                 raise RuntimeError(f"{child.name}: only {got} of {count} messages came back")
             if peek_lock:
                 for m in msgs:
                     receiver.complete_message(m)
+            waits[0] += t1 - t0
+            waits[1] += clock() - t1
+            waits[2] += 1
+            waits[3] += len(msgs) < want
             got += len(msgs)
 
     with (
@@ -411,7 +421,13 @@ def sdk_receiver(child: Child, queue: str, total: int, runner: asyncio.Runner, p
         client.get_queue_receiver(queue, receive_mode=mode) as receiver,
     ):
         take(WARMUP)
+        waits[:] = [0.0, 0.0, 0, 0]  # the timed takes only
         yield take
+
+
+# Per endpoint, over the timed takes of an SDK receive line: seconds in receive_messages, seconds in the completes,
+# receive_messages calls, and calls that returned fewer messages than asked for (reset per measurement).
+SDK_WAITS: dict[str, list[Any]] = {}
 
 
 # =================================================================================================================
@@ -721,6 +737,16 @@ def measure(m: Measurement, brokers: list[Child], null: Child, args: argparse.Na
             f"null {z.cpu[0] / m.n * 1e6:.1f})  target {'met' if target_met(m, ratio, per) else 'MISSED'}",
             flush=True,
         )
+    if m.name.startswith("sdk-") and SDK_WAITS:  # a receive line: where the SDK's time went, per endpoint
+        parts = []
+        for child in children:
+            rcv, cpl, calls, short = SDK_WAITS.get(child.name, [0.0, 0.0, 0, 0])
+            parts.append(
+                f"{child.name} receive {rcv / m.n * 1e6:.0f} + complete {cpl / m.n * 1e6:.0f} us/msg "
+                f"({calls} receives, {short} short)"
+            )
+        print(f"{'  sdk waits':<28} " + "; ".join(parts), flush=True)
+        SDK_WAITS.clear()
     if len(brokers) > 1:
         print(
             f"{m.name + ' this/base':<26} rate {rates[0] / rates[1]:.3f}  "
