@@ -28,6 +28,10 @@ Measurements (1 KB bodies unless ``--body-size`` says otherwise):
                                  this line cost 26-30 us/msg of broker CPU, about 21 of it paid by the null
                                  endpoint too (a frame in and an echo out per message), against 15-22 this way
 
+The SDK receive lines add a ``sdk waits`` line: per endpoint, the SDK's time per message in ``receive_messages`` and
+in the completes, and how many receives came back with fewer messages than asked for; a broker slower than the null
+endpoint shows there on which call it is slower.
+
 Each line ends with ``target met``/``MISSED``: the issue's targets are ratio >= 0.80 for the SDK lines and
 broker_cpu < 25 us/msg for our own client's lines. One run of a line swings by a third on a shared 2-core machine
 (the clients, the broker and whatever else runs share the cores), so ``--repeat R`` measures everything R times,
