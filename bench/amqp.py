@@ -28,6 +28,10 @@ Measurements (1 KB bodies unless ``--body-size`` says otherwise):
                                  this line cost 26-30 us/msg of broker CPU, about 21 of it paid by the null
                                  endpoint too (a frame in and an echo out per message), against 15-22 this way
 
+The SDK receive lines add a ``sdk waits`` line: per endpoint, the SDK's time per message in ``receive_messages`` and
+in the completes, and how many receives came back with fewer messages than asked for; a broker slower than the null
+endpoint shows there on which call it is slower.
+
 Each line ends with ``target met``/``MISSED``: the issue's targets are ratio >= 0.80 for the SDK lines and
 broker_cpu < 25 us/msg for our own client's lines. One run of a line swings by a third on a shared 2-core machine
 (the clients, the broker and whatever else runs share the cores), so ``--repeat R`` measures everything R times,
@@ -63,11 +67,20 @@ reading.
 
     python bench/amqp.py [--quick] [--scale F] [--repeat R] [--slices S] [--only NAME[,NAME]] [--check-credit]
                          [--window N] [--ack-each] [--no-pin] [--body-size BYTES]
-                         [--profile [--top N] [--sort tottime|cumulative]] [--broker-gc-off]
+                         [--profile [--top N] [--sort tottime|cumulative] [--profile-wall]] [--broker-gc-off]
+                         [--base DIR]
+
+``--base DIR`` serves a second broker from another checkout (``DIR/src``, e.g. ``git archive 7735009 | tar -x -C
+DIR``; bench/amqp_broker.py imports that tree's ``Broker``) next to this tree's, and every line takes turns among the
+null endpoint and both brokers (the order rotates and reverses slice by slice). Each line is printed for both trees
+(``@base``) and then as this tree over the base: rate and broker CPU per message, each round's own quotient, whose
+median and range end a ``--repeat`` run. The null endpoint always runs this tree's engine, so both brokers are held
+to one ceiling; running the base's own bench/amqp.py would instead measure against the base's null endpoint.
 
 ``--profile`` runs the broker's event-loop thread under cProfile (timer: thread CPU time, so waits for the GIL are
 not counted; the profiler makes the broker about three times slower, so read shares, not absolute numbers) and
-prints its top functions and the garbage collector's work per measurement. ``--broker-gc-off`` (diagnosis only)
+prints its top functions and the garbage collector's work per measurement; ``--profile-wall`` makes it count wall
+time instead, so that what the loop waits for shows. ``--broker-gc-off`` (diagnosis only)
 runs the broker with Python's cyclic garbage collector disabled, to show what its full collections cost.
 """
 
@@ -76,8 +89,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
-import gc
 import io
 import os
 import pstats
@@ -94,8 +105,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/children.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/children.py, bench/amqp_broker.py
 
+from amqp_broker import BATCH_LIMIT, SRC_ENV
 from children import ChildProcess, watch_parent
 from shardbus.access import sas
 from shardbus.amqp import events as E
@@ -109,7 +121,6 @@ BODY_SIZE = 1024  # bytes of every message body (--body-size)
 BODY = os.urandom(BODY_SIZE)
 KEY_NAME = "RootManageSharedAccessKey"
 KEY = "SAS_KEY_VALUE"
-BATCH_LIMIT = 100 * 1024 * 1024  # what a premium namespace advertises (com.microsoft:max-message-batch-size)
 LINK_MESSAGES = 5_000  # messages per sender link of our own producer (the broker never tops up sender credit)
 WINDOW = 256  # in-flight unsettled transfers of our own producer (--window changes it for own-produce-unsettled)
 CREDIT = 500  # credit our own consumer keeps granted
@@ -118,61 +129,12 @@ WARMUP = 100
 SLICES = 6  # turns each endpoint gets per measurement: they alternate, so drift reaches both
 SDK_TARGET_RATIO = 0.80  # the SDK against shardbus reaches at least this share of its null-endpoint rate
 OWN_TARGET_US = 25.0  # broker CPU per durable message with our own client
+BASE = "@base"  # a line's suffix for the broker served from the --base checkout
 
 
 # =================================================================================================================
 # child processes
 # =================================================================================================================
-
-
-def run_broker(data_dir: str, queues: list[str], profile_dir: str | None, gc_off: bool = False) -> None:
-    """Child: a shardbus broker on a free port; prints ``READY <port>``. With ``profile_dir``, its event-loop thread
-    runs under cProfile and SIGUSR1 dumps (and restarts) the profile to ``profile_dir/<n>.prof``. ``gc_off``
-    (diagnosis only) disables Python's cyclic garbage collector in the broker process."""
-    from shardbus.server import Broker
-
-    watch_parent()
-    if gc_off:
-        gc.disable()
-    broker = Broker(data_dir, port=0, tier="premium", quotas={"max_batch_size_bytes": BATCH_LIMIT})
-    for q in queues:
-        broker.namespace.create_queue(q, max_message_size_in_kilobytes=BATCH_LIMIT // 1024)
-    # Thread CPU time, not wall time: waits for the GIL (held by the store threads) would otherwise dominate.
-    profiler = cProfile.Profile(time.thread_time) if profile_dir else None
-    dumps = iter(range(1_000_000))
-    gc_runs = [0, 0, 0]
-    gc_seconds = [0.0, 0.0, 0.0]
-    gc_started = [0.0]
-
-    def on_gc(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            gc_started[0] = time.thread_time()
-        else:
-            gen = info["generation"]
-            gc_runs[gen] += 1
-            gc_seconds[gen] += time.thread_time() - gc_started[0]
-
-    def dump() -> None:
-        assert profiler is not None and profile_dir is not None
-        profiler.disable()
-        path = Path(profile_dir) / f"{next(dumps)}.prof"
-        gc_line = ", ".join(f"gen{g} {gc_runs[g]} runs {gc_seconds[g]:.3f} s" for g in range(3))
-        (Path(profile_dir) / f"{path.stem}.gc").write_text(f"{gc_line}; {len(gc.get_objects())} tracked objects")
-        gc_runs[:] = [0, 0, 0]
-        gc_seconds[:] = [0.0, 0.0, 0.0]
-        profiler.dump_stats(str(path) + ".tmp")
-        os.replace(str(path) + ".tmp", path)
-        profiler.clear()
-        profiler.enable()
-
-    def ready(b: Broker) -> None:
-        if profiler is not None:
-            gc.callbacks.append(on_gc)  # any thread; a collection holds the GIL from start to stop
-            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
-            profiler.enable()
-        print(f"READY {b.server.port}", flush=True)
-
-    broker.serve_forever(on_ready=ready)
 
 
 class NullEndpoint:
@@ -324,11 +286,15 @@ def _task_cpu(pid: int, tid: int | str) -> float:
 class Child(ChildProcess):
     """A child process (broker or null endpoint) on a free port, with its CPU readable from /proc."""
 
-    def __init__(self, name: str, args: list[str], profile_dir: Path | None = None) -> None:
+    def __init__(
+        self, name: str, script: str, args: list[str], profile_dir: Path | None = None, src: Path | None = None
+    ) -> None:
         self.profile_dir = profile_dir
         self._dumps = 0
-        super().__init__(name, str(Path(__file__).resolve()), args)
+        env = {**os.environ, SRC_ENV: str(src)} if src is not None else None
+        super().__init__(name, str(Path(__file__).resolve().parent / script), args, env)
         self.port = int(self.ready[0])
+        self.src = self.ready[1] if len(self.ready) > 1 else ""  # the shardbus it serves (a broker's)
 
     @property
     def connection_string(self) -> str:
@@ -433,15 +399,25 @@ def sdk_receiver(child: Child, queue: str, total: int, runner: asyncio.Runner, p
 
     mode = ServiceBusReceiveMode.PEEK_LOCK if peek_lock else ServiceBusReceiveMode.RECEIVE_AND_DELETE
 
+    waits = SDK_WAITS.setdefault(child.name, [0.0, 0.0, 0, 0])
+
     def take(count: int) -> None:
         got = 0
+        clock = time.perf_counter
         while got < count:
-            msgs = receiver.receive_messages(max_message_count=min(SDK_RECEIVE_BATCH, count - got), max_wait_time=5)
+            want = min(SDK_RECEIVE_BATCH, count - got)
+            t0 = clock()
+            msgs = receiver.receive_messages(max_message_count=want, max_wait_time=5)
+            t1 = clock()
             if not msgs:
                 raise RuntimeError(f"{child.name}: only {got} of {count} messages came back")
             if peek_lock:
                 for m in msgs:
                     receiver.complete_message(m)
+            waits[0] += t1 - t0
+            waits[1] += clock() - t1
+            waits[2] += 1
+            waits[3] += len(msgs) < want
             got += len(msgs)
 
     with (
@@ -449,7 +425,13 @@ def sdk_receiver(child: Child, queue: str, total: int, runner: asyncio.Runner, p
         client.get_queue_receiver(queue, receive_mode=mode) as receiver,
     ):
         take(WARMUP)
+        waits[:] = [0.0, 0.0, 0, 0]  # the timed takes only
         yield take
+
+
+# Per endpoint, over the timed takes of an SDK receive line: seconds in receive_messages, seconds in the completes,
+# receive_messages calls, and calls that returned fewer messages than asked for (reset per measurement).
+SDK_WAITS: dict[str, list[Any]] = {}
 
 
 # =================================================================================================================
@@ -714,39 +696,72 @@ def target_met(m: Measurement, ratio: float, per: float) -> bool:
     return ratio >= SDK_TARGET_RATIO if m.name.startswith("sdk") else per < OWN_TARGET_US
 
 
-def measure(m: Measurement, broker: Child, null: Child, args: argparse.Namespace) -> tuple[float, float]:
-    """One run of ``m``: the same client opened against the null endpoint and against shardbus, its ``m.n``
-    messages taken in slices from each in turn (which of the two goes first alternates too), so that drift of
-    the machine's speed during the run reaches both alike; prints its line, returns (ratio, broker CPU us/msg)."""
+def measure(m: Measurement, brokers: list[Child], null: Child, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """One run of ``m``: the same client opened against the null endpoint and against each broker (this tree's,
+    and with ``--base`` the base tree's), its ``m.n`` messages taken in slices from each in turn (the order
+    rotates and reverses from slice to slice, so every endpoint goes first and follows every other alike), so that
+    drift of the machine's speed during the run reaches all alike; prints a line per broker (and with a base,
+    this tree over the base), returns (ratio, broker CPU us/msg) per broker."""
     steps = m.n // m.step
     slices = max(1, min(args.slices, steps))
     sizes = [(steps * (i + 1) // slices - steps * i // slices) * m.step for i in range(slices)]
     if m.fill:
-        asyncio.run(own_fill(broker, m.queue, m.n + WARMUP))
-    timers = {null.name: Timer(null), broker.name: Timer(broker)}
+        for broker in brokers:
+            asyncio.run(own_fill(broker, m.queue, m.n + WARMUP))
+    children = [null, *brokers]
+    timers = {child.name: Timer(child) for child in children}
     with asyncio.Runner() as runner, contextlib.ExitStack() as stack:
-        takes = {child.name: stack.enter_context(m.opener(child, m.queue, m.n, runner)) for child in (null, broker)}
+        takes = {child.name: stack.enter_context(m.opener(child, m.queue, m.n, runner)) for child in children}
         if args.profile:
-            broker.dump_profile()  # discard the fill and the warm-up
+            for broker in brokers:
+                broker.dump_profile()  # discard the fill and the warm-up
         for i, size in enumerate(sizes):
-            for name in (null.name, broker.name)[:: 1 if i % 2 == 0 else -1]:
-                timers[name].start()
-                takes[name](size)
-                timers[name].stop()
-    s, z = timers[broker.name], timers[null.name]
-    rate_s, rate_z = m.n / s.seconds, m.n / z.seconds
-    total, loop = s.cpu
-    ratio, per = rate_s / rate_z, total / m.n * 1e6
-    print(
-        f"{m.name:<26} n={m.n:<6} shardbus={rate_s:>7,.0f} msg/s  null={rate_z:>7,.0f} msg/s  "
-        f"ratio={ratio:.2f}  broker_cpu={per:6.1f} us/msg "
-        f"(loop {loop / m.n * 1e6:.1f} + stores {(total - loop) / m.n * 1e6:.1f}; "
-        f"null {z.cpu[0] / m.n * 1e6:.1f})  target {'met' if target_met(m, ratio, per) else 'MISSED'}",
-        flush=True,
-    )
+            k = i // 2 % len(children)
+            order = children[k:] + children[:k]
+            for child in order[:: 1 if i % 2 == 0 else -1]:
+                timers[child.name].start()
+                takes[child.name](size)
+                timers[child.name].stop()
+    z = timers[null.name]
+    rate_z = m.n / z.seconds
+    results: list[tuple[float, float]] = []
+    rates: list[float] = []
+    for broker in brokers:
+        s = timers[broker.name]
+        rate_s = m.n / s.seconds
+        total, loop = s.cpu
+        ratio, per = rate_s / rate_z, total / m.n * 1e6
+        results.append((ratio, per))
+        rates.append(rate_s)
+        label = m.name if broker is brokers[0] else f"{m.name}{BASE}"
+        print(
+            f"{label:<28} n={m.n:<6} {broker.name}={rate_s:>7,.0f} msg/s  null={rate_z:>7,.0f} msg/s  "
+            f"ratio={ratio:.2f}  broker_cpu={per:6.1f} us/msg "
+            f"(loop {loop / m.n * 1e6:.1f} + stores {(total - loop) / m.n * 1e6:.1f}; "
+            f"null {z.cpu[0] / m.n * 1e6:.1f})  target {'met' if target_met(m, ratio, per) else 'MISSED'}",
+            flush=True,
+        )
+    if m.name.startswith("sdk-") and SDK_WAITS:  # a receive line: where the SDK's time went, per endpoint
+        parts = []
+        for child in children:
+            rcv, cpl, calls, short = SDK_WAITS.get(child.name, [0.0, 0.0, 0, 0])
+            parts.append(
+                f"{child.name} receive {rcv / m.n * 1e6:.0f} + complete {cpl / m.n * 1e6:.0f} us/msg "
+                f"({calls} receives, {short} short)"
+            )
+        print(f"{'  sdk waits':<28} " + "; ".join(parts), flush=True)
+        SDK_WAITS.clear()
+    if len(brokers) > 1:
+        print(
+            f"{m.name + ' this/base':<26} rate {rates[0] / rates[1]:.3f}  "
+            f"broker_cpu {results[0][1] / results[1][1]:.3f}",
+            flush=True,
+        )
     if args.profile:
-        print_profile(broker.dump_profile(), args.top, args.sort)
-    return ratio, per
+        for broker in brokers:
+            print(f"  profile of {broker.name}:")
+            print_profile(broker.dump_profile(), args.top, args.sort)
+    return results
 
 
 def main() -> None:
@@ -756,6 +771,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the broker's event loop per measurement")
     parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
     parser.add_argument("--sort", default="tottime", help="profile order: tottime or cumulative")
+    parser.add_argument(
+        "--profile-wall", action="store_true", help="--profile counts wall time (what the loop waits for), not CPU"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every measurement; prints medians")
     parser.add_argument(
         "--slices", type=int, default=SLICES, help="turns each endpoint gets per measurement (they alternate)"
@@ -775,18 +793,24 @@ def main() -> None:
     parser.add_argument(
         "--broker-gc-off", action="store_true", help="diagnosis: run the broker with Python's cyclic GC disabled"
     )
-    parser.add_argument("--serve", nargs=2, metavar=("DIR", "QUEUES"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--base",
+        metavar="DIR",
+        help="also serve a broker from another checkout (DIR/src, e.g. git archive of a commit), interleaved with "
+        "this tree's in every line, and print both trees' ratios and this tree over the base",
+    )
     parser.add_argument("--null", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--profile-dir", help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)  # an endpoint's CPUs, comma-separated
     args = parser.parse_args()
+    base_src: Path | None = None
+    if args.base:
+        base_src = Path(args.base).resolve() / "src"
+        if not (base_src / "shardbus").is_dir():
+            parser.error(f"--base: {base_src.parent} is not a shardbus checkout (no src/shardbus)")
     if args.body_size != BODY_SIZE:
         set_body_size(args.body_size)
     if args.cpus:  # before the endpoint starts a thread: they all inherit it
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    if args.serve:
-        run_broker(args.serve[0], args.serve[1].split(","), args.profile_dir, args.broker_gc_off)
-        return
     if args.null:
         run_null()
         return
@@ -811,42 +835,69 @@ def main() -> None:
         placement = f"client on CPU {cpus[0]}, endpoints on CPU {','.join(map(str, cpus[1:]))}"
     try:
         profile_dir = folder / "profiles" if args.profile else None
-        broker_args = ["--serve", str(folder / "data"), ",".join(["credit", *(m.queue for m in chosen)])]
+        broker_args = [str(folder / "data"), ",".join(["credit", *(m.queue for m in chosen)])]
         broker_args += endpoint_cpus
         if args.broker_gc_off:
-            broker_args.append("--broker-gc-off")
+            broker_args.append("--gc-off")
         if profile_dir is not None:
             profile_dir.mkdir()
             broker_args += ["--profile-dir", str(profile_dir)]
-        broker = Child("shardbus", broker_args, profile_dir)
+            if args.profile_wall:
+                broker_args.append("--wall")
+        broker = Child("shardbus", "amqp_broker.py", broker_args, profile_dir)
         children.append(broker)
-        null = Child("null", ["--null", "--body-size", str(BODY_SIZE), *endpoint_cpus])
+        brokers = [broker]
+        if base_src is not None:
+            # The same script serves it (same queues, quotas, placement), importing the base tree's shardbus.
+            base_args = [str(folder / "data-base"), *broker_args[1:]]
+            base_profile = None
+            if profile_dir is not None:
+                base_profile = folder / "profiles-base"
+                base_profile.mkdir()
+                base_args[base_args.index("--profile-dir") + 1] = str(base_profile)
+            base = Child("base", "amqp_broker.py", base_args, base_profile, src=base_src)
+            children.append(base)
+            brokers.append(base)
+        # The null endpoint always runs this tree's engine: with --base both brokers are held to one ceiling.
+        null = Child("null", "amqp.py", ["--null", "--body-size", str(BODY_SIZE), *endpoint_cpus])
         children.append(null)
         print(
             f"{BODY_SIZE}-byte bodies; broker: premium namespace, durable SQLite store; {os.cpu_count()} CPUs "
             f"({placement})",
             flush=True,
         )
+        for b in brokers:
+            print(f"{b.name}: shardbus from {b.src}", flush=True)
         if args.check_credit:
             for child in (null, broker):
                 print(asyncio.run(check_credit(child, "credit")))
-        runs: dict[str, list[tuple[float, float]]] = {m.name: [] for m in chosen}
+        runs: dict[str, list[list[tuple[float, float]]]] = {m.name: [] for m in chosen}
         for _ in range(args.repeat):  # each round measures everything once: drift hits every line alike
             for m in chosen:
-                ratio, per = measure(m, broker, null, args)
-                runs[m.name].append((ratio, per))
+                runs[m.name].append(measure(m, brokers, null, args))
         if args.repeat > 1:
             print(f"medians of {args.repeat} rounds (range):", flush=True)
             for m in chosen:
-                ratios = [r for r, _ in runs[m.name]]
-                cpus = [c for _, c in runs[m.name]]
-                ratio, per = statistics.median(ratios), statistics.median(cpus)
-                print(
-                    f"{m.name:<26} ratio={ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})  "
-                    f"broker_cpu={per:6.1f} us/msg ({min(cpus):.1f}-{max(cpus):.1f})  "
-                    f"target {'met' if target_met(m, ratio, per) else 'MISSED'}",
-                    flush=True,
-                )
+                for j in range(len(brokers)):
+                    ratios = [rnd[j][0] for rnd in runs[m.name]]
+                    cpus = [rnd[j][1] for rnd in runs[m.name]]
+                    ratio, per = statistics.median(ratios), statistics.median(cpus)
+                    label = m.name if j == 0 else f"{m.name}{BASE}"
+                    print(
+                        f"{label:<28} ratio={ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})  "
+                        f"broker_cpu={per:6.1f} us/msg ({min(cpus):.1f}-{max(cpus):.1f})  "
+                        f"target {'met' if target_met(m, ratio, per) else 'MISSED'}",
+                        flush=True,
+                    )
+                if len(brokers) > 1:  # each round's this/base, then their median: drift cancels within a round
+                    rates = [rnd[0][0] / rnd[1][0] for rnd in runs[m.name]]
+                    cpus = [rnd[0][1] / rnd[1][1] for rnd in runs[m.name]]
+                    print(
+                        f"{m.name + ' this/base':<26} rate {statistics.median(rates):.3f} "
+                        f"({min(rates):.3f}-{max(rates):.3f})  broker_cpu {statistics.median(cpus):.3f} "
+                        f"({min(cpus):.3f}-{max(cpus):.3f})",
+                        flush=True,
+                    )
     finally:
         for child in reversed(children):
             child.stop()

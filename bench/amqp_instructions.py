@@ -15,6 +15,11 @@ So this script measures one of the broker's paths the way callgrind can count it
          100 delivery ids (first..last) in one read: what our own client (``shardbus.client``, bench/scale.py)
          sends;
        - ``receive-and-delete``: the same with a receive-and-delete link, so a batch is just the flow.
+       - ``sdk-batch``: a sender link, then ``--batches`` SDK batches of 1000 1 KB messages, each one unsettled
+         transfer in the batch format (``0x80013700``: an envelope whose body is a data section per message, each
+         an encoded message; about 1.1 MB, split into frames at the broker's max-frame-size), brought in reads
+         of 64 KB: what bench/amqp.py's sdk-batch-send-1000 sends. The queue allows 100 MB messages and the
+         namespace 100 MB batches, as bench/amqp.py's broker does.
   2. ``replay``: a fresh broker (durable SQLite store, as ``shardbus serve`` runs it) is fed those bytes through
      its real ``AmqpProtocol`` and ``ServiceBusConnection``, with a transport that keeps what it is given; each
      read waits for its answer (dispositions; all 100 transfers; the echo), so every step runs to its end.
@@ -29,7 +34,8 @@ So this script measures one of the broker's paths the way callgrind can count it
 With ``--base REV`` the same recording is replayed by that git revision's ``src`` too (checked out into a
 temporary directory), and the line ends with ``ratio`` = this checkout / base: below 1 is fewer instructions.
 
-    python bench/amqp_instructions.py [--path produce|peek-lock|receive-and-delete] [--batches N] [--base REV]
+    python bench/amqp_instructions.py [--path produce|peek-lock|peek-lock-ranges|receive-and-delete|sdk-batch]
+                                      [--batches N] [--base REV]
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ CONSUME_BATCH = 100  # credit per consume batch (the SDK bench's max_message_cou
 SETTLE_GROUP = 8  # completes per commit in the peek-lock replay
 BODY = bytes(range(256)) * 4
 MESSAGE_ID = "5b4f3c1e-0000-4000-8000-000000000001"  # fixed, so that every run packs the same bytes
-PATHS = ("produce", "peek-lock", "peek-lock-ranges", "receive-and-delete")
+PATHS = ("produce", "peek-lock", "peek-lock-ranges", "receive-and-delete", "sdk-batch")
+SDK_BATCH = 1000  # messages per sdk-batch transfer
+READ_BYTES = 65536  # what one socket read brings of a batch transfer
+BATCH_LIMIT = 100 * 1024 * 1024  # the sdk-batch path's namespace batch quota and queue message size
 
 
 class KeepingTransport:
@@ -92,11 +101,16 @@ class Recording(NamedTuple):
     batches: list[list[bytes]]  # per batch, its reads
 
 
-def _namespace(data_dir: str) -> Any:
-    """A premium namespace with queue ``q``."""
+def _namespace(data_dir: str, big: bool = False) -> Any:
+    """A premium namespace with queue ``q``; ``big``: 100 MB batches and messages (where the tree bounds them)."""
+    from shardbus.model.tiers import Quotas
     from shardbus.namespace import Namespace
 
-    ns = Namespace(data_dir, tier="premium")
+    if big and "max_batch_size_bytes" in Quotas.__dataclass_fields__:
+        ns = Namespace(data_dir, tier="premium", quotas={"max_batch_size_bytes": BATCH_LIMIT})
+        ns.create_queue("q", max_message_size_in_kilobytes=BATCH_LIMIT // 1024)
+        return ns
+    ns = Namespace(data_dir, tier="premium")  # a tree from before batches were bounded (7735009) takes them
     ns.create_queue("q")
     return ns
 
@@ -169,6 +183,25 @@ def _payload() -> bytes:
     return AmqpMessage(properties=Properties(message_id=MESSAGE_ID), body=[BODY], body_type=BodyType.DATA).encode()
 
 
+def _sdk_batch() -> bytes:
+    """An SDK batch's envelope: the first message's message-id, a data section per message (each encoded)."""
+    from shardbus.amqp.message import AmqpMessage, BodyType, Properties
+
+    inner = _payload()
+    return AmqpMessage(
+        properties=Properties(message_id=MESSAGE_ID), body=[inner] * SDK_BATCH, body_type=BodyType.DATA
+    ).encode()
+
+
+def _batch_reads(client: Any, link: Any, tag: int) -> list[bytes]:
+    """One SDK batch transfer (its frames at the broker's max-frame-size), cut into socket reads."""
+    from shardbus.amqp.message import BATCH_MESSAGE_FORMAT
+
+    client.send_transfer(link, tag.to_bytes(4, "big"), _sdk_batch(), message_format=BATCH_MESSAGE_FORMAT)
+    data = client.data_to_send()
+    return [data[i : i + READ_BYTES] for i in range(0, len(data), READ_BYTES)]
+
+
 async def _fill(ns: Any, count: int) -> None:
     """Send ``count`` messages to ``q`` over AMQP, as a client would (so they keep their wire sections)."""
     from shardbus.amqp import events as E
@@ -200,16 +233,18 @@ async def record(file: str, path: str, batches: int) -> None:
     from shardbus.amqp import events as E
     from shardbus.amqp.performatives import RECEIVER, SENDER, Accepted
 
-    consume = path != "produce"
+    consume = path not in ("produce", "sdk-batch")
     with tempfile.TemporaryDirectory(prefix="shardbus-instr-") as data_dir:
-        ns = _namespace(data_dir)
+        ns = _namespace(data_dir, big=path == "sdk-batch")
         if consume:
             await _fill(ns, batches * CONSUME_BATCH)
         protocol, transport = _connect(ns)
         client, link = _client(RECEIVER if consume else SENDER, settled=path == "receive-and-delete")
         handshake = await _handshake(client, protocol, transport)
         reads: list[list[bytes]] = []
-        if not consume:
+        if path == "sdk-batch":
+            reads += [_batch_reads(client, link, b + 1) for b in range(batches)]
+        elif not consume:
             if link.credit < batches * BATCH:
                 most = link.credit // BATCH
                 raise SystemExit(f"the broker granted {link.credit} credits; use at most {most} batches")
@@ -246,10 +281,10 @@ async def replay(file: str, batches: int) -> None:
     from shardbus.partition import broker
     from shardbus.server import tune_garbage_collector
 
-    consume = recording.path != "produce"
+    consume = recording.path not in ("produce", "sdk-batch")
     broker.SETTLE_LINGER = 3600.0  # commits come from ``settled`` below, never from the clock
     with tempfile.TemporaryDirectory(prefix="shardbus-instr-") as data_dir:
-        ns = _namespace(data_dir)
+        ns = _namespace(data_dir, big=recording.path == "sdk-batch")
         if consume:
             await _fill(ns, len(recording.batches) * CONSUME_BATCH)
         protocol, transport = _connect(ns)
@@ -264,8 +299,10 @@ async def replay(file: str, batches: int) -> None:
         tune_garbage_collector()  # as the broker does once it serves
         for reads in recording.batches[:batches]:
             if not consume:
-                transport.feed(protocol, reads[0])
+                for data in reads:  # a batch's reads, then its disposition
+                    transport.feed(protocol, data)
                 await transport.answer()  # the dispositions: stored
+                transport.out.clear()
                 continue
             expected = _delivered(protocol) + CONSUME_BATCH
             transport.feed(protocol, reads[0])
@@ -300,14 +337,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", choices=PATHS, default="produce", help="what the client does")
     parser.add_argument(
-        "--batches", type=int, help="produce: reads of 76 transfers (at most 131, default 100); consume: of 100 (60)"
+        "--batches",
+        type=int,
+        help="produce: reads of 76 transfers (at most 131, default 100); consume: of 100 (60); sdk-batch: SDK "
+        "batches of 1000 (10)",
     )
     parser.add_argument("--base", help="a git revision to compare with")
     parser.add_argument("--replay", help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.batches is None:
-        args.batches = 100 if args.path == "produce" else 60
+        args.batches = {"produce": 100, "sdk-batch": 10}.get(args.path, 60)
     if args.replay:
         sys.path.insert(0, args.src)
         asyncio.run(replay(args.replay, args.batches))
@@ -328,12 +368,13 @@ def main() -> None:
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
             base_src = base / "src"
-        size = BATCH if args.path == "produce" else CONSUME_BATCH
+        size = {"produce": BATCH, "sdk-batch": SDK_BATCH}.get(args.path, CONSUME_BATCH)
         what = {
             "produce": "unsettled 1 KB transfers",
             "peek-lock": "peek-lock deliveries of 1 KB, each completed in its own read",
             "peek-lock-ranges": "peek-lock deliveries of 1 KB, completed with one range disposition a batch",
             "receive-and-delete": "receive-and-delete deliveries of 1 KB",
+            "sdk-batch": "1 KB messages in one SDK batch transfer each",
         }[args.path]
         print(f"broker {args.path} path, {args.batches} x {size} {what}, callgrind", flush=True)
         messages = args.batches * size

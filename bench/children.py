@@ -30,10 +30,10 @@ def watch_parent() -> None:
 class ChildProcess:
     """``python <script> <args>`` started and waited for: ``ready`` holds the words after ``READY``."""
 
-    def __init__(self, name: str, script: str, args: list[str]) -> None:
+    def __init__(self, name: str, script: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, script, *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+            [sys.executable, script, *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
         )
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 60)

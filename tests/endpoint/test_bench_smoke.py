@@ -42,3 +42,27 @@ def test_amqp_bench_body_size() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("182-byte bodies;")
     assert [line.split()[0] for line in done.stdout.splitlines() if "shardbus=" in line] == ["own-produce-unsettled"]
+
+
+def test_amqp_bench_base(tmp_path: Path) -> None:
+    """``--base DIR`` serves a second broker from DIR/src (here a copy of this checkout's) beside this tree's, and
+    prints both trees' lines, this tree over the base per round and, with ``--repeat``, their medians."""
+    import shutil
+
+    shutil.copytree(BENCH.parents[1] / "src" / "shardbus", tmp_path / "src" / "shardbus")
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--only", "own-produce-un", "--repeat", "2", "--base", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert f"base: shardbus from {tmp_path / 'src'}" in out
+    assert len([line for line in out.splitlines() if line.startswith("own-produce-unsettled@base ")]) == 3  # 2, median
+    assert len([line for line in out.splitlines() if line.startswith("own-produce-unsettled this/base rate")]) == 3
+    bad = subprocess.run(
+        [sys.executable, str(BENCH), "--base", str(tmp_path / "nothing")], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2 and "is not a shardbus checkout" in bad.stderr
