@@ -95,12 +95,15 @@ def _kinds(rounds: int) -> list[tuple[str, float, float]]:
         "topic-send": lambda: (topic(), True),
         "settle": lambda: (settle(), False),
     }
-    statements: list[str] = []
-    for kind, plan in plans.items():
-        ops, sync = plan()
-        store.apply(ops, sync)  # untimed: statements prepared
-        releases = n_statements = 0
-        for i in range(2 * rounds):  # every other round traced (the trace callback lets go of the GIL too)
+
+    def measure(plan, before_each=None) -> tuple[float, float]:
+        """GIL releases and statements per commit of ``plan``: every other round traced (the trace callback lets
+        go of the GIL too, so releases are counted in the untraced rounds, statements in the traced ones)."""
+        statements: list[str] = []
+        releases = 0
+        for i in range(2 * rounds):
+            if before_each is not None:
+                before_each()
             ops, sync = plan()
             traced = i % 2
             if traced:
@@ -111,25 +114,14 @@ def _kinds(rounds: int) -> list[tuple[str, float, float]]:
                 store._db.set_trace_callback(None)
             else:
                 releases += counter.value - before
-        n_statements = len(statements)
-        statements.clear()
-        out.append((kind, releases / rounds, n_statements / rounds))
-    releases = 0
-    for i in range(2 * rounds):
-        store.apply(settle(), False)
-        ops = send(1)
-        traced = i % 2
-        if traced:
-            store._db.set_trace_callback(statements.append)
-        before = counter.value
-        store.apply(ops, True)
-        if traced:
-            store._db.set_trace_callback(None)
-        else:
-            releases += counter.value - before
-    n_statements = len(statements)
-    statements.clear()
-    out.append(("send-after-settle", releases / rounds, n_statements / rounds))
+        return releases / rounds, len(statements) / rounds
+
+    for kind, plan in plans.items():
+        ops, sync = plan()
+        store.apply(ops, sync)  # untimed: statements prepared
+        out.append((kind, *measure(plan)))
+    # a send right after a settlement batch (the connection's synchronous setting flips back)
+    out.append(("send-after-settle", *measure(lambda: (send(1), True), lambda: store.apply(settle(), False))))
     store.close()
     return out
 
