@@ -168,10 +168,6 @@ def _row_marks(width: int, rows: int) -> str:
     return ",".join(["(" + ",".join("?" * width) + ")"] * rows)
 
 
-_META_ONE = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
-_COUNTS_ONE = "INSERT OR REPLACE INTO counts VALUES (?, ?, ?, ?)"
-
-
 @functools.lru_cache(maxsize=64)
 def _marks(n: int) -> str:
     """``?,?,..``: ``n`` parameters (an IN list)."""
@@ -664,27 +660,18 @@ class SqliteStore:
 
     def _flush_values(self) -> None:
         # One multi-row statement per table, not a step per row (``executemany`` of many rows): the sqlite3 module
-        # lets go of the GIL around every step (a send's commit waits for the event loop to give it back). The
-        # usual one row (a send: ``next_seq``; its sub-queue's counts) takes the prepared statement as it is.
-        many = self._db.executemany
+        # lets go of the GIL around every step (a send's commit waits for the event loop to give it back).
         meta = self._meta_values
         if meta:
-            if len(meta) == 1:
-                many(_META_ONE, meta.items())
-            else:
-                self._insert_rows("meta", 2, [v for item in meta.items() for v in item], len(meta))
+            self._insert_rows("meta", 2, [v for item in meta.items() for v in item], len(meta))
             meta.clear()
         counts = self._count_values
         if counts:
-            if len(counts) == 1:
-                ((slot, queue), (n, size)) = counts.popitem()
-                many(_COUNTS_ONE, ((slot, queue, n, size),))
-            else:
-                values: list[Any] = []
-                for (slot, queue), (n, size) in counts.items():
-                    values += (slot, queue, n, size)
-                self._insert_rows("counts", 4, values, len(counts))
-                counts.clear()
+            values: list[Any] = []
+            for (slot, queue), (n, size) in counts.items():
+                values += (slot, queue, n, size)
+            self._insert_rows("counts", 4, values, len(counts))
+            counts.clear()
 
     def _insert_rows(self, table: str, width: int, values: list[Any], rows: int) -> None:
         """``INSERT OR REPLACE`` of ``rows`` rows of ``width`` columns (``values`` flat, row after row) into
