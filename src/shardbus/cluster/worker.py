@@ -368,10 +368,28 @@ class WorkerConnection:
         # off the loop then, so that the worker's other partitions keep being served meanwhile.
         if all(p.healthy for p in self.host.partitions.values()):
             return self.host.tick(clocks)
-        return self.worker.in_thread(self.host.tick, clocks)
+        # The health it answers is read on the loop once the tick is done, not in its thread: a partition's
+        # ``start`` (another thread) may finish meanwhile and answer first, and a snapshot taken before that, sent
+        # after it, would mark the partition down again at the front end until the next tick.
+        answer: Future = Future()
+
+        def ticked(f: Future) -> None:
+            self.worker.call_soon(_settle_with, answer, f, self.host.health)
+
+        self.worker.in_thread(self.host.tick, clocks).add_done_callback(ticked)
+        return answer
 
     def _health(self, _key: str) -> dict[str, str | None]:
         return self.host.health()
+
+
+def _settle_with(answer: Future, done: Future, value: Callable[[], Any]) -> None:
+    """Complete ``answer`` as ``done`` ended: its exception, or else ``value()`` read now (on the loop)."""
+    exc = done.exception()
+    if exc is not None:
+        answer.set_exception(exc)
+    else:
+        answer.set_result(value())
 
 
 def _lifecycle(name: str) -> Handler:
