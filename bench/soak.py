@@ -88,6 +88,12 @@ RECEIVER_OPTIONS = {"prefetch_count": 20, "keep_alive": None}
 # hands it over at once. Asked for 20, the SDK waits up to 0.2 s after the first message for the batch to fill
 # (``_further_pull_receive_timeout``), and the receive latency was mostly that wait (p50 ~118 ms at this rate).
 TAKE = 1
+# Competing consumers per timed entity, as a Service Bus application scales out: soak-q gets ``2 * CONSUMERS``
+# receivers, each subscription ``CONSUMERS`` (each its own client and connection, as separate processes would).
+# With one receiver per subscription and two on soak-q (``--consumers 1``, the load before issue #28's point 6),
+# 89% of the slowest 1% of first deliveries found their consumer still busy settling the messages ahead of them,
+# one round trip each: the receive p99 measured the load's own backlog, not the broker's delivery.
+CONSUMERS = 2
 CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://\S+)$")
 
 
@@ -386,6 +392,86 @@ class Probe:
         self.db.close()
 
 
+class Disk:
+    """The disk's own stalls, per interval, read from the kernel once a second (``/proc/diskstats`` for the device
+    under the data directory, ``/proc/pressure/io``): what the commit probe (``Probe``), which syncs ten times a
+    second, meets only by luck. A stall of 100-280 ms a few times an hour is invisible in a per-interval average,
+    so each figure is the worst second of the interval:
+
+        disk_ms   the device's time per completed write and flush request in the worst second (ms): the
+                  kernel's own await, what an fdatasync waits for once its request is queued
+        io_stall  in the worst second, the time some task on the machine was stalled waiting for I/O (PSI
+                  ``some``, ms of that second), anyone's: the broker's, the other tenants', the probe's
+
+    Both are printed beside the latencies and neither enters the "net" drift: the broker issues most of the
+    requests on its own data disk (its checkpoints write megabytes at once, and its own fsyncs are PSI stall
+    time), so its own work moves them too; they say when the disk stalled, not how much of a tail is the
+    machine's (docs/operations.md, "The soak"). Absent files (no PSI, no such device) read as not measured."""
+
+    def __init__(self, root: Path, period: float = 1.0) -> None:
+        self.period = period
+        dev = os.stat(root).st_dev
+        self.device = f"{os.major(dev)} {os.minor(dev)}"
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.worst_await: float = float("nan")
+        self.worst_stall: float = float("nan")
+        self.thread = threading.Thread(target=self._run, name="probe-disk", daemon=True)
+
+    def _read(self) -> tuple[tuple[int, int] | None, int | None]:
+        """((write + flush requests completed, ms spent on them), PSI io some total in us)."""
+        requests = None
+        try:
+            for line in Path("/proc/diskstats").read_text().splitlines():
+                f = line.split()
+                if f"{f[0]} {f[1]}" == self.device:
+                    # writes completed, ms writing (fields 5 and 8 after the name); flushes and ms flushing (18, 19)
+                    done = int(f[7]) + (int(f[18]) if len(f) > 19 else 0)
+                    spent = int(f[10]) + (int(f[19]) if len(f) > 19 else 0)
+                    requests = (done, spent)
+                    break
+        except (OSError, ValueError, IndexError):
+            pass
+        stall = None
+        try:
+            for line in Path("/proc/pressure/io").read_text().splitlines():
+                if line.startswith("some "):
+                    stall = int(line.rsplit("total=", 1)[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        return requests, stall
+
+    def _run(self) -> None:
+        before = self._read()
+        while not self.stop.wait(self.period):
+            now = self._read()
+            (req0, stall0), (req1, stall1) = before, now
+            before = now
+            with self.lock:
+                if req0 and req1 and req1[0] > req0[0]:
+                    wait = (req1[1] - req0[1]) / (req1[0] - req0[0])
+                    if not wait <= self.worst_await:  # (nan: the first of the interval)
+                        self.worst_await = wait
+                if stall0 is not None and stall1 is not None:
+                    stalled = (stall1 - stall0) / 1000
+                    if not stalled <= self.worst_stall:
+                        self.worst_stall = stalled
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def take(self) -> tuple[float, float]:
+        """The interval's worst second: (ms per write/flush request, ms of I/O stall)."""
+        with self.lock:
+            out = self.worst_await, self.worst_stall
+            self.worst_await = self.worst_stall = float("nan")
+            return out
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
 STALL_MS = 3.0  # a traced event at least this long is a stall that may explain a slow send
 
 
@@ -587,10 +673,20 @@ def _pct_ci(values: list[float], q: float, z: float = 1.96) -> tuple[float, floa
 # load
 # --------------------------------------------------------------------------------------------------------------
 class Load:
-    def __init__(self, conn: str, ledger: Ledger, rate: float) -> None:
+    def __init__(
+        self, conn: str, ledger: Ledger, rate: float, consumers: int = CONSUMERS, prefetch: int | None = None
+    ) -> None:
         self.conn = conn
         self.ledger = ledger
         self.rate = rate
+        self.consumers = consumers
+        self.receiver_options = dict(RECEIVER_OPTIONS)
+        if prefetch is not None:
+            self.receiver_options["prefetch_count"] = prefetch
+        # soak-q's "abandon once" messages the consumers have abandoned: shared, since the redelivery may reach
+        # another consumer (which must complete it, not abandon it again towards MaxDeliveryCount)
+        self.abandoned: set[str] = set()
+        self.abandoned_lock = threading.Lock()
         self.producing = threading.Event()
         self.producing.set()
         self.consuming = threading.Event()
@@ -612,9 +708,9 @@ class Load:
         # so that one slow send does not hold up the schedule of every other
         producers = [partial(self._produce_q, i) for i in range(SENDERS)]
         producers += [self._produce_ttl, self._produce_sessions, self._produce_topic]
-        consumers = [self._consume_q, self._consume_q, self._consume_dlq, self._consume_ttl]
+        consumers = [self._consume_q] * (2 * self.consumers) + [self._consume_dlq, self._consume_ttl]
         consumers += [self._consume_sessions, self._consume_sessions]
-        consumers += [partial(self._consume_sub, s) for s in SUBS]
+        consumers += [partial(self._consume_sub, s) for s in SUBS for _ in range(self.consumers)]
         for target in producers + consumers:
             name = getattr(target, "__name__", None) or f"{target.func.__name__}:{target.args[0]}"
             t = threading.Thread(target=self._guard, args=(target,), name=name, daemon=True)
@@ -706,10 +802,11 @@ class Load:
                 self._send(sender, messages, records, due)
 
     def _consume_q(self) -> None:
-        abandoned: set[str] = set()
+        abandoned, abandoned_lock = self.abandoned, self.abandoned_lock
         deferred: list[int] = []
         deferred_since = 0.0
-        with self.client() as client, client.get_queue_receiver(Q, max_wait_time=1, **RECEIVER_OPTIONS) as receiver:
+        options = self.receiver_options
+        with self.client() as client, client.get_queue_receiver(Q, max_wait_time=1, **options) as receiver:
             while self.consuming.is_set():
                 asked = time.monotonic()
                 got = receiver.receive_messages(max_message_count=TAKE, max_wait_time=1)
@@ -717,8 +814,13 @@ class Load:
                     mid = str(msg.message_id)
                     plan = (msg.application_properties or {}).get(b"plan", b"complete").decode()
                     self.ledger.event(mid, Q, "received", asked)
-                    if plan == "abandon-always" or (plan == "abandon-once" and mid not in abandoned):
-                        abandoned.add(mid)
+                    with abandoned_lock:
+                        abandon = plan == "abandon-always" or (plan == "abandon-once" and mid not in abandoned)
+                        if abandon:
+                            abandoned.add(mid)
+                        else:
+                            abandoned.discard(mid)
+                    if abandon:
                         self._settle(receiver.abandon_message, msg, Q, "abandoned")
                     elif plan == "dead-letter":
                         self._settle(
@@ -730,7 +832,6 @@ class Load:
                             deferred_since = deferred_since if deferred else time.monotonic()
                             deferred.append(msg.sequence_number)
                     else:
-                        abandoned.discard(mid)
                         self._settle(receiver.complete_message, msg, Q, "completed", timed=True)
                 if deferred and (len(deferred) >= 20 or not got or time.monotonic() - deferred_since > 0.5):
                     try:
@@ -811,7 +912,7 @@ class Load:
         with ServiceBusClient.from_connection_string(self.conn, retry_total=0) as client:
             while self.consuming.is_set():
                 receiver = client.get_queue_receiver(
-                    S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1, **RECEIVER_OPTIONS
+                    S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1, **self.receiver_options
                 )
                 try:
                     receiver.__enter__()
@@ -856,7 +957,7 @@ class Load:
         where = f"{TOPIC}/{sub}"
         with (
             self.client() as client,
-            client.get_subscription_receiver(TOPIC, sub, max_wait_time=1, **RECEIVER_OPTIONS) as receiver,
+            client.get_subscription_receiver(TOPIC, sub, max_wait_time=1, **self.receiver_options) as receiver,
         ):
             while self.consuming.is_set():
                 asked = time.monotonic()
@@ -1044,6 +1145,13 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=float, default=DEFAULT_RATE, help="messages a second to soak-q, open loop (others in proportion)"
     )
     parser.add_argument("--workers", type=int, default=0, help="shardbus serve --workers")
+    parser.add_argument(
+        "--consumers", type=int, default=CONSUMERS,
+        help="competing consumers per subscription (soak-q gets twice as many); 1: the load before issue #28.6",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefetch", type=int, help=f"the timed receivers' prefetch_count ({RECEIVER_OPTIONS['prefetch_count']})"
+    )
     parser.add_argument("--drain", type=float, default=90.0, help="seconds the final drain may take at most")
     parser.add_argument("--data-dir", type=Path, help="where the broker's data goes (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
@@ -1057,20 +1165,23 @@ def main(argv: list[str] | None = None) -> int:
     trace = root / "stalls.trace" if args.trace else None
     broker = Broker(root, args.workers, trace)
     ledger = Ledger()
-    load = Load(broker.connection_string, ledger, args.rate)
+    load = Load(broker.connection_string, ledger, args.rate, args.consumers, args.prefetch)
     probe = Probe(root)
+    disk = Disk(root)
     client_stalls = ClientStalls()
     if trace is not None:
         client_stalls.start()
     print(f"soak: {args.minutes:g} min at {args.rate:g} msg/s to {Q} (+ {TTL_Q}, {S_Q}, {TOPIC}); broker pid "
-          f"{broker.proc.pid}, workers={args.workers}, data in {root}", flush=True)  # fmt: skip
+          f"{broker.proc.pid}, workers={args.workers}, consumers={args.consumers}, "
+          f"prefetch={load.receiver_options['prefetch_count']}, data in {root}", flush=True)  # fmt: skip
     print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
           f"{'recv_p50':>9} {'recv_p99':>9} {'cmpl_p50':>9} {'cmpl_p99':>9} {'errors':>7} {'sqlite':>8} "
-          f"{'sql_p99':>8} {'echo':>8} {'echo_p99':>8}", flush=True)  # fmt: skip
+          f"{'sql_p99':>8} {'echo':>8} {'echo_p99':>8} {'disk_ms':>8} {'io_stall':>8}", flush=True)  # fmt: skip
     rows: list[dict[str, float]] = []
     started = time.monotonic()
     load.start()
     probe.start()
+    disk.start()
     end = started + args.minutes * 60
     sent_before = 0
     errors_before = 0
@@ -1093,6 +1204,7 @@ def main(argv: list[str] | None = None) -> int:
             fds = int(statistics.median([*fd_samples, fds]))
             sends, receives, settles, settled = ledger.take_latencies()
             sqlite_ms, echo_ms = probe.take()
+            disk_ms, io_stall = disk.take()
             with ledger.lock:
                 held = time.monotonic()
                 sent_total = sum(1 for s in ledger.sent.values() if s.acked)
@@ -1109,6 +1221,7 @@ def main(argv: list[str] | None = None) -> int:
                 "send_p99_ci": _pct_ci(sends, 0.99), "recv_p99_ci": _pct_ci(receives, 0.99),
                 "settle_p99_ci": _pct_ci(settles, 0.99), "sqlite_p99_ci": _pct_ci(sqlite_ms, 0.99),
                 "echo_p99_ci": _pct_ci(echo_ms, 0.99), "n_sqlite": len(sqlite_ms), "n_echo": len(echo_ms),
+                "disk_ms": disk_ms, "io_stall": io_stall,
             }  # fmt: skip
             sent_before, errors_before = sent_total, errors
             rows.append(row)
@@ -1116,7 +1229,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['send_p50']:7.1f}ms {row['send_p99']:7.1f}ms {row['recv_p50']:7.1f}ms "
                   f"{row['recv_p99']:7.1f}ms {row['settle_p50']:7.1f}ms {row['settle_p99']:7.1f}ms "
                   f"{row['errors']:7d} {row['sqlite']:6.2f}ms {row['sqlite_p99']:6.2f}ms {row['echo']:6.3f}ms "
-                  f"{row['echo_p99']:6.3f}ms", flush=True)  # fmt: skip
+                  f"{row['echo_p99']:6.3f}ms {disk_ms:6.1f}ms {io_stall:6.0f}ms", flush=True)  # fmt: skip
         # Drain: producers stop, consumers go on until everything acknowledged reached its outcome.
         load.producing.clear()
         drain_start = time.monotonic()
@@ -1143,6 +1256,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load stopped in {time.monotonic() - stopping:.1f} s{f' (still running: {late})' if late else ''}")
     finally:
         probe.close()
+        disk.close()
         stopping = time.monotonic()
         rc_broker = broker.stop()
         print(f"broker stopped in {time.monotonic() - stopping:.1f} s", flush=True)
@@ -1167,6 +1281,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flatness: {name}: {verdict}")
             if "GREW" in verdict and len(after) >= 3 and status == 0:
                 status = 2
+        for name, what in (("disk_ms", "ms per write/flush request"), ("io_stall", "ms stalled on I/O")):
+            shown = ", ".join(f"{r[name]:.0f}" if r[name] == r[name] else "-" for r in after)
+            print(f"flatness: {name}: the disk's worst second per interval: {shown} {what} (not in the net drift)")
     if trace is not None:
         for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends, client_stalls.events,
                                  ledger.slow_recvs, ledger.sample_recvs):  # fmt: skip
