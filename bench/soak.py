@@ -14,11 +14,14 @@ Config.json written here (all partitioned, 16 partitions on Standard):
     soak-t      a topic: "all" (no rules), "red" (SQL filter color = 'red'), "blue" (correlation filter color=blue)
 
 The load is the official ``azure-servicebus`` SDK (sync), one client per thread, paced at ``--rate`` messages a
-second to soak-q (the others in proportion). Every message id is unique and recorded when its send returns.
+second to soak-q (the others in proportion). Every message id is unique and recorded when its send returns. The
+timed consumers compete as a scaled-out application's do: ``2 * --consumers`` on soak-q, ``--consumers`` on each
+subscription, each prefetching ``--prefetch`` (1) message, so a message goes to a consumer that is free for it.
 
 Every ``--interval`` seconds one line: messages sent and settled in the interval, the broker's RSS at its end and
 open file descriptors (the median of samples through the interval; its worker processes included), and p50/p99
-latency of sends and of completes. At the end the producers stop, the consumers drain until every acknowledged
+latency of sends, first deliveries and completes, the machine's own (``Probe``) and the disk's worst second
+(``Disk``). At the end the producers stop, the consumers drain until every acknowledged
 message has its final outcome (or ``--drain`` s pass), and each message id is reconciled:
 
     lost          acknowledged and never reached its outcome (fails the run)
@@ -32,7 +35,8 @@ and flatness: RSS, file descriptors and latencies of each interval after the fir
 second interval's; the run fails (exit status 2) when RSS or descriptors grow by more than 10% (judged with at least
 three intervals after warm-up). Latencies are printed with their ratios but do not decide (the machine is shared).
 
-    python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--data-dir DIR] [--keep]
+    python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
+        [--data-dir DIR] [--keep] [--trace]
 """
 
 from __future__ import annotations
@@ -81,19 +85,27 @@ SENDER_OPTIONS = {"keep_alive": None}
 # The same thread on the timed receivers (soak-q, sessions, the topic), every 5 s: a receiver without prefetch gets
 # a keep-alive of 5 s whatever it asks for (``keep_alive_interval=... if prefetch_count != 0 else 5``), and each
 # round holds the socket 0.2 s, so a complete on that connection took 100-200 ms about every 5 s (the completes'
-# p99 read ~99 ms), and the 20 messages the consumer had in hand waited behind it (the receive p99). A prefetch of
-# one batch lets the keep-alive be switched off; a message prefetched is locked as one received (lock 10 s).
+# p99 read ~99 ms), and the 20 messages the consumer had in hand waited behind it (the receive p99). Any prefetch
+# lets the keep-alive be switched off; a message prefetched is locked as one received (lock 10 s). The session
+# consumers prefetch 20; the timed ones ``TIMED_PREFETCH`` (below).
 RECEIVER_OPTIONS = {"prefetch_count": 20, "keep_alive": None}
 # The consumers whose receive latency is measured (soak-q, the topic) take one message per call: the prefetch buffer
 # hands it over at once. Asked for 20, the SDK waits up to 0.2 s after the first message for the batch to fill
 # (``_further_pull_receive_timeout``), and the receive latency was mostly that wait (p50 ~118 ms at this rate).
 TAKE = 1
 # Competing consumers per timed entity, as a Service Bus application scales out: soak-q gets ``2 * CONSUMERS``
-# receivers, each subscription ``CONSUMERS`` (each its own client and connection, as separate processes would).
-# With one receiver per subscription and two on soak-q (``--consumers 1``, the load before issue #28's point 6),
-# 89% of the slowest 1% of first deliveries found their consumer still busy settling the messages ahead of them,
-# one round trip each: the receive p99 measured the load's own backlog, not the broker's delivery.
+# receivers, each subscription ``CONSUMERS`` (each its own client and connection, as separate processes would),
+# and each of them prefetches ``TIMED_PREFETCH`` message, so that the broker hands a message to a consumer that is
+# free for it. With one receiver per subscription and two on soak-q prefetching 20 (``--consumers 1 --prefetch
+# 20``, the load before issue #28's point 6), 79-89% of the slowest 1% of first deliveries found their consumer
+# still busy settling the messages ahead of them (a send of 5 filled one consumer's prefetch buffer, which it
+# settles one by one, a round trip each): the receive p99 measured the load's own backlog, not the broker's
+# delivery. More consumers alone did not change that (a link with credit for 20 takes all five); credit for one
+# each spreads a batch over the free consumers (docs/operations.md, "The soak"). The SDK asks for the next credit
+# when it next works its connection with none left, that is, inside the complete that follows each receive: a
+# complete then carries the broker's answer to that flow as well (``cmpl_*`` ~0.5 ms more at p50).
 CONSUMERS = 2
+TIMED_PREFETCH = 1
 CONNECTION_STRING = re.compile(r"^connection string: (Endpoint=sb://\S+)$")
 
 
@@ -680,9 +692,8 @@ class Load:
         self.ledger = ledger
         self.rate = rate
         self.consumers = consumers
-        self.receiver_options = dict(RECEIVER_OPTIONS)
-        if prefetch is not None:
-            self.receiver_options["prefetch_count"] = prefetch
+        # the timed consumers' (soak-q, the subscriptions); the session consumers keep RECEIVER_OPTIONS
+        self.receiver_options = {**RECEIVER_OPTIONS, "prefetch_count": TIMED_PREFETCH if prefetch is None else prefetch}
         # soak-q's "abandon once" messages the consumers have abandoned: shared, since the redelivery may reach
         # another consumer (which must complete it, not abandon it again towards MaxDeliveryCount)
         self.abandoned: set[str] = set()
@@ -912,7 +923,7 @@ class Load:
         with ServiceBusClient.from_connection_string(self.conn, retry_total=0) as client:
             while self.consuming.is_set():
                 receiver = client.get_queue_receiver(
-                    S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1, **self.receiver_options
+                    S_Q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1, **RECEIVER_OPTIONS
                 )
                 try:
                     receiver.__enter__()
@@ -1150,7 +1161,7 @@ def main(argv: list[str] | None = None) -> int:
         help="competing consumers per subscription (soak-q gets twice as many); 1: the load before issue #28.6",
     )  # fmt: skip
     parser.add_argument(
-        "--prefetch", type=int, help=f"the timed receivers' prefetch_count ({RECEIVER_OPTIONS['prefetch_count']})"
+        "--prefetch", type=int, default=TIMED_PREFETCH, help="prefetch_count of the receivers of soak-q and the topic"
     )
     parser.add_argument("--drain", type=float, default=90.0, help="seconds the final drain may take at most")
     parser.add_argument("--data-dir", type=Path, help="where the broker's data goes (default: a temporary folder)")
