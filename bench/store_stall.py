@@ -14,8 +14,8 @@ its own ``GroupCommitter``. Every ``--every`` seconds a stall is injected for ``
               on a device that stalls does
 
 and the latency of each commit to a store that was *not* stalled (all of them for ``disk``; from its due time to its
-future's result) is split into "during a stall" (due inside a window, from 50 ms before it to 50 ms after it) and
-"quiet". Pools of different sizes
+future's result) is split into "during a stall" (due inside a window, from 50 ms before it to 50 ms after it),
+"after" (due 50-250 ms after a window: the catch-up of what queued during it) and "quiet". Pools of different sizes
 are run in rounds one after the other (``--pools 8,64``), each round's shapes interleaved.
 
     python bench/store_stall.py [--stores 64] [--rate 90] [--stall 280] [--every 2] [--seconds 20]
@@ -40,6 +40,7 @@ from shardbus.store.sqlite import SqliteStore
 
 ROW = b"m" * 1024
 AFTER = 0.05  # a commit due this long before or after a stall window still counts as "during"
+CATCH_UP = 0.25  # commits due from AFTER to this long after a window count as "after" (the catch-up), not "quiet"
 
 
 class StallableStore:
@@ -113,13 +114,18 @@ def run(stores: int, rate: float, stall: float, every: float, seconds: float, sh
         s.close()
     executor.shutdown()
     shutil.rmtree(root, ignore_errors=True)
-    during, quiet = [], []
+    during, after, quiet = [], [], []
     for t, latency, i in results:
         hit = [w for w in windows if w[0] - AFTER <= t < w[1] + AFTER]
         if any(w[2] is None or i in w[2] for w in hit) and shape != "disk":
             continue  # a stalled store's own commit (or one queued behind it in its store): not what is asked
-        (during if hit else quiet).append(latency * 1000)
-    return {"during": during, "quiet": quiet}
+        if hit:
+            during.append(latency * 1000)
+        elif any(w[1] + AFTER <= t < w[1] + CATCH_UP for w in windows):
+            after.append(latency * 1000)
+        else:
+            quiet.append(latency * 1000)
+    return {"during": during, "after": after, "quiet": quiet}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -152,18 +158,21 @@ def main() -> None:
     print(f"{args.stores} stores, {args.rate:g} commits/s, stalls of {args.stall:g} ms every {args.every:g} s, "
           f"{args.seconds:g} s x {args.rounds} rounds; latency of commits to stores that did not stall "
           "(disk: of all) in ms")  # fmt: skip
-    print(f"{'shape':>10} {'pool':>5} {'n during':>9} {'p50':>7} {'p99':>7} {'max':>7}   {'n quiet':>8} {'p50':>7} "
-          f"{'p99':>7}")  # fmt: skip
+    print(f"{'shape':>10} {'pool':>5} {'n during':>9} {'p50':>7} {'p99':>7} {'max':>7}   {'n after':>8} {'p50':>7} "
+          f"{'p99':>7}   {'n quiet':>8} {'p50':>7} {'p99':>7}")  # fmt: skip
     for (shape, pool), runs in got.items():
         during = [x for r in runs for x in r["during"]]
+        after = [x for r in runs for x in r["after"]]
         quiet = [x for r in runs for x in r["quiet"]]
         print(f"{shape:>10} {pool:5d} {len(during):9d} {_pct(during, 0.5):7.2f} {_pct(during, 0.99):7.1f} "
-              f"{max(during, default=float('nan')):7.1f}   {len(quiet):8d} {_pct(quiet, 0.5):7.2f} "
+              f"{max(during, default=float('nan')):7.1f}   {len(after):8d} {_pct(after, 0.5):7.2f} "
+              f"{_pct(after, 0.99):7.1f}   {len(quiet):8d} {_pct(quiet, 0.5):7.2f} "
               f"{_pct(quiet, 0.99):7.1f}")  # fmt: skip
-        per_round = [_pct(r["during"], 0.99) for r in runs]
-        if len(per_round) > 1:
-            print(f"{'':>16} p99 during per round: {', '.join(f'{v:.1f}' for v in per_round)} "
-                  f"(median {statistics.median(per_round):.1f})")  # fmt: skip
+        if len(runs) > 1:
+            for name in ("during", "after", "quiet"):
+                per_round = [_pct(r[name], 0.99) for r in runs]
+                print(f"{'':>16} p99 {name} per round: {', '.join(f'{v:.1f}' for v in per_round)} "
+                      f"(median {statistics.median(per_round):.1f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ report."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,22 @@ def test_the_receive_report_splits_the_send_from_the_delivery() -> None:
     assert "50% with the consumer busy" in lines[0] and "50% with it waiting" in lines[0]
     assert "50% received before their send returned" in lines[1]
     assert any("'soak-q x5'" in line for line in lines)
+
+
+def test_the_disk_yardstick_keeps_each_intervals_worst_second(tmp_path: Path) -> None:
+    disk = soak.Disk(tmp_path, period=0.05)
+    if disk._read() == (None, None):
+        pytest.skip("neither /proc/diskstats for this device nor /proc/pressure/io here")
+    disk.start()
+    try:
+        for _ in range(10):  # writes and flushes of our own, so the device has requests to time
+            fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+            os.write(fd, b"x" * 4096)
+            os.fsync(fd)
+            os.close(fd)
+            time.sleep(0.03)
+    finally:
+        disk.close()
+    awaited, stalled = disk.take()
+    assert awaited >= 0 or stalled >= 0  # at least one measured (nan compares false)
+    assert all(v != v for v in disk.take())  # a new interval starts with nothing measured
