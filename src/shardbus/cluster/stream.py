@@ -7,8 +7,8 @@ here:
     opening --(wrong answer, a peer that is not ours, timeout)--> closed
 
 - Opening, worker side (``server=True``): on connect it writes ``wire.challenge()`` and waits for the front end's
-  answer (``wire.ANSWER_BYTES``); a right one gets ``wire.ACCEPTED`` and the stream is open, a wrong one closes
-  it. A peer that says nothing is closed after ``HANDSHAKE_TIMEOUT``.
+  answer (``wire.ANSWER_BYTES``); a right one gets ``wire.ACCEPTED`` and the stream is open, a wrong one gets
+  ``wire.REFUSED`` and the stream closes. A peer that says nothing is closed after ``HANDSHAKE_TIMEOUT``.
 - Opening, front-end side: it waits for the challenge, writes its answer, and is open once ``ACCEPTED`` arrives
   (``opened`` resolves; it fails if the connection closes first or the peer is not a shardbus worker).
 - Open: received bytes feed a streaming unpacker and each complete frame goes to ``on_frame`` at once, on the
@@ -84,7 +84,8 @@ class FrameStream(asyncio.Protocol):
             self._timer.cancel()
         self._queued = []
         if not self.opened.done():
-            self.opened.set_exception(ConnectionError(f"the connection closed during the handshake ({exc})"))
+            why = f" ({exc})" if exc is not None else ""
+            self.opened.set_exception(ConnectionError(f"the connection closed during the handshake{why}"))
             self.opened.exception()  # retrieved: nobody may be waiting for it any more
         if not self.closed.done():
             self.closed.set_result(None)
@@ -100,7 +101,8 @@ class FrameStream(asyncio.Protocol):
                 return
             reply, rest = head[: wire.ANSWER_BYTES], head[wire.ANSWER_BYTES :]
             if not wire.accepts(self.key, self._nonce, reply):
-                log.warning("a cluster connection did not prove the cluster key: closed")
+                log.warning("a cluster connection did not prove the cluster key: refused")
+                self.transport.write(wire.REFUSED)  # type: ignore[union-attr]
                 self.close()
                 return
             self.transport.write(wire.ACCEPTED)  # type: ignore[union-attr]
@@ -119,7 +121,12 @@ class FrameStream(asyncio.Protocol):
                     self._head = b""
                     return
             if head[:1] != wire.ACCEPTED:
-                self._fail_opening(PermissionError("the worker refused the cluster key"))
+                refused = head[:1] == wire.REFUSED
+                self._fail_opening(
+                    PermissionError("the worker refused the cluster key (its --key differs)")
+                    if refused
+                    else ValueError("the peer is not a shardbus worker")
+                )
                 return
             rest = head[1:]
         self._head = b""

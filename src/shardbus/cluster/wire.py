@@ -150,6 +150,7 @@ NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
 ANSWER_BYTES = len(MAGIC) + hashlib.sha256().digest_size  # front end -> worker
 ACCEPTED = b"\x01"  # worker -> front end: the answer was right, frames follow
+REFUSED = b"\x00"  # worker -> front end: the answer was wrong (then it closes)
 # The largest frame a reader buffers: an enqueue's batch (a send of up to 100 MB, as the premium tier allows, and
 # its records) with room to spare; a bigger one is a broken peer.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
