@@ -126,3 +126,28 @@ def test_a_dropped_connection_fails_calls_in_flight_and_comes_back(worker) -> No
         assert link.call(None, "", "health", [], time.time()).result(5) == {}
     finally:
         client.close()
+
+
+def test_a_big_frame_leaves_no_big_reader_behind() -> None:
+    """A reader keeps its buffer at the biggest frame it read: after one over ``KEEP_READER_BELOW`` the stream
+    starts a new reader, and the frame that was only partly received continues on it."""
+    import asyncio
+
+    from shardbus.cluster.stream import FrameStream
+
+    async def main() -> None:
+        got: list[list] = []
+        stream = FrameStream(KEY, server=False, on_frame=got.append)
+        stream._open()
+        big = wire.pack_frame([1, True, b"x" * (2 * wire.KEEP_READER_BELOW), None])
+        small = [wire.pack_frame([i, True, b"y" * 100, None]) for i in range(2, 6)]
+        data = small[0] + big + small[1] + small[2][:50]  # ends inside a frame
+        first = stream._reader
+        for i in range(0, len(data), 65536):
+            stream.data_received(data[i : i + 65536])
+        assert stream._reader is not first
+        stream.data_received(small[2][50:] + small[3])
+        assert [f[0] for f in got] == [2, 1, 3, 4, 5]
+        assert got[1][2] == b"x" * (2 * wire.KEEP_READER_BELOW)
+
+    asyncio.run(main())

@@ -18,7 +18,8 @@ here:
   flight: ``remote.WorkerLink._lost``).
 
 Memory: the handshake's few bytes, a turn's queued frames, and one partial frame in the unpacker (bounded by
-``wire.MAX_FRAME_BYTES``).
+``wire.MAX_FRAME_BYTES``); an unpacker keeps its buffer at the largest frame it read, so after a frame bigger than
+``wire.KEEP_READER_BELOW`` the stream starts a new one.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class FrameStream(asyncio.Protocol):
         self._head = b""  # handshake bytes received so far
         self._nonce = b""
         self._reader = wire.reader()
+        self._fed = 0  # bytes fed to the reader
+        self._frame_start = 0  # the reader's position where its next frame begins
         self._queued: list[bytes] = []
         self._timer: asyncio.TimerHandle | None = None
 
@@ -145,6 +148,7 @@ class FrameStream(asyncio.Protocol):
     def _fail_opening(self, exc: Exception) -> None:
         if not self.opened.done():
             self.opened.set_exception(exc)
+            self.opened.exception()  # retrieved: a worker's side has nobody waiting for it
         self.close()
 
     def _give_up(self) -> None:
@@ -154,13 +158,28 @@ class FrameStream(asyncio.Protocol):
     # --- frames (open) -----------------------------------------------------------------------------
     def _frames(self, data: bytes) -> None:
         reader = self._reader
+        start = self._frame_start  # where the next frame begins in the reader's stream
+        big = False
         try:
             reader.feed(data)
+            self._fed += len(data)
             for frame in reader:
+                end = reader.tell()
+                big = big or end - start > wire.KEEP_READER_BELOW
+                start = end
                 self.on_frame(frame)
         except Exception as exc:  # a frame we cannot read: the stream is lost (the caller fails what was in flight)
             log.warning("closing a cluster connection: unreadable frame (%s: %s)", type(exc).__name__, exc)
             self.close()
+            return
+        self._frame_start = start
+        if big:  # a new reader, given the partial frame that follows (it began in ``data``: a frame ended there)
+            rest = self._fed - start
+            self._reader = wire.reader()
+            self._fed = self._frame_start = 0
+            if rest:
+                self._reader.feed(data[len(data) - rest :])
+                self._fed = rest
 
     def write(self, frames: list[bytes]) -> None:
         """Write packed frames now, in one call (on the loop thread)."""

@@ -24,7 +24,8 @@ Frames (in order on each connection):
 ``now`` is the caller's clock (workers started with ``clock="caller"`` run on it, so tests can move time);
 ``health`` is None while the partition is healthy, else the reason it is not.
 
-Memory: an ``Unpacker`` holds at most one partial frame beyond what it has handed out (``MAX_FRAME_BYTES``).
+Memory: a stream's reader holds at most one partial frame (``MAX_FRAME_BYTES``), and a reader that read a big one
+is replaced (``KEEP_READER_BELOW``).
 """
 
 from __future__ import annotations
@@ -154,6 +155,9 @@ REFUSED = b"\x00"  # worker -> front end: the answer was wrong (then it closes)
 # The largest frame a reader buffers: an enqueue's batch (a send of up to 100 MB, as the premium tier allows, and
 # its records) with room to spare; a bigger one is a broken peer.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
+# A reader keeps its buffer at the largest frame it read: after a bigger frame than this the stream starts a new
+# one (``stream.py``), so one 100 MB message does not hold 100 MB for as long as the connection lasts.
+KEEP_READER_BELOW = records.KEEP_PACKER_BELOW
 
 
 def _default(value: Any) -> Any:
@@ -211,7 +215,7 @@ def _unpack(data: bytes) -> Any:
 
 
 def pack_frame(frame: list[Any]) -> bytes:
-    """One frame's bytes, as they go on the stream (``Reader`` reads them back)."""
+    """One frame's bytes, as they go on the stream (``reader`` reads them back)."""
     return _pack(frame)
 
 
