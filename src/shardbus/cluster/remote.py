@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from functools import partial
 from typing import Any
 
@@ -215,12 +215,15 @@ class WorkerLink:
         future, partition = self._pending.pop(request_id, (None, None))
         if partition is not None:
             partition.failure = health
-        if future is None or future.done():
+        if future is None:
             return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(wire.decode_error(value))
+        try:  # no done() first: it takes the future's lock once more, and a cancelled one is rare
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(wire.decode_error(value))
+        except InvalidStateError:  # its caller cancelled it
+            pass
 
     def _lost(self, reason: str) -> None:
         self.connected = False
