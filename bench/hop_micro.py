@@ -5,7 +5,7 @@ interleaved.
 
 bench/scale.py measures the hop end to end through real clients on a shared machine, where a round's CPU per
 message moves by a fifth; this leaves out the endpoint and the clients, so what differs between the two lines is
-the hop alone (codec, the AMQP engine both ways, futures, hand-offs, sockets) and it is steady enough to compare a
+the hop alone (codec, framing both ways, futures, hand-offs, sockets) and it is steady enough to compare a
 change to the cluster wire against its base (``--base DIR`` runs the same from another checkout in a child
 process, interleaved).
 

@@ -1,13 +1,15 @@
-"""The cluster wire format: several frames in one transfer, in order, and values that survive the trip."""
+"""The cluster wire format: frames back to back on a stream, in order, the handshake, and values that survive
+the trip."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 
+import pytest
+
 from shardbus.cluster import wire
 from shardbus.model.message import BodyType, Message, MessageState, SubQueue
-from shardbus.partition.broker import Settle
 
 
 def _message(i: int) -> Message:
@@ -28,34 +30,45 @@ def _same(a: Message, b: Message) -> bool:
     )
 
 
-def test_frames_share_transfers_in_order() -> None:
+def _read(chunks: list[bytes]) -> list[list]:
+    """The frames a stream's reader gives for these received chunks, in order."""
+    reader = wire.reader()
+    out = []
+    for chunk in chunks:
+        reader.feed(chunk)
+        out.extend(reader)
+    return out
+
+
+def test_frames_read_back_in_order_however_the_stream_splits_them() -> None:
     frames = [[i, "ns/entities/1/p00.db", 1.5, "enqueue", [[_message(i)], SubQueue.DEAD_LETTER]] for i in range(1, 40)]
-    payloads = wire.transfers([wire.pack_frame(f) for f in frames])
-    assert len(payloads) == 1
-    got = wire.decode_frames(payloads[0])
-    assert [g[0] for g in got] == list(range(1, 40))
-    for sent, back in zip(frames, got, strict=True):
-        assert _same(sent[4][0][0], back[4][0][0])
-        assert back[4][1] is SubQueue.DEAD_LETTER
+    stream = b"".join(wire.pack_frame(f) for f in frames)
+    for size in (1, 7, 1000, len(stream)):  # one byte at a time, odd cuts, all at once
+        got = _read([stream[i : i + size] for i in range(0, len(stream), size)])
+        assert [g[0] for g in got] == list(range(1, 40))
+        for sent, back in zip(frames, got, strict=True):
+            assert _same(sent[4][0][0], back[4][0][0])
+            assert back[4][1] is SubQueue.DEAD_LETTER
 
 
-def test_big_batches_split_and_a_big_frame_travels_alone() -> None:
-    big = [1, True, b"x" * (wire.BATCH_BYTES + 10), None]
+def test_a_big_frame_between_small_ones() -> None:
+    big = [1, True, b"x" * (4 * 1024 * 1024), None]
     small = [[i, True, b"y" * 1000, None] for i in range(2, 600)]
-    payloads = wire.transfers([wire.pack_frame(f) for f in [*small[:300], big, *small[300:]]])
-    assert len(payloads) >= 3
-    got = [f for p in payloads for f in wire.decode_frames(p)]
+    stream = b"".join(wire.pack_frame(f) for f in [*small[:300], big, *small[300:]])
+    got = _read([stream[i : i + 65536] for i in range(0, len(stream), 65536)])
     assert [f[0] for f in got] == [*range(2, 302), 1, *range(302, 600)]
     assert got[300][2] == big[2]
 
 
-def test_a_transfer_of_one_bare_frame_still_reads() -> None:
-    """What a worker or front end from before batching sends: one frame, not an array of them."""
-    body = wire._pack([7, True, [Settle(outcome="complete", token=uuid.uuid4())], None])
-    payload = wire._DATA_SECTION + len(body).to_bytes(4, "big") + body
-    (frame,) = wire.decode_frames(payload)
-    assert frame[0] == 7 and isinstance(frame[2][0], Settle)
-    assert wire.decode_frame(wire.encode_frame([0, "key", 3])) == [0, "key", 3]
+def test_the_handshake_proves_the_key_without_sending_it() -> None:
+    opening, nonce = wire.challenge()
+    reply = wire.answer("secret", opening)
+    assert b"secret" not in reply
+    assert wire.accepts("secret", nonce, reply)
+    assert not wire.accepts("other", nonce, reply)
+    assert not wire.accepts("secret", wire.challenge()[1], reply)  # an answer to another challenge
+    with pytest.raises(ValueError, match="AMQP"):
+        wire.answer("secret", b"AMQP\x00\x01\x00\x00")
 
 
 def test_packing_from_many_threads_at_once() -> None:
@@ -65,7 +78,7 @@ def test_packing_from_many_threads_at_once() -> None:
     def pack(t: int) -> None:
         for i in range(300):
             frame = [i, f"t{t}", [_message(i + t)]]
-            back = wire.decode_frame(wire.encode_frame(frame))
+            (back,) = _read([wire.pack_frame(frame)])
             if back[0] != i or back[1] != f"t{t}" or not _same(frame[2][0], back[2][0]):
                 failures.append(f"thread {t} frame {i}")
 
@@ -109,7 +122,7 @@ def test_compact_records_keep_every_field_and_type() -> None:
     frame = [1, "k", 2.0, "enqueue", [wire.Items(items), wire.Tokens(tokens), messages[0]]]
     reply = [1, True, wire.wrap_reply(messages), None]
     assert isinstance(reply[2], wire.Messages)
-    back_frame, back_reply = wire.decode_frames(wire.transfers([wire.pack_frame(frame), wire.pack_frame(reply)])[0])
+    back_frame, back_reply = _read([wire.pack_frame(frame) + wire.pack_frame(reply)])
     got_items, got_tokens, got_one = back_frame[4]
     assert [key for key, _ in got_items] == [key for key, _ in items]
     for (_, sent), (_, got) in zip(items, got_items, strict=True):

@@ -1,7 +1,8 @@
 """The front end's side of the cluster: partitions in worker processes that look exactly like local ones.
 
 ``RemotePartition`` has every operation of the partition interface (the table in ``partition/handle.py``): each
-one is a request to the worker that serves the partition (``wire.py`` frames on an AMQP connection) and waits for
+one is a request to the worker that serves the partition (``wire.py`` frames on a TCP stream, ``stream.py``) and
+waits for
 the answer; operations that return a store-write ``Future`` return one here too, completed when the worker's write
 is durable. Only the methods with behaviour of their own are written here; the rest are generated from the table.
 All connections to workers share one event-loop thread (``ClusterClient``); callers may be on any other thread.
@@ -33,18 +34,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from functools import partial
 from typing import Any
 
-from ..amqp import events as E
-from ..amqp.transport import AmqpClient, ClientReceiver, ClientSender
 from ..model.errors import ArgumentError, PartitionFull, PartitionUnavailable, ShardbusError
 from ..partition.handle import OPERATIONS, Items, Kind, Operation, PartitionSpec, RemoteVerdict
 from ..partition.values import SlotSettings
 from ..store import records
 from . import wire
-from .worker import CLUSTER_USER, CREDIT
+from .stream import HANDSHAKE_TIMEOUT, FrameStream
 
 log = logging.getLogger("shardbus.cluster")
 
@@ -62,7 +61,7 @@ def _done(value: Any) -> Future:
 
 
 class WorkerLink:
-    """One AMQP connection to one worker, with the partitions it serves there."""
+    """One connection to one worker (a ``FrameStream``), with the partitions it serves there."""
 
     def __init__(self, client: ClusterClient, name: str, address: tuple[str, int] | None) -> None:
         self.client = client
@@ -71,19 +70,15 @@ class WorkerLink:
         self.partitions: dict[str, RemotePartition] = {}
         self.connected = False
         self.failure = f"worker {name} is not connected yet"
-        self._amqp: AmqpClient | None = None
-        self._sender: ClientSender | None = None
-        self._receiver: ClientReceiver | None = None
+        self._stream: FrameStream | None = None
         self._pending: dict[int, tuple[Future, RemotePartition | None]] = {}
         # Requests from any thread wait in the outbox; the first one of a burst wakes the loop (one
-        # call_soon_threadsafe per burst), which packs them all into as few transfers as it can (wire.transfers).
+        # call_soon_threadsafe per burst), which writes them all in one call.
         self._lock = threading.Lock()
         self._outbox: list[bytes] = []  # packed frames
         self._flush_scheduled = False
-        self._ready: list[bytes] = []  # transfers waiting for link credit (the loop thread's)
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
-        self._wakeup = asyncio.Event()
 
     # --- calls (any thread) --------------------------------------------------------------------------
     def call(self, partition: RemotePartition | None, key: str, operation: str, args: list[Any], now: float) -> Future:
@@ -120,21 +115,9 @@ class WorkerLink:
         with self._lock:
             self._flush_scheduled = False
             frames, self._outbox = self._outbox, []
-        if frames:
-            self._ready += wire.transfers(frames)
-        sender, amqp = self._sender, self._amqp
-        if sender is None or amqp is None or not self.connected or not self._ready:
-            return
-        link = sender.link
-        count = min(len(self._ready), link.credit)
-        conn = amqp._conn
-        for payload in self._ready[:count]:
-            conn.send_transfer(link, b"", payload, settled=True)
-        del self._ready[:count]
-        if amqp._protocol is not None:
-            amqp._protocol.flush_now()  # this already runs once per burst, at the end of a loop turn
-        if self._ready:
-            self._wakeup.set()  # wait for credit in the run loop
+        stream = self._stream
+        if stream is not None and self.connected:
+            stream.write(frames)  # one write for the burst
 
     async def run(self) -> None:
         """Keep the connection up: connect, serve replies until it drops, fail what was in flight, repeat."""
@@ -160,19 +143,19 @@ class WorkerLink:
     async def _connect(self) -> None:
         assert self.address is not None
         host, port = self.address
-        amqp = await AmqpClient.connect(
-            host,
-            port,
-            sasl_mechanism="PLAIN",
-            username=CLUSTER_USER,
-            password=self.client.key,
-            timeout=5,
+        loop = asyncio.get_running_loop()
+        _, stream = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: FrameStream(self.client.key, server=False, on_frame=self._frame), host, port
+            ),
+            HANDSHAKE_TIMEOUT,
         )
-        session = await amqp.session(incoming_window=0x7FFFFFFF, outgoing_window=0x7FFFFFFF)
-        self._sender = await session.sender("$partitions", settled=True)
-        self._receiver = await session.receiver("$partitions", credit=CREDIT)
-        self._receiver.deliveries = _Deliveries(self._delivery)  # type: ignore[assignment]
-        self._amqp = amqp
+        try:
+            await asyncio.wait_for(asyncio.shield(stream.opened), HANDSHAKE_TIMEOUT)
+        except BaseException:
+            stream.close()
+            raise
+        self._stream = stream
         self.connected = True
         self.failure = ""
         log.info("connected to worker %s at %s:%s", self.name, host, port)
@@ -216,54 +199,43 @@ class WorkerLink:
                 break
 
     async def _serve(self) -> None:
-        """Until the connection ends: send what waits for credit (replies arrive through ``_delivery``)."""
-        amqp = self._amqp
-        assert amqp is not None
-        closed = amqp._closed
-        while not (closed.done() or amqp._conn.is_done):
-            wake = asyncio.ensure_future(self._wakeup.wait())
-            try:
-                await asyncio.wait({wake, closed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wake.cancel()
-            self._wakeup.clear()
-            self._flush()
+        """Until the connection ends (replies arrive through ``_frame``)."""
+        stream = self._stream
+        assert stream is not None
+        await asyncio.shield(stream.closed)
 
-    def _delivery(self, delivery: E.DeliveryReceived) -> None:
-        """A reply or event, straight from the AMQP client's event handler (on the loop thread)."""
-        receiver = self._receiver
-        if receiver is not None and receiver.link.credit < CREDIT // 2:
-            receiver.grant(CREDIT)
-        for frame in wire.decode_frames(delivery.payload):
-            if frame[0] == 0:  # event: a slot gained messages
-                p = self.partitions.get(frame[1])
-                if p is not None:
-                    p._available(frame[2])
-                continue
-            request_id, ok, value, health = frame
-            future, partition = self._pending.pop(request_id, (None, None))
-            if partition is not None:
-                partition.failure = health
-            if future is None or future.done():
-                continue
+    def _frame(self, frame: list[Any]) -> None:
+        """A reply or event, as the stream reads it (on the loop thread)."""
+        if frame[0] == 0:  # event: a slot gained messages
+            p = self.partitions.get(frame[1])
+            if p is not None:
+                p._available(frame[2])
+            return
+        request_id, ok, value, health = frame
+        future, partition = self._pending.pop(request_id, (None, None))
+        if partition is not None:
+            partition.failure = health
+        if future is None:
+            return
+        try:  # no done() first: it takes the future's lock once more, and a cancelled one is rare
             if ok:
                 future.set_result(value)
             else:
                 future.set_exception(wire.decode_error(value))
+        except InvalidStateError:  # its caller cancelled it
+            pass
 
     def _lost(self, reason: str) -> None:
         self.connected = False
         self.failure = reason
-        self._sender = self._receiver = None
-        amqp, self._amqp = self._amqp, None
-        if amqp is not None and amqp._protocol is not None and amqp._protocol.transport is not None:
-            amqp._protocol.transport.close()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
         for p in self.partitions.values():
             p.failure = reason
         pending, self._pending = self._pending, {}
         with self._lock:
             self._outbox.clear()
-        self._ready.clear()
         for future, partition in pending.values():
             if not future.done():
                 future.set_exception(PartitionUnavailable(self._down_text(partition)))
@@ -271,9 +243,8 @@ class WorkerLink:
     def _abort(self, reason: str) -> None:
         """Close the connection (the run loop then fails what is in flight, reconnects and restores)."""
         log.warning("dropping the connection to worker %s: %s", self.name, reason)
-        amqp = self._amqp
-        if amqp is not None and amqp._protocol is not None and amqp._protocol.transport is not None:
-            amqp._protocol.transport.close()
+        if self._stream is not None:
+            self._stream.close()
 
     def health(self, states: dict[str, str | None]) -> None:
         for key, failure in states.items():
@@ -284,13 +255,6 @@ class WorkerLink:
                 # here: take back its sends in doubt now, as a restore would, or it stays unhealthy for good.
                 if failure is None and p.wanted and p.in_doubt:
                     p.revoke_in_doubt()
-
-
-class _Deliveries:
-    """Stands in for a ``ClientReceiver``'s queue: the AMQP client hands each delivery straight to a function."""
-
-    def __init__(self, deliver: Callable[[E.DeliveryReceived], None]) -> None:
-        self.put_nowait = deliver
 
 
 class ClusterClient:
@@ -357,11 +321,8 @@ class ClusterClient:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for link in self.links.values():
-                if link._amqp is not None:
-                    try:
-                        await asyncio.wait_for(link._amqp.close(), 2)
-                    except Exception:
-                        pass
+                if link._stream is not None:
+                    link._stream.close()
 
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5)

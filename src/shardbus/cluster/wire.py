@@ -1,18 +1,21 @@
 """What crosses the wire between front ends and partition brokers in other processes or hosts.
 
-The transport is AMQP 1.0 on our own engine (``amqp/``): one connection per front end and worker, a request link
-and a reply link, pre-settled transfers. Each transfer is a plain AMQP message whose only section is one ``data``
-section; inside it a MessagePack array of frames, each a MessagePack array that names the call and carries its
-arguments (or answers one). A sender puts every frame that waits when it writes into as few transfers as it can
-(up to ``BATCH_BYTES`` each): under load one transfer carries many requests or replies, and the per-transfer cost
-(performative, framing, events, link credit) is paid once for all of them. MessagePack because the values
-are our own Python objects (messages with every broker field, settlements, settings) that the store already packs
-this way (``store/records.py``): one encoder for disk and wire, and no AMQP type mapping of broker fields to keep
-in step with the model. Messages, by the hundred in the hot calls, travel as *compact records* (below): plain
-arrays the C packer writes without calling back into Python, a batch of them in one extension value, the body in
-each once.
+The transport is a plain byte stream (TCP) between two processes we own, one connection per front end and worker.
+It opens with an HMAC challenge: the worker sends ``MAGIC`` and a random nonce, the front end answers ``MAGIC`` and
+HMAC-SHA256(cluster key, nonce), and the worker accepts (``ACCEPTED``) or closes (``handshake`` below); the key
+itself never travels. After that each side writes frames back to back, each one MessagePack array that names the
+call and carries its arguments (or answers one), and reads them with a streaming ``msgpack.Unpacker`` (a frame's
+own MessagePack encoding says where it ends, so no length prefix is needed). A side writes every frame that
+waits in one ``writelines`` per loop turn. There is no AMQP engine on this path: per request and reply
+the cost is the frame's packing and unpacking and the futures, and per loop turn one write and one read.
 
-Frames (the elements of the MessagePack array in the data section; one transfer may mix kinds):
+MessagePack because the values are our own Python objects (messages with every broker field, settlements,
+settings) that the store already packs this way (``store/records.py``): one encoder for disk and wire, and no
+type mapping of broker fields to keep in step with the model. Messages, by the hundred in the hot calls, travel as
+*compact records* (below): plain arrays the C packer writes without calling back into Python, a batch of them in
+one extension value, the body in each once.
+
+Frames (in order on each connection):
 
     request  [id, partition key, now, operation, args]     front end -> worker
     reply    [id, ok, value | [error class, text], health]  worker -> front end
@@ -20,12 +23,17 @@ Frames (the elements of the MessagePack array in the data section; one transfer 
 
 ``now`` is the caller's clock (workers started with ``clock="caller"`` run on it, so tests can move time);
 ``health`` is None while the partition is healthy, else the reason it is not.
+
+Memory: a stream's reader holds at most one partial frame (``MAX_FRAME_BYTES``), and a reader that read a big one
+is replaced (``KEEP_READER_BELOW``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
+import hashlib
+import hmac
+import os
 import uuid
 from typing import Any
 
@@ -138,8 +146,18 @@ _RECORDS: dict[int, type] = {1: Settle, 2: SlotSettings, 3: PartitionConfig, 4: 
 _RECORD_TAGS = {cls: tag for tag, cls in _RECORDS.items()}
 _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _RECORDS.values()}
 
-_DATA_SECTION = b"\x00\x53\x75\xb0"  # described type 0x75 (data), binary with a 4-byte length
-BATCH_BYTES = 256 * 1024  # frames per transfer up to this size: big enough to amortize, small enough to stream
+MAGIC = b"SBW1"  # opens both sides of the handshake: a peer that speaks something else is told apart at once
+NONCE_BYTES = 32
+CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
+ANSWER_BYTES = len(MAGIC) + hashlib.sha256().digest_size  # front end -> worker
+ACCEPTED = b"\x01"  # worker -> front end: the answer was right, frames follow
+REFUSED = b"\x00"  # worker -> front end: the answer was wrong (then it closes)
+# The largest frame a reader buffers: an enqueue's batch (a send of up to 100 MB, as the premium tier allows, and
+# its records) with room to spare; a bigger one is a broken peer.
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+# A reader keeps its buffer at the largest frame it read: after a bigger frame than this the stream starts a new
+# one (``stream.py``), so one 100 MB message does not hold 100 MB for as long as the connection lasts.
+KEEP_READER_BELOW = records.KEEP_PACKER_BELOW
 
 
 def _default(value: Any) -> Any:
@@ -197,58 +215,39 @@ def _unpack(data: bytes) -> Any:
 
 
 def pack_frame(frame: list[Any]) -> bytes:
-    """One frame's MessagePack bytes, to go into a transfer with others (``transfers``)."""
+    """One frame's bytes, as they go on the stream (``reader`` reads them back)."""
     return _pack(frame)
 
 
-def transfers(frames: list[bytes]) -> list[bytes]:
-    """Packed frames as the payloads of as few AMQP transfers as ``BATCH_BYTES`` allows (a bigger frame travels
-    alone): each a bare message of one data section holding a MessagePack array of the frames, in order."""
-    out: list[bytes] = []
-    batch: list[bytes] = []
-    size = 0
-    for frame in frames:
-        if batch and size + len(frame) > BATCH_BYTES:
-            out.append(_transfer(batch, size))
-            batch, size = [], 0
-        batch.append(frame)
-        size += len(frame)
-    if batch:
-        out.append(_transfer(batch, size))
-    return out
-
-
-def _transfer(batch: list[bytes], size: int) -> bytes:
-    n = len(batch)  # the MessagePack array header, written by hand: the frames are packed already
-    head = (
-        bytes((0x90 | n,))
-        if n < 16
-        else b"\xdc" + n.to_bytes(2, "big")
-        if n < 0x10000
-        else b"\xdd" + n.to_bytes(4, "big")
+def reader() -> msgpack.Unpacker:
+    """A stream's frame reader: ``feed`` it the bytes received, iterate it for the frames complete so far."""
+    return msgpack.Unpacker(
+        ext_hook=_ext_hook, strict_map_key=False, raw=False, max_buffer_size=MAX_FRAME_BYTES, use_list=True
     )
-    return b"".join((_DATA_SECTION, struct.pack(">I", size + len(head)), head, *batch))
 
 
-def encode_frame(frame: list[Any]) -> bytes:
-    """A frame as the payload of one AMQP transfer of its own."""
-    return transfers([_pack(frame)])[0]
+# --- the handshake -------------------------------------------------------------------------------------------
+def challenge() -> tuple[bytes, bytes]:
+    """The worker's opening bytes and the nonce in them."""
+    nonce = os.urandom(NONCE_BYTES)
+    return MAGIC + nonce, nonce
 
 
-def decode_frames(payload: bytes) -> list[list[Any]]:
-    """The frames of one transfer, in order."""
-    if payload[:4] != _DATA_SECTION:
-        raise ValueError("not a shardbus cluster transfer (expected one data section)")
-    (size,) = struct.unpack_from(">I", payload, 4)
-    frames = _unpack(payload[8 : 8 + size])
-    # a peer from before batching sends one bare frame per transfer (its first element is an int, not a frame)
-    return frames if type(frames[0]) is list else [frames]
+def answer(key: str, opening: bytes) -> bytes:
+    """The front end's answer to a worker's opening bytes (ValueError if they are not a shardbus worker's)."""
+    if len(opening) != CHALLENGE_BYTES or not opening.startswith(MAGIC):
+        what = "an AMQP peer (an older shardbus worker?)" if opening.startswith(b"AMQP") else "not a shardbus worker"
+        raise ValueError(f"the peer is {what}")
+    return MAGIC + _mac(key, opening[len(MAGIC) :])
 
 
-def decode_frame(payload: bytes) -> list[Any]:
-    """The frame of a transfer that carries one."""
-    (frame,) = decode_frames(payload)
-    return frame
+def accepts(key: str, nonce: bytes, reply: bytes) -> bool:
+    """Whether a front end's answer proves it holds the cluster key (compared in constant time)."""
+    return reply.startswith(MAGIC) and hmac.compare_digest(reply[len(MAGIC) :], _mac(key, nonce))
+
+
+def _mac(key: str, nonce: bytes) -> bytes:
+    return hmac.new(key.encode(), b"shardbus cluster " + nonce, hashlib.sha256).digest()
 
 
 def encode_error(exc: BaseException) -> list[str]:

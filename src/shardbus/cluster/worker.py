@@ -1,4 +1,5 @@
-"""A worker: partition brokers in their own process, served to front ends over AMQP 1.0 (see ``wire.py``).
+"""A worker: partition brokers in their own process, served to front ends over a framed TCP stream (``wire.py``,
+``stream.py``).
 
 A front end opens a partition (``open``: its settings and where its store lives under the worker's data
 directory), starts it, and then calls the operations of the partition interface by name (the table in
@@ -9,7 +10,8 @@ their own. A partition's listeners become ``event`` frames to every front end th
 iteration.
 
 Run one with ``shardbus worker --listen HOST:PORT --data-dir DIR --key KEY``; ``shardbus serve --workers N``
-starts N of them itself. The key is the cluster's secret: front ends sign in with SASL PLAIN as ``cluster``.
+starts N of them itself. The key is the cluster's secret: a front end proves it holds it by answering the
+worker's HMAC challenge when it connects (``wire.py``); the key itself never travels.
 
 Cluster mode (``--metadata DSN``, workers on any host): the worker registers in the cluster's metadata store
 (``metadata.py``) and keeps every partition's store in PostgreSQL at that DSN, one schema per partition
@@ -35,10 +37,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..amqp import events as E
-from ..amqp.connection import Connection, Role
-from ..amqp.performatives import Error
-from ..amqp.transport import AmqpProtocol
 from ..extras import MissingExtra
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
 from ..partition.broker import ANSWERED_SETTLE_LINGER, PartitionBroker
@@ -48,15 +46,14 @@ from ..store.base import MessageStore, StoreError
 from ..store.sqlite import SqliteStore
 from . import wire
 from .lifeline import end_with_parent
+from .stream import FrameStream
 
 if TYPE_CHECKING:  # cluster mode only: the PostgreSQL modules need the 'postgres' extra
     from .metadata import WorkerMembership
 
 log = logging.getLogger("shardbus.worker")
 
-CLUSTER_USER = "cluster"
 DEFAULT_LEASE_TTL = 10.0  # seconds a dead worker keeps its partitions (cluster mode)
-CREDIT = 10_000  # requests a front end may have in flight per connection before it waits for more credit
 SELF_TICK_INTERVAL = 0.1  # a worker on its own clock ticks its partitions this often, as one process's upkeep does
 
 # Operations of the partition interface (partition/handle.py) the worker answers by calling the partition's
@@ -205,59 +202,17 @@ class PartitionHost:
 
 
 class WorkerConnection:
-    """One front end's AMQP connection to this worker (an ``EventHandler`` of ``AmqpProtocol``)."""
+    """One front end's connection to this worker: its requests in, replies and events out (``stream.py``)."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.host = worker.host
-        self.protocol: AmqpProtocol | None = None
-        self.amqp: Connection | None = None
-        self.replies: Any = None  # our sending link
-        self.outbox: list[bytes] = []  # packed reply and event frames, sent together once per loop turn
-        self._ready: list[bytes] = []  # transfers waiting for link credit
-        self._drain_scheduled = False
+        self.stream = FrameStream(worker.key, server=True, on_frame=self._request, on_lost=self.connection_lost)
         self.opened: set[str] = set()  # partition keys this front end opened (it gets their events)
         self._now = 0.0  # the time the request being served carried
         self.closed = False
 
-    # --- EventHandler --------------------------------------------------------------------------------
-    def handle_event(self, protocol: AmqpProtocol, e: E.Event) -> None:
-        self.protocol = protocol
-        conn = self.amqp = protocol.conn
-        if isinstance(e, E.DeliveryReceived):
-            for frame in wire.decode_frames(e.payload):
-                self._request(frame)
-            if e.link.credit < CREDIT // 2:
-                conn.flow(e.link, link_credit=CREDIT)
-        elif isinstance(e, E.FlowReceived):
-            self._drain()
-        elif isinstance(e, E.SaslInit):
-            if e.mechanism == "PLAIN" and e.username == CLUSTER_USER and e.password == self.worker.key:
-                conn.accept_sasl()
-            else:
-                conn.reject_sasl()
-        elif isinstance(e, E.ConnectionOpened):
-            conn.open()
-        elif isinstance(e, E.SessionBeginRequested):
-            conn.begin(e.session, incoming_window=0x7FFFFFFF, outgoing_window=0x7FFFFFFF)
-        elif isinstance(e, E.LinkAttachRequested):
-            conn.attach_reply(e.link)
-            if e.attach.role:  # the front end receives: our reply link
-                self.replies = e.link
-            else:
-                conn.flow(e.link, link_credit=CREDIT)
-        elif isinstance(e, E.LinkDetached):
-            if e.reply_needed:
-                conn.detach(e.link, closed=e.closed)
-        elif isinstance(e, E.SessionEnded):
-            if e.reply_needed:
-                conn.end(e.session)
-        elif isinstance(e, E.ConnectionClosed):
-            if e.reply_needed:
-                conn.close()
-            self.connection_lost(protocol)
-
-    def connection_lost(self, protocol: AmqpProtocol) -> None:
+    def connection_lost(self) -> None:
         if not self.closed:
             self.closed = True
             self.worker.connections.discard(self)
@@ -319,28 +274,8 @@ class WorkerConnection:
         self.send(wire.pack_frame([request_id, ok, wire.wrap_reply(value), health]))
 
     def send(self, frame: bytes) -> None:
-        """Queue a packed frame (on the loop): what a loop turn queues goes out together (``wire.transfers``)."""
-        self.outbox.append(frame)
-        if not self._drain_scheduled and self.worker.loop is not None:
-            self._drain_scheduled = True
-            self.worker.loop.call_soon(self._drain)
-
-    def _drain(self) -> None:
-        self._drain_scheduled = False
-        link, conn = self.replies, self.amqp
-        if link is None or conn is None or self.closed or conn.is_done:
-            return
-        if self.outbox:
-            self._ready += wire.transfers(self.outbox)
-            self.outbox = []
-        count = min(len(self._ready), link.credit)
-        if not count:
-            return
-        for payload in self._ready[:count]:
-            conn.send_transfer(link, b"", payload, settled=True)
-        del self._ready[:count]
-        if self.protocol is not None:
-            self.protocol.flush_now()  # already at the end of a loop turn (or in a flow's handling)
+        """Queue a packed frame (on the loop): what a loop turn queues goes out in one write."""
+        self.stream.queue(frame)
 
     # --- handlers: the life cycle, and the worker's own operations ---------------------------------
     def _open(self, key: str, config: PartitionConfig) -> None:
@@ -407,7 +342,7 @@ HANDLERS: dict[str, Handler] = {
 
 
 class Worker:
-    """Serves a ``PartitionHost`` over AMQP on one port; runs its loop in the calling thread (``run``)."""
+    """Serves a ``PartitionHost`` on one port (``stream.py``); runs its loop in the calling thread (``run``)."""
 
     def __init__(
         self,
@@ -485,10 +420,10 @@ class Worker:
         self.loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 
-        def make() -> AmqpProtocol:
-            handler = WorkerConnection(self)
-            self.connections.add(handler)
-            return AmqpProtocol(Connection(Role.SERVER, f"shardbus-worker-{os.getpid()}", require_sasl=True), handler)
+        def make() -> FrameStream:
+            conn = WorkerConnection(self)
+            self.connections.add(conn)
+            return conn.stream
 
         server = await self.loop.create_server(make, host, port)
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -507,10 +442,7 @@ class Worker:
             ticker.cancel()
         server.close()
         for conn in list(self.connections):
-            if conn.amqp is not None and not conn.amqp.is_done:
-                conn.amqp.close(Error("amqp:connection:forced", "the worker is stopping"))
-                if conn.protocol is not None:
-                    conn.protocol.flush()
+            conn.stream.close()  # after what is written: the front ends see the connection end
         await self.loop.run_in_executor(None, self.host.stop_all)
         if self.membership is not None:
             await self.loop.run_in_executor(None, self.membership.stop)

@@ -1,0 +1,153 @@
+"""The cluster connection (``cluster/stream.py``) over real sockets: only a front end that holds the cluster key
+is served, a peer that is not one is closed without harm to the others, and a dropped connection fails what was
+in flight and comes back."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shardbus.cluster import wire
+from shardbus.cluster.remote import ClusterClient, RemotePartition
+from shardbus.cluster.worker import Worker
+from shardbus.model.errors import PartitionUnavailable
+from shardbus.partition.handle import PartitionSpec
+from shardbus.partition.values import PartitionConfig
+from shardbus.runtime import new_event_loop
+
+KEY = "the-cluster-key"
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[tuple[Worker, int]]:
+    w = Worker(tmp_path, KEY)
+    loop = new_event_loop()
+    port: list[int] = []
+    ready = threading.Event()
+    thread = threading.Thread(
+        target=lambda: loop.run_until_complete(w.serve("127.0.0.1", 0, lambda b: (port.append(b), ready.set()))),
+        daemon=True,
+    )
+    thread.start()
+    assert ready.wait(10)
+    yield w, port[0]
+    w.call_soon(w._stop_event.set)
+    thread.join(10)
+
+
+def _client(port: int, key: str = KEY) -> tuple[ClusterClient, object]:
+    client = ClusterClient(key, time.time, tick_interval=1.0)
+    return client, client.link("w", ("127.0.0.1", port))
+
+
+def test_a_front_end_with_the_key_is_served_and_one_without_is_refused(worker, tmp_path) -> None:
+    _, port = worker
+    wrong, wrong_link = _client(port, "not-the-key")
+    right, right_link = _client(port)
+    try:
+        assert right.wait_connected(10)
+        time.sleep(0.5)  # several attempts of the wrong one
+        assert not wrong_link.connected
+        assert "refused the cluster key" in wrong_link.failure
+        key = "ns/entities/1/p00.db"
+        (tmp_path / key).parent.mkdir(parents=True)
+        config = PartitionConfig("q", 0, max_size_bytes=1 << 30, max_message_size_bytes=1 << 20)
+        p = RemotePartition(right_link, key, PartitionSpec(1, config, tmp_path / key, time.time, lambda: None))
+        p.start()
+        assert p.healthy
+        p.close()
+    finally:
+        wrong.close()
+        right.close()
+
+
+def _raw(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    opening = b""
+    while len(opening) < wire.CHALLENGE_BYTES:
+        opening += s.recv(wire.CHALLENGE_BYTES - len(opening))
+    assert opening.startswith(wire.MAGIC)
+    return s
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    try:
+        while s.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+
+
+def test_a_wrong_answer_or_an_unreadable_frame_closes_only_that_connection(worker) -> None:
+    _, port = worker
+    client, link = _client(port)
+    try:
+        assert client.wait_connected(10)
+        bad = _raw(port)
+        bad.sendall(wire.MAGIC + b"\0" * (wire.ANSWER_BYTES - len(wire.MAGIC)))
+        assert bad.recv(1) == wire.REFUSED
+        assert _closed_by_peer(bad)
+        # an authenticated peer whose frames cannot be read is closed as well
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        opening = b""
+        while len(opening) < wire.CHALLENGE_BYTES:
+            opening += s.recv(wire.CHALLENGE_BYTES - len(opening))
+        s.sendall(wire.answer(KEY, opening))
+        assert s.recv(1) == wire.ACCEPTED
+        s.sendall(b"\xc1" * 16)  # 0xc1 is never used in MessagePack
+        assert _closed_by_peer(s)
+        # the front end that holds the key was served throughout
+        assert link.connected
+        assert link.call(None, "", "health", [], time.time()).result(5) == {}
+    finally:
+        client.close()
+
+
+def test_a_dropped_connection_fails_calls_in_flight_and_comes_back(worker) -> None:
+    w, port = worker
+    client, link = _client(port)
+    try:
+        assert client.wait_connected(10)
+        for conn in list(w.connections):
+            w.call_soon(conn.stream.close)
+        deadline = time.monotonic() + 5
+        while link.connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not link.connected
+        with pytest.raises(PartitionUnavailable):
+            link.call(None, "", "health", [], time.time()).result(5)
+        assert client.wait_connected(10)
+        assert link.call(None, "", "health", [], time.time()).result(5) == {}
+    finally:
+        client.close()
+
+
+def test_a_big_frame_leaves_no_big_reader_behind() -> None:
+    """A reader keeps its buffer at the biggest frame it read: after one over ``KEEP_READER_BELOW`` the stream
+    starts a new reader, and the frame that was only partly received continues on it."""
+    import asyncio
+
+    from shardbus.cluster.stream import FrameStream
+
+    async def main() -> None:
+        got: list[list] = []
+        stream = FrameStream(KEY, server=False, on_frame=got.append)
+        stream._open()
+        big = wire.pack_frame([1, True, b"x" * (2 * wire.KEEP_READER_BELOW), None])
+        small = [wire.pack_frame([i, True, b"y" * 100, None]) for i in range(2, 6)]
+        data = small[0] + big + small[1] + small[2][:50]  # ends inside a frame
+        first = stream._reader
+        for i in range(0, len(data), 65536):
+            stream.data_received(data[i : i + 65536])
+        assert stream._reader is not first
+        stream.data_received(small[2][50:] + small[3])
+        assert [f[0] for f in got] == [2, 1, 3, 4, 5]
+        assert got[1][2] == b"x" * (2 * wire.KEEP_READER_BELOW)
+
+    asyncio.run(main())
