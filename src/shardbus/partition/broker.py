@@ -931,7 +931,6 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             # Every lock pops at least one entry of the ready heap, so this many tokens are usually enough (more
             # come one at a time); drawing them together costs one read of the random source instead of one each.
             tokens = new_lock_tokens(self.id, min(max_count, len(ready)))
-            drawn = len(tokens)
             until = now + settings.lock_duration_ms
             locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
             while len(out) < max_count:
@@ -950,8 +949,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     if found is None:
                         break
                     entry, msg = found, found.msg
-                # a list, not a generator: no resumed frame per token (more than drawn come one at a time)
-                token = tokens[len(out)] if len(out) < drawn else new_lock_token(self.id)
+                # a list, not a generator: no resumed frame per token (more than drawn come one at a time; the
+                # tokens are random, so which end they are taken from does not matter)
+                token = tokens.pop() if tokens else new_lock_token(self.id)
                 msg.lock_token = token
                 msg.locked_until_ms = until
                 msg.delivery_count += 1
