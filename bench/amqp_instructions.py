@@ -35,7 +35,7 @@ With ``--base REV`` the same recording is replayed by that git revision's ``src`
 temporary directory), and the line ends with ``ratio`` = this checkout / base: below 1 is fewer instructions.
 
     python bench/amqp_instructions.py [--path produce|peek-lock|peek-lock-ranges|receive-and-delete|sdk-batch]
-                                      [--batches N] [--base REV]
+                                      [--batches N] [--base REV] [--counts [TOP]]
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ async def record(file: str, path: str, batches: int) -> None:
     Path(file).write_bytes(pickle.dumps(Recording(path, handshake, reads)))
 
 
-async def replay(file: str, batches: int) -> None:
+async def replay(file: str, batches: int, profiles: str | None = None) -> None:
     recording: Recording = pickle.loads(Path(file).read_bytes())
     from shardbus.partition import broker
     from shardbus.server import tune_garbage_collector
@@ -297,25 +297,111 @@ async def replay(file: str, batches: int) -> None:
             protocol.data_received(data)
             await asyncio.sleep(0.01)
         tune_garbage_collector()  # as the broker does once it serves
+        # ``profiles``: the event loop's calls while it handles the flows (deliveries) and the sends or
+        # dispositions (settles), apart (``--counts``)
+        deliver = settle = _NoProfile()
+        if profiles:
+            import cProfile
+
+            deliver, settle = cProfile.Profile(), cProfile.Profile()
         for reads in recording.batches[:batches]:
             if not consume:
+                settle.enable()
                 for data in reads:  # a batch's reads, then its disposition
                     transport.feed(protocol, data)
                 await transport.answer()  # the dispositions: stored
+                settle.disable()
                 transport.out.clear()
                 continue
             expected = _delivered(protocol) + CONSUME_BATCH
+            deliver.enable()
             transport.feed(protocol, reads[0])
             while _delivered(protocol) < expected:
                 await transport.answer()
+            deliver.disable()
+            settle.enable()
             for i, data in enumerate(reads[1:], 1):
                 transport.feed(protocol, data)
                 await transport.answer()  # the echo
                 if i % SETTLE_GROUP == 0:
                     settled()
             settled()
+            settle.disable()
             transport.out.clear()
         ns.close()
+        if profiles:
+            Path(profiles).write_bytes(pickle.dumps((_calls(deliver), _calls(settle))))
+
+
+class _NoProfile:
+    def enable(self) -> None:
+        pass
+
+    def disable(self) -> None:
+        pass
+
+
+def _calls(profile: Any) -> dict[str, int]:
+    """Calls per function (``file:line(name)``, the file from ``shardbus/`` on) of a cProfile run."""
+    out: dict[str, int] = {}
+    if isinstance(profile, _NoProfile):
+        return out
+    profile.create_stats()
+    for (file, line, name), (_, calls, *_rest) in profile.stats.items():
+        short = file.split("/shardbus/", 1)[-1] if "/shardbus/" in file else file.rsplit("/", 1)[-1]
+        out[f"{short}:{line}({name})"] = out.get(f"{short}:{line}({name})", 0) + calls
+    return out
+
+
+# The allocator's entry points that callgrind sees called (pymalloc serves objects and small buffers alike).
+ALLOCATORS = ("_PyObject_Malloc", "_PyObject_Calloc", "_PyObject_Realloc", "_PyMem_RawMalloc")
+
+
+def allocations(src: Path, recording: str, batches: int) -> int:
+    """Calls into Python's allocators (``ALLOCATORS``) callgrind counts for a replay of ``batches`` reads."""
+    with tempfile.NamedTemporaryFile(prefix="shardbus-callgrind-") as out:
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}"]
+        command += [sys.executable, str(HERE), "--replay", recording, "--batches", str(batches), "--src", str(src)]
+        subprocess.run(command, capture_output=True, text=True, check=True)
+        names: dict[str, str] = {}
+        total = 0
+        counted = False
+        for line in Path(out.name).read_text(errors="replace").splitlines():
+            if line.startswith("cfn="):
+                match = re.match(r"cfn=\((\d+)\)(?: (.*))?", line)
+                if match is None:
+                    counted = False
+                    continue
+                if match[2]:
+                    names[match[1]] = match[2]
+                counted = names.get(match[1]) in ALLOCATORS
+            elif line.startswith(("fn=", "fi=", "fe=")):
+                match = re.match(r"fn=\((\d+)\) (.*)", line)
+                if match is not None:
+                    names[match[1]] = match[2]
+                counted = False if line.startswith("fn=") else counted
+            elif line.startswith("calls=") and counted:
+                total += int(line[6:].split()[0])
+                counted = False
+        return total
+
+
+def counts(src: Path, recording: str, batches: int, messages: int, top: int) -> None:
+    """Per message: allocations (callgrind) and the event loop's Python calls (cProfile), deliveries and settles
+    (or sends) apart, with the functions called most."""
+    allocs = (allocations(src, recording, batches) - allocations(src, recording, 0)) / messages
+    print(f"allocations per message (loop and store threads, callgrind): {allocs:,.1f}")
+    with tempfile.NamedTemporaryFile(prefix="shardbus-calls-") as out:
+        command = [sys.executable, str(HERE), "--replay", recording, "--batches", str(batches), "--src", str(src)]
+        subprocess.run([*command, "--profiles", out.name], check=True)
+        parts = pickle.loads(Path(out.name).read_bytes())
+    for label, calls in zip(("deliveries", "settles or sends"), parts, strict=True):
+        total = sum(calls.values())
+        if not total:
+            continue
+        print(f"{label}: {total / messages:,.1f} Python-level calls per message (event loop, cProfile)")
+        for name, n in sorted(calls.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"  {n / messages:7.2f}  {name}")
 
 
 def instructions(src: Path, recording: str, batches: int) -> int:
@@ -343,14 +429,23 @@ def main() -> None:
         "batches of 1000 (10)",
     )
     parser.add_argument("--base", help="a git revision to compare with")
+    parser.add_argument(
+        "--counts",
+        type=int,
+        nargs="?",
+        const=15,
+        metavar="TOP",
+        help="instead: allocations and Python calls per message, and the TOP functions called most (default 15)",
+    )
     parser.add_argument("--replay", help=argparse.SUPPRESS)
+    parser.add_argument("--profiles", help=argparse.SUPPRESS)
     parser.add_argument("--src", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.batches is None:
         args.batches = {"produce": 100, "sdk-batch": 10}.get(args.path, 60)
     if args.replay:
         sys.path.insert(0, args.src)
-        asyncio.run(replay(args.replay, args.batches))
+        asyncio.run(replay(args.replay, args.batches, args.profiles))
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -378,6 +473,12 @@ def main() -> None:
         }[args.path]
         print(f"broker {args.path} path, {args.batches} x {size} {what}, callgrind", flush=True)
         messages = args.batches * size
+        if args.counts:
+            counts(src, recording, args.batches, messages, args.counts)
+            if base_src is not None:
+                print(f"base {args.base}:")
+                counts(base_src, recording, args.batches, messages, args.counts)
+            return
         ours = per_message(src, recording, args.batches, messages)
         line = f"instructions per message: {ours:,.0f}"
         if base_src is not None:

@@ -841,7 +841,11 @@ def main() -> None:
         live = list(targets)
         retries = RABBIT_RETRIES
         for run in range(args.repeat):
-            for t in list(live):  # interleaved, so that a busy moment of the machine does not hit one broker only
+            # Interleaved, so that a busy moment of the machine does not hit one broker only, and in reverse order
+            # every other round: the broker measured second in a round read 5-10% less CPU per message in "both"
+            # than when measured first (one branch against its base: 1.05-1.06 first, 0.90 second; 2026-11-26).
+            order = live if run % 2 == 0 else live[::-1]
+            for t in list(order):
                 while True:
                     try:
                         if not t.senders:

@@ -329,19 +329,20 @@ class ReceiveLinks:
             if not settled and link.attached:
                 self.amqp.disposition(link, ref.delivery_id, None, state=_ACCEPTED)
             return
-        by_key: dict[tuple[int, int], tuple[Any, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        # (receiver, partition) -> the receiver, the partition, its items (receivers hash by identity)
+        by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
         for item in pending:
             receiver = item[1]
-            key = (id(receiver), item[2].int & 0xFFFF)  # ``partition_of_lock_token``, inlined
-            group = by_key.get(key)
+            pid = item[2].int & 0xFFFF  # ``partition_of_lock_token``, inlined
+            group = by_key.get((receiver, pid))
             if group is None:
-                group = by_key[key] = (receiver, [])
-            group[1].append(item)
+                group = by_key[(receiver, pid)] = (receiver, pid, [])
+            group[2].append(item)
         groups = by_key.values()
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
-        for receiver, items in groups:
-            try:
-                futures = receiver.submit_complete([token for _, _, token, _ in items])
+        for receiver, pid, items in groups:
+            try:  # grouped by partition here: the receiver hands them on without grouping them again
+                futures = receiver.submit_complete([token for _, _, token, _ in items], pid)
             except ShardbusError:
                 for ref, _, token, settled in items:
                     self._settle_delivery(ref, receiver, token, Accepted(), settled)

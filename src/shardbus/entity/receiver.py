@@ -90,7 +90,7 @@ def _token(ref: LockRef) -> uuid.UUID:
 class Settling:
     """Blocking settlement calls, built on a receiver's ``submit_complete`` and ``submit_settle``."""
 
-    def submit_complete(self, refs: Iterable[LockRef]) -> list[Future]:
+    def submit_complete(self, refs: Iterable[LockRef], partition: int | None = None) -> list[Future]:
         raise NotImplementedError
 
     def submit_settle(
@@ -308,7 +308,7 @@ class Receiver(Settling):
                 short = len(messages) < count and not failed
                 self._empty[pid] = now if short and self._track_empty and self._epoch[pid] == epoch else None
                 if messages:
-                    self._cache.extend((m, now) for m in messages)
+                    self._cache.extend(zip(messages, itertools.repeat(now)))  # (message, when cached), no frame each
                     if self._sweep_due is None:
                         self._sweep_due = now + CACHE_HOLD
                         _sweeper.schedule(self, self._sweep_due)
@@ -424,8 +424,15 @@ class Receiver(Settling):
             raise MessageLockLost("The lock supplied is invalid for this entity.")
         return self.target.partitions[pid]
 
-    def submit_complete(self, refs: Iterable[LockRef]) -> list[Future]:
-        """Complete many messages, one store operation per partition; returns the write futures."""
+    def submit_complete(self, refs: Iterable[LockRef], partition: int | None = None) -> list[Future]:
+        """Complete many messages, one store operation per partition; returns the write futures. ``partition``:
+        ``refs`` are lock tokens (``uuid.UUID``) of that partition alone (a front end grouped them already), so
+        they go to it as they are, not grouped again token by token."""
+        if partition is not None:
+            partitions = self.target.partitions
+            if partition >= len(partitions):
+                raise MessageLockLost("The lock supplied is invalid for this entity.")
+            return [partitions[partition].complete(self.target.slot, refs)]  # type: ignore[arg-type]
         if isinstance(refs, list) and len(refs) == 1:  # a front end completing one message per request
             token = refs[0]
             if token.__class__ is not uuid.UUID:

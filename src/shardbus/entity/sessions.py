@@ -186,7 +186,8 @@ class SessionReceiver(Settling):
     def _lock_lost(self) -> SessionLockLost:
         return SessionLockLost(f"The session lock of session '{self.session_id}' was lost; accept the session again.")
 
-    def submit_complete(self, refs: Iterable[LockRef]) -> list[Future]:
+    def submit_complete(self, refs: Iterable[LockRef], partition: int | None = None) -> list[Future]:
+        """As ``Receiver.submit_complete`` (a session's messages are all in its one partition)."""
         tokens = [_token(r) for r in refs]
         return [self._settle(lambda: self.partition.complete(self.slot, tokens))]
 

@@ -142,11 +142,14 @@ def new_lock_tokens(partition_id: int, count: int) -> list[uuid.UUID]:
     if count <= 0:
         return []
     randoms = _random_bytes(_TOKEN_BYTES * count)
-    from_bytes = int.from_bytes
-    return [
-        uuid_of_int((from_bytes(randoms[i : i + _TOKEN_BYTES], "big") << PARTITION_BITS) | partition_id)
-        for i in range(0, _TOKEN_BYTES * count, _TOKEN_BYTES)
-    ]
+    from_bytes, new, set_, unknown, UUID = int.from_bytes, _new_uuid, _set, _SAFE_UNKNOWN, uuid.UUID
+    out = []
+    for i in range(0, _TOKEN_BYTES * count, _TOKEN_BYTES):  # ``uuid_of_int``, inlined: one per delivery
+        u = new(UUID)
+        set_(u, "int", (from_bytes(randoms[i : i + _TOKEN_BYTES], "big") << PARTITION_BITS) | partition_id)
+        set_(u, "is_safe", unknown)
+        out.append(u)
+    return out
 
 
 def partition_of_lock_token(token: uuid.UUID) -> int:

@@ -148,7 +148,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -256,13 +256,6 @@ MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
 
 _UNSET = object()
 _new_tuple = tuple.__new__
-
-
-def _tokens(partition: int, count: int) -> Iterator[uuid.UUID]:
-    """Lock tokens: ``count`` drawn together, then one at a time for as many more as are taken."""
-    yield from new_lock_tokens(partition, count)
-    while True:
-        yield new_lock_token(partition)
 
 
 def _batch_key(batch_id: str, first: int, end: int) -> str:
@@ -937,7 +930,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 self._refill(q)
             # Every lock pops at least one entry of the ready heap, so this many tokens are usually enough (more
             # come one at a time); drawing them together costs one read of the random source instead of one each.
-            tokens = _tokens(self.id, min(max_count, len(ready)))
+            tokens = new_lock_tokens(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
             locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
             while len(out) < max_count:
@@ -956,7 +949,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     if found is None:
                         break
                     entry, msg = found, found.msg
-                token = next(tokens)
+                # a list, not a generator: no resumed frame per token (more than drawn come one at a time; the
+                # tokens are random, so which end they are taken from does not matter)
+                token = tokens.pop() if tokens else new_lock_token(self.id)
                 msg.lock_token = token
                 msg.locked_until_ms = until
                 msg.delivery_count += 1
