@@ -183,7 +183,7 @@ class PartitionHost:
             drop_partition_schema(self.dsn, schema)
 
     def health(self) -> dict[str, str | None]:
-        return {key: None if p.healthy else (p.failure or "stopped") for key, p in self.partitions.items()}
+        return {key: None if p.healthy else (p.failure or "stopped") for key, p in list(self.partitions.items())}
 
     def tick(self, clocks: dict[str, float]) -> dict[str, str | None]:
         for key, p in list(self.partitions.items()):
@@ -301,7 +301,7 @@ class WorkerConnection:
     def _tick(self, _key: str, clocks: dict[str, float]) -> dict[str, str | None] | Future:
         # An unavailable partition's tick may reload it (a full store's ``_recover``: stop + start, file I/O):
         # off the loop then, so that the worker's other partitions keep being served meanwhile.
-        if all(p.healthy for p in self.host.partitions.values()):
+        if all(p.healthy for p in list(self.host.partitions.values())):
             return self.host.tick(clocks)
         # The health it answers is read on the loop once the tick is done, not in its thread: a partition's
         # ``start`` (another thread) may finish meanwhile and answer first, and a snapshot taken before that, sent
@@ -453,7 +453,7 @@ class Worker:
         while True:
             await asyncio.sleep(SELF_TICK_INTERVAL)
             try:
-                if all(p.healthy for p in self.host.partitions.values()):
+                if all(p.healthy for p in list(self.host.partitions.values())):
                     self.host.tick({})
                 elif reload is None or reload.done():
                     # an unavailable partition's tick may reload it (file I/O): off the loop, one at a time
