@@ -37,6 +37,7 @@ from pathlib import Path
 from shardbus.store.base import Row
 from shardbus.store.committer import GroupCommitter
 from shardbus.store.sqlite import SqliteStore
+from sqlite_probe import _pct  # this script's own folder is on the path; the commit probe's percentile
 
 ROW = b"m" * 1024
 AFTER = 0.05  # a commit due this long before or after a stall window still counts as "during"
@@ -126,13 +127,6 @@ def run(stores: int, rate: float, stall: float, every: float, seconds: float, sh
         else:
             quiet.append(latency * 1000)
     return {"during": during, "after": after, "quiet": quiet}
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
