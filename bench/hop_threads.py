@@ -7,6 +7,10 @@ first (with ``--workers 1`` the front end's busiest other thread is its cluster 
 store threads). Same clients, queue and messages as bench/scale.py (its ``ShardbusServe`` and ``Role``).
 
     python bench/hop_threads.py [--count N] [--rounds R] [--base DIR] [--modes workers0,workers1]
+                                [--phase both|receive|send]
+
+``--phase receive`` measures bench/scale.py's "receive" phase instead (the N messages sent first, unmeasured, then
+received and completed from that backlog); ``--phase send`` its "send" phase alone.
 
 Read it as shares and as differences within one run: the machine's speed drifts.
 """
@@ -59,6 +63,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default="workers0,workers1")
     parser.add_argument("--base", type=Path, default=None, help="a checkout to serve the same modes from")
+    parser.add_argument("--phase", choices=("both", "receive", "send"), default="both", help="the phase measured")
     args = parser.parse_args()
     n = args.count
     scale.install_uvloop()
@@ -77,12 +82,19 @@ def main() -> None:
                     snd = scale.Role("send", serve.url, scale.QUEUE, 100)
                     rcv = scale.Role("recv", serve.url, scale.QUEUE, 100)
                     for tag, count in (("w", 2000), ("b", n)):  # a warm-up, then the measured phase
+                        if args.phase == "receive":  # the backlog, sent before the measured receive
+                            snd.command(f"send {count} r{run}{tag}")
+                            snd.result()
                         roles = scale.process_roles(serve.proc.pid)
                         before = snapshot(serve.proc.pid)
                         total0 = scale.tree_cpu(serve.proc.pid)
-                        rcv.command(f"recv {count}")
-                        snd.command(f"send {count} r{run}{tag}")
-                        snd.result(), rcv.result()
+                        if args.phase != "send":
+                            rcv.command(f"recv {count}")
+                        if args.phase != "receive":
+                            snd.command(f"send {count} r{run}{tag}")
+                            snd.result()
+                        if args.phase != "send":
+                            rcv.result()
                         after = snapshot(serve.proc.pid)
                         total = (scale.tree_cpu(serve.proc.pid) - total0) / count * 1e6
                     parts = split(before, after, roles, n)
@@ -102,7 +114,7 @@ def main() -> None:
                     busiest = ", ".join(f"{v:.1f}" for v in others[:4])
                     text.append(f"{role}: loop {loop:.1f}, others {sum(others):.1f} ({busiest})")
                 print(f"round {run + 1} {name:<14} broker {total:5.1f} us/msg  " + "; ".join(text), flush=True)
-    print("\nmedians (min-max) over the rounds, us/msg in both")
+    print(f"\nmedians (min-max) over the rounds, us/msg in {args.phase}")
     for name, row in figures.items():
         print(f"  {name}")
         for key, values in row.items():

@@ -54,10 +54,59 @@ HEALTH_INTERVAL = 1.0  # ``tick_all`` to workers that tick themselves: only for 
 REVOKE_ROUNDS = 5
 
 
+# Operations whose write lingers for company on the worker (settlements, as in one process: broker.py's
+# SETTLE_LINGER): the worker answers the verdict as soon as it is applied and says later when the write is durable.
+SETTLEMENTS = frozenset({"complete", "settle", "abandon", "defer", "dead_letter"})
+
+
 def _done(value: Any) -> Future:
     f: Future = Future()
     f.set_result(value)
     return f
+
+
+class RemoteSettlement(RemoteVerdict):
+    """A settlement on a worker, answered in two steps: ``verdict`` is done once the worker applied the outcome (or
+    refused it), which is when one process echoes it to the client (endpoint/receiving.py); the future itself is
+    done once the write is durable, as a local partition's is. A worker lets a settlement's write linger for company
+    (20 ms, broker.py's SETTLE_LINGER), since its front end no longer waits for the write to echo: one delete
+    transaction for many completes (bench/hop_threads.py --phase receive: see docs/processes.md). Whoever waits for
+    the write (``result``, the Python API's ``complete``) ends the linger, as a local ``LingeringWrite`` does."""
+
+    def __init__(self, link: WorkerLink, request_id: int) -> None:
+        super().__init__()
+        self._verdict: Future = Future()
+        self._link = link
+        self._request_id = request_id
+
+    @property
+    def verdict(self) -> Future:
+        return self._verdict
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            self._link.hurry(self._request_id)
+        return super().result(timeout)
+
+
+def _settle_verdict(future: Future, error: BaseException | None) -> None:
+    verdict = future.verdict  # type: ignore[attr-defined]
+    try:
+        if error is None:
+            verdict.set_result(None)
+        else:
+            verdict.set_exception(error)
+    except InvalidStateError:
+        pass
+
+
+def _fail(future: Future, error: BaseException) -> None:
+    """Fail a call's future (and its verdict, if apart) unless it is done."""
+    for f in (future, getattr(future, "verdict", future)):
+        try:
+            f.set_exception(error)
+        except InvalidStateError:
+            pass
 
 
 class WorkerLink:
@@ -72,6 +121,7 @@ class WorkerLink:
         self.failure = f"worker {name} is not connected yet"
         self._stream: FrameStream | None = None
         self._pending: dict[int, tuple[Future, RemotePartition | None]] = {}
+        self._writing: dict[int, Future] = {}  # settlements applied, their writes not yet durable (loop thread)
         # Requests from any thread wait in the outbox; the first one of a burst wakes the loop (one
         # call_soon_threadsafe per burst), which writes them all in one call.
         self._lock = threading.Lock()
@@ -82,11 +132,11 @@ class WorkerLink:
 
     # --- calls (any thread) --------------------------------------------------------------------------
     def call(self, partition: RemotePartition | None, key: str, operation: str, args: list[Any], now: float) -> Future:
-        future: Future = RemoteVerdict()
-        if not self.connected:
-            future.set_exception(PartitionUnavailable(self._down_text(partition)))
-            return future
         request_id = next(self._ids)
+        future: Future = RemoteSettlement(self, request_id) if operation in SETTLEMENTS else RemoteVerdict()
+        if not self.connected:
+            _fail(future, PartitionUnavailable(self._down_text(partition)))
+            return future
         try:
             frame = wire.pack_frame([request_id, key, now, operation, args])
         except records.PACK_ERRORS as exc:  # as an in-process partition refuses to store it
@@ -102,6 +152,12 @@ class WorkerLink:
         else:
             self.client.loop.call_soon_threadsafe(self._flush)
         return future
+
+    def hurry(self, request_id: int) -> None:
+        """Someone waits for settlement ``request_id``'s write (``RemoteSettlement.result``): the worker ends its
+        linger (``worker.WorkerConnection._hurry``); requests on the stream arrive in order, so after it."""
+        if self.connected:
+            self.call(None, "", "hurry", [request_id], self.client.clock())
 
     def _down_text(self, partition: RemotePartition | None) -> str:
         what = f"Partition {partition.id} of '{partition.config.path}'" if partition is not None else "A partition"
@@ -206,12 +262,19 @@ class WorkerLink:
 
     def _frame(self, frame: list[Any]) -> None:
         """A reply or event, as the stream reads it (on the loop thread)."""
-        if frame[0] == 0:  # event: a slot gained messages
-            p = self.partitions.get(frame[1])
-            if p is not None:
-                p._available(frame[2])
+        request_id = frame[0]
+        if request_id <= 0:
+            if request_id == 0:  # event: a slot gained messages
+                p = self.partitions.get(frame[1])
+                if p is not None:
+                    p._available(frame[2])
+            else:  # written: settlements applied earlier are durable now (or their write failed)
+                self._written(frame[1], frame[2])
             return
-        request_id, ok, value, health = frame
+        if len(frame) == 5:  # applied: a settlement's verdict, its write durable later (a written frame)
+            self._applied(request_id, frame[3])
+            return
+        _, ok, value, health = frame
         future, partition = self._pending.pop(request_id, (None, None))
         if partition is not None:
             partition.failure = health
@@ -224,6 +287,31 @@ class WorkerLink:
                 future.set_exception(wire.decode_error(value))
         except InvalidStateError:  # its caller cancelled it
             pass
+        if future.__class__ is RemoteSettlement:  # its verdict and its write came together
+            _settle_verdict(future, None if ok else wire.decode_error(value))
+
+    def _applied(self, request_id: int, health: str | None) -> None:
+        future, partition = self._pending.pop(request_id, (None, None))
+        if partition is not None:
+            partition.failure = health
+        if future is None:
+            return
+        self._writing[request_id] = future
+        _settle_verdict(future, None)
+
+    def _written(self, request_ids: list[int], error: list[str] | None) -> None:
+        writing = self._writing
+        for request_id in request_ids:
+            future = writing.pop(request_id, None)
+            if future is None:
+                continue
+            try:
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(wire.decode_error(error))
+            except InvalidStateError:  # its caller cancelled it
+                pass
 
     def _lost(self, reason: str) -> None:
         self.connected = False
@@ -234,11 +322,15 @@ class WorkerLink:
         for p in self.partitions.values():
             p.failure = reason
         pending, self._pending = self._pending, {}
+        writing, self._writing = self._writing, {}
         with self._lock:
             self._outbox.clear()
         for future, partition in pending.values():
-            if not future.done():
-                future.set_exception(PartitionUnavailable(self._down_text(partition)))
+            _fail(future, PartitionUnavailable(self._down_text(partition)))
+        # Applied, not known to be durable: the worker may have written them or not (if not, the messages come
+        # back once their locks expire there, or at once if it restarted: at-least-once, as with the service).
+        for future in writing.values():
+            _fail(future, PartitionUnavailable(f"{reason}; a settlement's write may not be stored"))
 
     def _abort(self, reason: str) -> None:
         """Close the connection (the run loop then fails what is in flight, reconnects and restores)."""

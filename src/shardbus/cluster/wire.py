@@ -19,6 +19,10 @@ Frames (in order on each connection):
 
     request  [id, partition key, now, operation, args]     front end -> worker
     reply    [id, ok, value | [error class, text], health]  worker -> front end
+    applied  [id, true, nil, health, 1]                     worker -> front end: a settlement is applied, its
+                                                            write lingers (a ``written`` frame follows)
+    written  [-1, [id, ...], nil | [error class, text]]     worker -> front end: those applied settlements'
+                                                            writes are durable (or failed), one frame per turn
     event    [0, partition key, slot]                       worker -> front end: the slot gained messages
 
 ``now`` is the caller's clock (workers started with ``clock="caller"`` run on it, so tests can move time);

@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..extras import MissingExtra
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
-from ..partition.broker import ANSWERED_SETTLE_LINGER, PartitionBroker
+from ..partition.broker import PartitionBroker
 from ..partition.handle import OPERATIONS, Kind
 from ..partition.values import PartitionConfig
 from ..store.base import MessageStore, StoreError
+from ..store.committer import LingeringWrite
 from ..store.sqlite import SqliteStore
 from . import wire
 from .lifeline import end_with_parent
@@ -143,7 +144,6 @@ class PartitionHost:
             self.store_paths[key] = path
         clock = self.clocks[key] = CallerClock(self.follow_caller_clock)
         broker = PartitionBroker(config, factory, clock)
-        broker.settle_linger = ANSWERED_SETTLE_LINGER  # the front end waits for a settlement's answer
         broker.listeners.append(lambda slot: self.on_available(key, slot))
         self.partitions[key] = broker
 
@@ -211,6 +211,10 @@ class WorkerConnection:
         self.opened: set[str] = set()  # partition keys this front end opened (it gets their events)
         self._now = 0.0  # the time the request being served carried
         self.closed = False
+        # Settlements answered as applied whose lingering writes are not yet durable, by request id (at most what
+        # 20 ms of settlements request); and the ids written since the last ``written`` frame went (loop thread).
+        self._lingering: dict[int, LingeringWrite] = {}
+        self._written_ids: list[int] = []
 
     def connection_lost(self) -> None:
         if not self.closed:
@@ -240,9 +244,13 @@ class WorkerConnection:
         self._answer(request_id, key, result)
 
     def _answer(self, request_id: int, key: str, result: Any) -> None:
-        """Reply now, or when the call's store write is durable (a Future, or a (value, Future) pair)."""
+        """Reply now, or when the call's store write is durable (a Future, or a (value, Future) pair); a
+        settlement whose write lingers is answered twice: applied now, durable later (``_applied``)."""
         pending: Future | None = None
         if isinstance(result, Future):
+            if result.__class__ is LingeringWrite and not result.done():
+                self._applied(request_id, key, result)
+                return
             pending, value_of = result, lambda f: f.result()
         elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Future):
             value, pending = result
@@ -250,11 +258,6 @@ class WorkerConnection:
         if pending is None:
             self._reply(request_id, key, True, result)
             return
-        # Not hurried: a settlement's write lingers for company, so that the completes of many front-end requests
-        # share one transaction. Hurrying each one (the front end waits for this reply) made up to a transaction
-        # per request: in bench/scale.py's "both" the worker made 1.06-1.71 write calls per message with it and
-        # 1.05-1.07 without. As the front end echoes a complete only with this reply, a worker's partitions linger
-        # ANSWERED_SETTLE_LINGER (2 ms), not the 20 ms of one process (``open``).
 
         def done(f: Future) -> None:
             try:
@@ -265,13 +268,48 @@ class WorkerConnection:
 
         pending.add_done_callback(done)
 
-    def _reply(self, request_id: int, key: str, ok: bool, value: Any) -> None:
+    def _applied(self, request_id: int, key: str, write: LingeringWrite) -> None:
+        """A settlement is applied and its write lingers for company (20 ms at most, as in one process): say so now
+        (the front end echoes the outcome to its client, as one process does) and that it is durable later, in one
+        ``written`` frame per loop turn for every request written meanwhile (``_written``). Nobody waits for the
+        write unless the front end asks (``_hurry``); it ends the linger then, as ``LingeringWrite.result`` does.
+        Answering only once the write was durable made the linger 2 ms, so that echoes were not held up: about a
+        transaction per request in bench/scale.py's receive phase, 19 against 7.5 us of store threads per message
+        (bench/hop_threads.py --phase receive; docs/processes.md)."""
+        self._lingering[request_id] = write
+        self._reply(request_id, key, True, None, applied=True)
+        write.add_done_callback(lambda f: self.worker.call_soon(self._written, request_id, f))
+
+    def _written(self, request_id: int, write: Future) -> None:
+        self._lingering.pop(request_id, None)
+        exc = write.exception()
+        if exc is not None:
+            self.send(wire.pack_frame([-1, [request_id], wire.encode_error(exc)]))
+            return
+        self._written_ids.append(request_id)
+        if len(self._written_ids) == 1:
+            asyncio.get_running_loop().call_soon(self._send_written)
+
+    def _send_written(self) -> None:
+        ids, self._written_ids = self._written_ids, []
+        self.send(wire.pack_frame([-1, ids, None]))
+
+    def _hurry(self, _key: str, request_id: int) -> None:
+        """The front end waits for a settlement's write (``remote.RemoteSettlement.result``): stop its linger."""
+        write = self._lingering.get(request_id)
+        if write is not None:
+            write.hurry()
+
+    def _reply(self, request_id: int, key: str, ok: bool, value: Any, applied: bool = False) -> None:
         broker = self.host.partitions.get(key)
         if broker is None:  # calls on the whole worker (key "") have no partition to describe
             health = f"partition {key} is not served by this worker" if key else None
         else:
             health = None if broker.healthy else (broker.failure or "stopped")
-        self.send(wire.pack_frame([request_id, ok, wire.wrap_reply(value), health]))
+        if applied:
+            self.send(wire.pack_frame([request_id, ok, None, health, 1]))
+        else:
+            self.send(wire.pack_frame([request_id, ok, wire.wrap_reply(value), health]))
 
     def send(self, frame: bytes) -> None:
         """Queue a packed frame (on the loop): what a loop turn queues goes out in one write."""
@@ -338,6 +376,7 @@ HANDLERS: dict[str, Handler] = {
     "close": WorkerConnection._close,  # the host's: other front ends may still use the partition
     "tick_all": WorkerConnection._tick,
     "health": WorkerConnection._health,
+    "hurry": WorkerConnection._hurry,
 }
 
 

@@ -321,7 +321,7 @@ class ReceiveLinks:
                 self._settle_delivery(ref, receiver, token, Accepted(), settled)
                 return
             if isinstance(future, RemoteVerdict):
-                future.add_done_callback(partial(self._later_verdict, receiver=receiver, items=pending))
+                future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=pending))
                 return
             if future is not self._watched:  # ``_log_failure_of``, inlined
                 self._log_failure_of(future)
@@ -349,7 +349,7 @@ class ReceiveLinks:
                 continue
             if any(isinstance(f, RemoteVerdict) for f in futures):
                 for future in futures:  # a remote partition's refusal comes with its reply: echo after it
-                    future.add_done_callback(partial(self._later_verdict, receiver=receiver, items=items))
+                    future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=items))
                 continue
             # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
             for future in futures:
@@ -417,7 +417,7 @@ class ReceiveLinks:
         # back after a restart: at-least-once, as with the service.
         if isinstance(future, RemoteVerdict):
             if not settled:
-                future.add_done_callback(lambda f: self._later(lambda: self._echo_verdict(ref, f, outcome)))
+                future.verdict.add_done_callback(lambda f: self._later(lambda: self._echo_verdict(ref, f, outcome)))
             return
         if future is not None:
             self._log_failure_of(future)

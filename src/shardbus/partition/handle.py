@@ -81,7 +81,15 @@ def operation(
 class RemoteVerdict(Future):
     """The future of a write on a partition elsewhere. A local partition refuses a settlement (a lost lock, say)
     by raising at once and its future only waits for the disk; a remote one can only say either through its
-    reply, so whoever echoes an outcome to a client waits for this future first."""
+    reply, so whoever echoes an outcome to a client waits for its ``verdict`` first. The verdict may come before
+    the write is durable (a settlement's write lingers for company, as in one process: ``cluster/remote.py``), so
+    ``verdict`` is a future of its own then, done once the outcome is applied or refused; the future itself is done
+    when the write is durable, as a local partition's is."""
+
+    @property
+    def verdict(self) -> Future:
+        """Done with the outcome: applied (None) or refused (the error). The future itself unless said apart."""
+        return self
 
 
 @dataclass(frozen=True, slots=True)
