@@ -34,6 +34,7 @@ from .model.message import Message, ReceiveMode, SubQueue, datetime_to_ms
 from .model.tiers import Quotas, Tier, TierRules
 from .partition.handle import PartitionFactory, PartitionHandle
 from .partition.handle import RemoteVerdict as RemoteVerdict  # offered to front ends (see OFFERED)
+from .partition.handle import hurry as hurry  # offered to front ends (see OFFERED)
 from .registry.lookups import Lookups
 from .registry.management import Management
 from .registry.partitions import PartitionMaking
@@ -43,7 +44,6 @@ from .registry.sync import remove_orphan_partitions as remove_orphan_partitions 
 from .registry.upkeep import Upkeep
 from .store.amqp_values import register_stored_types
 from .store.catalog import Catalog
-from .store.committer import hurry as hurry  # offered to front ends (see OFFERED)
 
 DEFAULT_NAMESPACE = "sbemulatorns"
 # What front ends (endpoint/, http/) use of what lies below the namespace, offered here so that they import the

@@ -114,3 +114,19 @@ def test_a_dropped_connection_fails_a_write_not_known_durable(partition) -> None
     p.link._abort("the test drops it")
     with pytest.raises(PartitionUnavailable):
         future.result(5)
+
+
+def test_hurry_through_a_callback_ends_the_linger(partition) -> None:
+    """A management request's reply waits for its settlement's write through a callback (``hurry``)."""
+    from shardbus.namespace import hurry
+
+    p, worker = partition
+    for broker in worker.host.partitions.values():
+        broker.settle_linger = 30.0
+    got = _locked(p, 2)
+    future = p.complete(0, [m.lock_token for m in got])
+    written = threading.Event()
+    future.add_done_callback(lambda f: written.set())
+    hurry(future)
+    assert written.wait(5)
+    assert future.exception() is None

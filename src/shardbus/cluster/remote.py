@@ -83,9 +83,13 @@ class RemoteSettlement(RemoteVerdict):
     def verdict(self) -> Future:
         return self._verdict
 
-    def result(self, timeout: float | None = None) -> Any:
+    def hurry(self) -> None:
+        """Someone waits for the write (``partition.handle.hurry``): the worker ends its linger."""
         if not self.done():
             self._link.hurry(self._request_id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.hurry()
         return super().result(timeout)
 
 

@@ -92,6 +92,14 @@ class RemoteVerdict(Future):
         return self
 
 
+def hurry(future: Future) -> None:
+    """A caller waits for a partition write's ``future`` through a callback: a write that lingers for company (a
+    local ``LingeringWrite``, a worker's ``RemoteSettlement``) stops waiting; any other is written at once anyway."""
+    hurry = getattr(future, "hurry", None)
+    if hurry is not None:
+        hurry()
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionSpec:
     """What it takes to run one partition anywhere: its settings and where its store lives.
