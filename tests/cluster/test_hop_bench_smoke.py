@@ -29,3 +29,11 @@ def test_hop_threads_splits_both_by_process_and_thread() -> None:
     ), out
     for key in ("front end loop", "worker 1 loop", "worker 1 others"):
         assert re.search(rf"^    {key} +[\d.]+", out, re.M), out
+
+
+def test_hop_threads_splits_the_receive_phase() -> None:
+    out = _run(
+        str(BENCH / "hop_threads.py"), "--count", "300", "--rounds", "1", "--modes", "workers1", "--phase", "receive"
+    )
+    assert "us/msg in receive" in out, out
+    assert re.search(r"^    worker 1 others +[\d.]+", out, re.M), out
