@@ -151,3 +151,11 @@ def test_a_big_frame_leaves_no_big_reader_behind() -> None:
         assert got[1][2] == b"x" * (2 * wire.KEEP_READER_BELOW)
 
     asyncio.run(main())
+
+
+def test_a_worker_of_another_frame_version_is_told_apart_at_the_handshake() -> None:
+    """Version 2 added frames a version-1 peer cannot read: the handshake says so instead of a broken stream."""
+    with pytest.raises(ValueError, match=r"another version \(SBW1"):
+        wire.answer(KEY, b"SBW1" + bytes(wire.NONCE_BYTES))
+    opening, _ = wire.challenge()
+    assert wire.answer(KEY, opening).startswith(wire.MAGIC)

@@ -150,7 +150,9 @@ _RECORDS: dict[int, type] = {1: Settle, 2: SlotSettings, 3: PartitionConfig, 4: 
 _RECORD_TAGS = {cls: tag for tag, cls in _RECORDS.items()}
 _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _RECORDS.values()}
 
-MAGIC = b"SBW1"  # opens both sides of the handshake: a peer that speaks something else is told apart at once
+# Opens both sides of the handshake: a peer that speaks something else is told apart at once. Its digit is the
+# frames' version: 2 added the applied and written frames, which a version-1 front end cannot read.
+MAGIC = b"SBW2"
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
 ANSWER_BYTES = len(MAGIC) + hashlib.sha256().digest_size  # front end -> worker
@@ -240,7 +242,13 @@ def challenge() -> tuple[bytes, bytes]:
 def answer(key: str, opening: bytes) -> bytes:
     """The front end's answer to a worker's opening bytes (ValueError if they are not a shardbus worker's)."""
     if len(opening) != CHALLENGE_BYTES or not opening.startswith(MAGIC):
-        what = "an AMQP peer (an older shardbus worker?)" if opening.startswith(b"AMQP") else "not a shardbus worker"
+        if opening.startswith(MAGIC[:3]):
+            theirs = opening[:4].decode(errors="replace")
+            what = f"a shardbus worker of another version ({theirs}; this front end speaks {MAGIC.decode()})"
+        elif opening.startswith(b"AMQP"):
+            what = "an AMQP peer (an older shardbus worker?)"
+        else:
+            what = "not a shardbus worker"
         raise ValueError(f"the peer is {what}")
     return MAGIC + _mac(key, opening[len(MAGIC) :])
 
