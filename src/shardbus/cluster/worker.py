@@ -5,9 +5,10 @@ A front end opens a partition (``open``: its settings and where its store lives 
 directory), starts it, and then calls the operations of the partition interface by name (the table in
 ``partition/handle.py``: QUERY, WRITE and QUERY_WRITE ones call the partition's broker); the worker runs each call
 on its event loop thread (they are in-memory decisions that queue store writes) and answers when the call's store
-write, if any, is durable. LIFECYCLE operations (start, stop) load or flush a store, so they run on a thread of
-their own. A partition's listeners become ``event`` frames to every front end that opened it, coalesced per loop
-iteration.
+write, if any, is durable; a settlement whose write lingers for company is answered once applied and its write
+reported durable later (``WorkerConnection._applied``). LIFECYCLE operations (start, stop) load or flush a store,
+so they run on a thread of their own. A partition's listeners become ``event`` frames to every front end that
+opened it, coalesced per loop iteration.
 
 Run one with ``shardbus worker --listen HOST:PORT --data-dir DIR --key KEY``; ``shardbus serve --workers N``
 starts N of them itself. The key is the cluster's secret: a front end proves it holds it by answering the
