@@ -7,10 +7,11 @@ first (with ``--workers 1`` the front end's busiest other thread is its cluster 
 store threads). Same clients, queue and messages as bench/scale.py (its ``ShardbusServe`` and ``Role``).
 
     python bench/hop_threads.py [--count N] [--rounds R] [--base DIR] [--modes workers0,workers1]
-                                [--phase both|receive|send]
+                                [--phase both|receive|send] [--kernel]
 
 ``--phase receive`` measures bench/scale.py's "receive" phase instead (the N messages sent first, unmeasured, then
-received and completed from that backlog); ``--phase send`` its "send" phase alone.
+received and completed from that backlog); ``--phase send`` its "send" phase alone. ``--kernel`` counts only
+the kernel's share of each thread's CPU (system time: sockets, futexes, the store's I/O) instead of user + kernel.
 
 Read it as shares and as differences within one run: the machine's speed drifts.
 """
@@ -28,8 +29,11 @@ import scale  # bench/scale.py, beside this file
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+KERNEL_ONLY = False  # --kernel: system time alone
+
+
 def threads(pid: int) -> dict[int, float]:
-    """CPU seconds (user + kernel) of each thread of ``pid`` so far."""
+    """CPU seconds (user + kernel, or kernel alone with ``--kernel``) of each thread of ``pid`` so far."""
     out: dict[int, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -38,7 +42,7 @@ def threads(pid: int) -> dict[int, float]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+        out[int(tid)] = ((0 if KERNEL_ONLY else int(fields[11])) + int(fields[12])) / TICK
     return out
 
 
@@ -64,7 +68,10 @@ def main() -> None:
     parser.add_argument("--modes", default="workers0,workers1")
     parser.add_argument("--base", type=Path, default=None, help="a checkout to serve the same modes from")
     parser.add_argument("--phase", choices=("both", "receive", "send"), default="both", help="the phase measured")
+    parser.add_argument("--kernel", action="store_true", help="the kernel's share of each thread (system time)")
     args = parser.parse_args()
+    global KERNEL_ONLY
+    KERNEL_ONLY = args.kernel
     n = args.count
     scale.install_uvloop()
     flags = {"workers0": ["--workers", "0"], "workers1": ["--workers", "1"], "workers2": ["--workers", "2"]}
@@ -114,7 +121,8 @@ def main() -> None:
                     busiest = ", ".join(f"{v:.1f}" for v in others[:4])
                     text.append(f"{role}: loop {loop:.1f}, others {sum(others):.1f} ({busiest})")
                 print(f"round {run + 1} {name:<14} broker {total:5.1f} us/msg  " + "; ".join(text), flush=True)
-    print(f"\nmedians (min-max) over the rounds, us/msg in {args.phase}")
+    what = "kernel (system) time" if args.kernel else "CPU"
+    print(f"\nmedians (min-max) over the rounds, us/msg in {args.phase}; threads' {what}, broker's total CPU")
     for name, row in figures.items():
         print(f"  {name}")
         for key, values in row.items():
