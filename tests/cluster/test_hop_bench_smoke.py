@@ -1,4 +1,5 @@
-"""bench/hop_micro.py and bench/hop_threads.py run end to end on a few messages (the hop to a worker's benches)."""
+"""The hop to a worker's benches (bench/hop_micro.py, hop_threads.py, hop_counts.py) run end to end on a few
+messages."""
 
 from __future__ import annotations
 
@@ -37,3 +38,20 @@ def test_hop_threads_splits_the_receive_phase() -> None:
     )
     assert "us/msg in receive" in out, out
     assert re.search(r"^    worker 1 others +[\d.]+", out, re.M), out
+
+
+def test_hop_threads_kernel_share() -> None:
+    out = _run(str(BENCH / "hop_threads.py"), "--count", "300", "--rounds", "1", "--modes", "workers1", "--kernel")
+    assert "threads' kernel (system) time" in out, out
+    assert re.search(r"^    worker 1 loop +[\d.]+", out, re.M), out
+
+
+def test_hop_counts_counts_requests_by_operation() -> None:
+    out = _run(str(BENCH / "hop_counts.py"), "--count", "500", "--rounds", "1")
+    # every message sent crosses in some enqueue and comes back from some lock request
+    for key in ("request enqueue /msg", "request lock_messages /msg", "request complete /msg", "frame reply /msg"):
+        assert re.search(rf"^    {key} +0\.\d+ \(", out, re.M), out
+    got = re.search(r"^    lock: got /request +([\d.]+)", out, re.M)
+    assert got is not None and float(got.group(1)) >= 1, out
+    tokens = re.search(r"^    complete: tokens /request +([\d.]+)", out, re.M)
+    assert tokens is not None and float(tokens.group(1)) >= 1, out
