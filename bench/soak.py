@@ -20,9 +20,10 @@ subscription, each prefetching ``--prefetch`` (1) message, so a message goes to 
 
 Every ``--interval`` seconds one line: messages sent and settled in the interval, the broker's RSS at its end and
 open file descriptors (the median of samples through the interval; its worker processes included), and p50/p99
-latency of sends, first deliveries and completes, the machine's own (``Probe``) and the disk's worst second
-(``Disk``). At the end the producers stop, the consumers drain until every acknowledged
-message has its final outcome (or ``--drain`` s pass), and each message id is reconciled:
+latency of sends, first deliveries and completes, the machine's own (``Probe``), the disk's worst second
+(``Disk``), the disk's own pace (``DiskProbe``) and the broker's own I/O per second. At the end the producers stop,
+the consumers drain until every acknowledged message has its final outcome (or ``--drain`` s pass), and each
+message id is reconciled:
 
     lost          acknowledged and never reached its outcome (fails the run)
     duplicated    settled twice where it should be once, without an explanation (fails the run); explained ones
@@ -33,7 +34,8 @@ message has its final outcome (or ``--drain`` s pass), and each message id is re
 
 and flatness: RSS, file descriptors and latencies of each interval after the first (warm-up) against the
 second interval's; the run fails (exit status 2) when RSS or descriptors grow by more than 10% (judged with at least
-three intervals after warm-up). Latencies are printed with their ratios but do not decide (the machine is shared).
+three intervals after warm-up). Latencies are printed with their ratios, raw and net of the machine's drift (the disk's
+too while the broker's own I/O was flat, ``flatness``), but do not decide (the machine is shared).
 
     python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
         [--data-dir DIR] [--keep] [--trace]
@@ -431,7 +433,8 @@ class Disk:
     Both are printed beside the latencies and neither enters the "net" drift: the broker issues most of the
     requests on its own data disk (its checkpoints write megabytes at once, and its own fsyncs are PSI stall
     time), so its own work moves them too; they say when the disk stalled, not how much of a tail is the
-    machine's (docs/operations.md, "The soak"). Absent files (no PSI, no such device) read as not measured."""
+    machine's (docs/operations.md, "The soak"); that is ``DiskProbe``'s, under ``flatness``'s rule. Absent files
+    (no PSI, no such device) read as not measured."""
 
     def __init__(self, root: Path, period: float = 1.0) -> None:
         self.period = period
