@@ -511,13 +511,16 @@ class DiskProbe:
 
     The broker's own I/O shares that device and so moves it too; ``flatness`` lets it into the machine's drift only
     over intervals in which the broker's own I/O was flat (``broker_io_flat``). Syncs of 3 ms or more are kept as
-    ``disk-probe`` events for the stall report (``--trace``): the slow sends that overlapped one met a slow disk."""
+    ``disk-probe`` events for the stall report (``--trace``): the slow sends that overlapped one met a slow disk.
+    With ``--trace`` every sample is also written to ``disk_probe.trace`` beside the broker's trace, in its format
+    (``<due> <ms> disk-probe``), for reading against the broker's commits and checkpoints afterwards."""
 
     SCRIPT = Path(__file__).resolve().with_name("disk_probe.py")
 
-    def __init__(self, root: Path, rate: float = 50.0) -> None:
+    def __init__(self, root: Path, rate: float = 50.0, trace: Path | None = None) -> None:
         import struct
 
+        self.trace = trace.open("w") if trace is not None else None
         self.record = struct.Struct("<dd")
         self.lock = threading.Lock()
         self.ms: list[float] = []
@@ -533,6 +536,8 @@ class DiskProbe:
         size = self.record.size
         while len(data := self.proc.stdout.read(size)) == size:
             due, ms = self.record.unpack(data)
+            if self.trace is not None:
+                self.trace.write(f"{due:.6f} {ms:.3f} disk-probe\n")
             with self.lock:
                 self.ms.append(ms)
                 if ms >= STALL_MS:
@@ -554,6 +559,8 @@ class DiskProbe:
             self.proc.kill()
             self.proc.wait(5)
         self.thread.join(5)
+        if self.trace is not None:
+            self.trace.close()
 
 
 STALL_MS = 3.0  # a traced event at least this long is a stall that may explain a slow send
@@ -1336,7 +1343,7 @@ def main(argv: list[str] | None = None) -> int:
     load = Load(broker.connection_string, ledger, args.rate, args.consumers, args.prefetch)
     probe = Probe(root)
     disk = Disk(root)
-    disk_probe = DiskProbe(root)
+    disk_probe = DiskProbe(root, trace=root / "disk_probe.trace" if trace is not None else None)
     client_stalls = ClientStalls()
     if trace is not None:
         client_stalls.start()
