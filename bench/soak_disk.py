@@ -11,6 +11,9 @@ It answers three questions about the slow 1% (issue #28, point 6):
   the disk's, which it must wait for to be durable.
 - **Did checkpoints run in the disk's bad moments?** Checkpoints that began within ``--near`` ms after a slow probe
   sync, and how long those took against the others: what deferring a checkpoint out of a stall could save.
+- **Did the commit pool make batches wait?** The time the broker had 1, 2, ... group commits (``batch`` lines) in
+  flight at once: with ``COMMITS``'s 8 threads busy, a ninth store's batch waits for a thread. (Batches under the
+  trace's threshold, 1 ms, are not traced; at 8 at once they are long ones.)
 
     python bench/soak_disk.py DIR [DIR...] [--slow 10] [--near 200]
 """
@@ -30,9 +33,12 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def _read(path: Path) -> tuple[list[tuple[float, float, bool]], list[Span], list[tuple[float, float]]]:
-    """(synced and unsynced commits as (start, ms, synced), checkpoints as spans, probe syncs as (due, ms))."""
-    commits, checkpoints, probe = [], [], []
+def _read(
+    path: Path,
+) -> tuple[list[tuple[float, float, bool]], list[Span], list[tuple[float, float]], list[Span]]:
+    """(synced and unsynced commits as (start, ms, synced), checkpoints as spans, probe syncs as (due, ms), group
+    commits as spans)."""
+    commits, checkpoints, probe, batches = [], [], [], []
     for line in (path / "stalls.trace").read_text().splitlines():
         parts = line.split(" ", 3)
         if len(parts) < 4:
@@ -42,13 +48,15 @@ def _read(path: Path) -> tuple[list[tuple[float, float, bool]], list[Span], list
             commits.append((start, ms, parts[3].endswith("sync=True")))
         elif kind == "checkpoint":
             checkpoints.append((start, start + ms / 1000))
+        elif kind == "batch":
+            batches.append((start, start + ms / 1000))
     for line in (path / "disk_probe.trace").read_text().splitlines():
         due, ms, _ = line.split(" ")
         probe.append((float(due), float(ms)))
     commits.sort()
     checkpoints.sort()
     probe.sort()
-    return commits, checkpoints, probe
+    return commits, checkpoints, probe, batches
 
 
 def _overlaps(spans: list[Span], starts: list[float], longest: float, a: float, b: float) -> bool:
@@ -71,7 +79,7 @@ def _line(name: str, ms: list[float], slow: float) -> str:
 
 
 def report(path: Path, slow: float, near: float) -> list[str]:
-    commits, checkpoints, probe = _read(path)
+    commits, checkpoints, probe, batches = _read(path)
     if not probe:
         return [f"{path}: no disk probe samples"]
     out = [f"{path}: {len(commits)} commits, {len(checkpoints)} checkpoints, {len(probe)} disk probe syncs"]
@@ -115,6 +123,16 @@ def report(path: Path, slow: float, near: float) -> list[str]:
     out.append(f"checkpoints begun within {near:g} ms of a slow probe sync, against the others:")
     out.append(_line("in a bad moment", in_bad, slow))
     out.append(_line("otherwise", in_good, slow))
+    # how many group commits were in flight at once, over the traced span
+    edges = sorted([(a, 1) for a, _ in batches] + [(b, -1) for _, b in batches])
+    held: dict[int, float] = {}
+    level, last = 0, edges[0][0] if edges else 0.0
+    for t, step in edges:
+        held[level] = held.get(level, 0.0) + t - last
+        level, last = level + step, t
+    span = sum(held.values()) or 1.0
+    shown = ", ".join(f"{n}: {held[n]:.2f} s ({held[n] / span:.2%})" for n in sorted(held) if n)
+    out.append(f"group commits of 1 ms or more in flight at once (the pool has 8 threads): {shown}")
     return out
 
 
