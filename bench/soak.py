@@ -38,7 +38,7 @@ three intervals after warm-up). Latencies are printed with their ratios, raw and
 too while the broker's own I/O was flat, ``flatness``), but do not decide (the machine is shared).
 
     python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
-        [--data-dir DIR] [--keep] [--trace]
+        [--disk-rate 50] [--data-dir DIR] [--keep] [--trace]
 """
 
 from __future__ import annotations
@@ -513,7 +513,8 @@ class DiskProbe:
     over intervals in which the broker's own I/O was flat (``broker_io_flat``). Syncs of 3 ms or more are kept as
     ``disk-probe`` events for the stall report (``--trace``): the slow sends that overlapped one met a slow disk.
     With ``--trace`` every sample is also written to ``disk_probe.trace`` beside the broker's trace, in its format
-    (``<due> <ms> disk-probe``), for reading against the broker's commits and checkpoints afterwards."""
+    (``<due> <ms> disk-probe``), for reading against the broker's commits and checkpoints afterwards. A ``rate``
+    of 0 runs no probe (``--disk-rate 0``: its columns read nan and the disk stays out of the drift)."""
 
     SCRIPT = Path(__file__).resolve().with_name("disk_probe.py")
 
@@ -528,11 +529,11 @@ class DiskProbe:
         self.proc = subprocess.Popen(
             [sys.executable, str(self.SCRIPT), str(root / "disk_probe.bin"), "--rate", str(rate)],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        ) if rate > 0 else None  # fmt: skip
         self.thread = threading.Thread(target=self._read, name="probe-disk-sync", daemon=True)
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
+        assert self.proc is not None and self.proc.stdout is not None
         size = self.record.size
         while len(data := self.proc.stdout.read(size)) == size:
             due, ms = self.record.unpack(data)
@@ -544,7 +545,8 @@ class DiskProbe:
                     self.events.append((due, due + ms / 1000, "disk-probe", f"{ms:.1f} ms"))
 
     def start(self) -> None:
-        self.thread.start()
+        if self.proc is not None:
+            self.thread.start()
 
     def take(self) -> list[float]:
         with self.lock:
@@ -552,13 +554,14 @@ class DiskProbe:
             return out
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.thread.join(5)
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+            self.thread.join(5)
         if self.trace is not None:
             self.trace.close()
 
@@ -1327,6 +1330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prefetch", type=int, default=TIMED_PREFETCH, help="prefetch_count of the receivers of soak-q and the topic"
     )
+    parser.add_argument(
+        "--disk-rate", type=float, default=50.0, help="the disk probe's syncs a second (bench/disk_probe.py; 0: none)"
+    )
     parser.add_argument("--drain", type=float, default=90.0, help="seconds the final drain may take at most")
     parser.add_argument("--data-dir", type=Path, help="where the broker's data goes (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
@@ -1343,7 +1349,7 @@ def main(argv: list[str] | None = None) -> int:
     load = Load(broker.connection_string, ledger, args.rate, args.consumers, args.prefetch)
     probe = Probe(root)
     disk = Disk(root)
-    disk_probe = DiskProbe(root, trace=root / "disk_probe.trace" if trace is not None else None)
+    disk_probe = DiskProbe(root, args.disk_rate, root / "disk_probe.trace" if trace is not None else None)
     client_stalls = ClientStalls()
     if trace is not None:
         client_stalls.start()
