@@ -20,9 +20,10 @@ subscription, each prefetching ``--prefetch`` (1) message, so a message goes to 
 
 Every ``--interval`` seconds one line: messages sent and settled in the interval, the broker's RSS at its end and
 open file descriptors (the median of samples through the interval; its worker processes included), and p50/p99
-latency of sends, first deliveries and completes, the machine's own (``Probe``) and the disk's worst second
-(``Disk``). At the end the producers stop, the consumers drain until every acknowledged
-message has its final outcome (or ``--drain`` s pass), and each message id is reconciled:
+latency of sends, first deliveries and completes, the machine's own (``Probe``), the disk's worst second
+(``Disk``), the disk's own pace (``DiskProbe``) and the broker's own I/O per second. At the end the producers stop,
+the consumers drain until every acknowledged message has its final outcome (or ``--drain`` s pass), and each
+message id is reconciled:
 
     lost          acknowledged and never reached its outcome (fails the run)
     duplicated    settled twice where it should be once, without an explanation (fails the run); explained ones
@@ -33,10 +34,11 @@ message has its final outcome (or ``--drain`` s pass), and each message id is re
 
 and flatness: RSS, file descriptors and latencies of each interval after the first (warm-up) against the
 second interval's; the run fails (exit status 2) when RSS or descriptors grow by more than 10% (judged with at least
-three intervals after warm-up). Latencies are printed with their ratios but do not decide (the machine is shared).
+three intervals after warm-up). Latencies are printed with their ratios, raw and net of the machine's drift (the disk's
+too while the broker's own I/O was flat, ``flatness``), but do not decide (the machine is shared).
 
     python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
-        [--data-dir DIR] [--keep] [--trace]
+        [--disk-rate 50] [--data-dir DIR] [--keep] [--trace]
 """
 
 from __future__ import annotations
@@ -221,6 +223,19 @@ class Broker:
             except OSError:
                 continue
         return rss_kb / 1024, fds
+
+    def io(self) -> tuple[int, int]:
+        """(bytes written, write system calls), summed over the broker's processes so far (``/proc/PID/io``:
+        ``write_bytes`` is what it sent towards the disk, its WAL frames and checkpoints; ``syscw`` its writes)."""
+        written, calls = 0, 0
+        for pid in self.pids():
+            try:
+                fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+                written += int(fields["write_bytes"])
+                calls += int(fields["syscw"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return written, calls
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -418,7 +433,8 @@ class Disk:
     Both are printed beside the latencies and neither enters the "net" drift: the broker issues most of the
     requests on its own data disk (its checkpoints write megabytes at once, and its own fsyncs are PSI stall
     time), so its own work moves them too; they say when the disk stalled, not how much of a tail is the
-    machine's (docs/operations.md, "The soak"). Absent files (no PSI, no such device) read as not measured."""
+    machine's (docs/operations.md, "The soak"); that is ``DiskProbe``'s, under ``flatness``'s rule. Absent files
+    (no PSI, no such device) read as not measured."""
 
     def __init__(self, root: Path, period: float = 1.0) -> None:
         self.period = period
@@ -482,6 +498,72 @@ class Disk:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
+
+
+class DiskProbe:
+    """The disk's pace, dense and out of everyone's way: bench/disk_probe.py in a process of its own syncs a 4 KB
+    overwrite of its own file next to the broker's data (the same filesystem) ``rate`` times a second, open loop,
+    each latency counted from when it was due (as the soak's sends are). A disk stall of a few hundred ms then
+    spoils the same share of its samples as of the sends due inside it, so its p99 moves with the disk as theirs
+    does; at 50 a second a 5-minute interval has 15,000 samples, 150 above the p99, and a bad second is 50 of
+    them (the commit probe's ten a second meet one with a sample or two). Being another process it waits for no
+    one's GIL: it is the disk (the device, its queue and the kernel), what ``Probe`` is for the CPU.
+
+    The broker's own I/O shares that device and so moves it too; ``flatness`` lets it into the machine's drift only
+    over intervals in which the broker's own I/O was flat (``broker_io_flat``). Syncs of 3 ms or more are kept as
+    ``disk-probe`` events for the stall report (``--trace``): the slow sends that overlapped one met a slow disk.
+    With ``--trace`` every sample is also written to ``disk_probe.trace`` beside the broker's trace, in its format
+    (``<due> <ms> disk-probe``), for reading against the broker's commits and checkpoints afterwards. A ``rate``
+    of 0 runs no probe (``--disk-rate 0``: its columns read nan and the disk stays out of the drift)."""
+
+    SCRIPT = Path(__file__).resolve().with_name("disk_probe.py")
+
+    def __init__(self, root: Path, rate: float = 50.0, trace: Path | None = None) -> None:
+        import struct
+
+        self.trace = trace.open("w") if trace is not None else None
+        self.record = struct.Struct("<dd")
+        self.lock = threading.Lock()
+        self.ms: list[float] = []
+        self.events: list[tuple[float, float, str, str]] = []  # (start, end, "disk-probe", detail): the slow ones
+        self.proc = subprocess.Popen(
+            [sys.executable, str(self.SCRIPT), str(root / "disk_probe.bin"), "--rate", str(rate)],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        ) if rate > 0 else None  # fmt: skip
+        self.thread = threading.Thread(target=self._read, name="probe-disk-sync", daemon=True)
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        size = self.record.size
+        while len(data := self.proc.stdout.read(size)) == size:
+            due, ms = self.record.unpack(data)
+            if self.trace is not None:
+                self.trace.write(f"{due:.6f} {ms:.3f} disk-probe\n")
+            with self.lock:
+                self.ms.append(ms)
+                if ms >= STALL_MS:
+                    self.events.append((due, due + ms / 1000, "disk-probe", f"{ms:.1f} ms"))
+
+    def start(self) -> None:
+        if self.proc is not None:
+            self.thread.start()
+
+    def take(self) -> list[float]:
+        with self.lock:
+            out, self.ms = self.ms, []
+            return out
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+            self.thread.join(5)
+        if self.trace is not None:
+            self.trace.close()
 
 
 STALL_MS = 3.0  # a traced event at least this long is a stall that may explain a slow send
@@ -1082,6 +1164,47 @@ def _weighted_geomean(values: list[float], weights: list[float]) -> float:
     return math.exp(sum(w * math.log(v) for v, w in zip(values, weights, strict=True)) / sum(weights))
 
 
+# The latencies that wait for a synced commit (a send; a first delivery, which holds its send): the disk's drift
+# may explain them. A complete is answered at once and written later without an fsync (docs/behaviour.md).
+DISK_BOUND = ("send_p99", "recv_p99")
+# The broker's own I/O per second, each interval (``Broker.io``; synced commits from the stall trace, if any)
+BROKER_IO = (("io_write", "bytes written"), ("io_syscw", "write calls"), ("io_fsyncs", "synced commits"))
+
+
+def broker_io_flat(after: list[dict[str, float]]) -> tuple[bool, str]:
+    """Whether the broker's own I/O was the same in every interval: each measure of it in ``BROKER_IO`` (per
+    second) measured in all of them spreads by ``FLAT`` at most. At a paced, steady load that is what it should
+    do; then its share of the disk's pace is the same in every interval, and an interval whose disk is slower is
+    the machine's doing. (False when none was measured.)"""
+    parts, flat = [], True
+    for name, what in BROKER_IO:
+        values = [r.get(name, float("nan")) for r in after]
+        if not all(v > 0 for v in values):  # (nan compares false: not measured)
+            continue
+        spread = max(values) / min(values)
+        flat = flat and spread <= FLAT
+        parts.append(f"{what} {spread:.2f}x")
+    if not parts:
+        return False, "not measured"
+    return flat, ", ".join(parts)
+
+
+def disk_drift(after: list[dict[str, float]]) -> list[float] | None:
+    """Per interval, the disk probe's p99 (``DiskProbe``) against its median over the intervals, only as far as
+    that interval's 95% confidence interval is sure of: the edge of the interval nearer the median, and 1.0 when
+    the interval holds the median. A disk that moved within its noise so counts as not moved, and the broker's
+    verdicts are then exactly what they are without it. None when the probe did not run in every interval."""
+    values = [r.get("dsync_p99", float("nan")) for r in after]
+    if not all(v > 0 for v in values):
+        return None
+    middle = statistics.median(values)
+    out = []
+    for r in after:
+        low, high = r.get("dsync_p99_ci", (r["dsync_p99"], r["dsync_p99"]))
+        out.append(low / middle if low > middle else high / middle if high < middle else 1.0)
+    return out
+
+
 def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     """One verdict per metric over the intervals after warm-up.
 
@@ -1092,7 +1215,16 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     as ratios to their medians over the intervals; the p99s weighed by how many samples stand behind each, see
     ``Probe``): ``follows the machine`` when what is left is within ``FLAT``
     (the machine slowed down, not the broker), ``MOVED`` otherwise. A p99 is judged only over intervals with at
-    least ``MIN_P99_SAMPLES`` samples (``too few samples`` otherwise)."""
+    least ``MIN_P99_SAMPLES`` samples (``too few samples`` otherwise).
+
+    The disk (``DiskProbe``) enters that drift under one rule, and only for the p99s that wait for a synced commit
+    (``DISK_BOUND``: send and receive): when the broker's own I/O was flat across the intervals
+    (``broker_io_flat``: bytes written, write calls and, traced, synced commits per second, each within ``FLAT``),
+    an interval's drift is the disk's (``disk_drift``: the probe's p99 against its median, as far as its 95%
+    interval is sure) where that moved further from 1 than the probes' drift, and the probes' drift otherwise.
+    So a send p99 that rose with the disk while the broker wrote what it always writes follows the machine; one
+    that rose with the disk flat, or while the broker's own I/O moved (its writes may have slowed the disk), is
+    judged as before. ``FLAT`` is the same everywhere."""
     base = after[0]
     drift: dict[str, list[float]] = {}
     for pct, probes in (("p50", ("sqlite", "echo")), ("p99", ("sqlite_p99", "echo_p99"))):
@@ -1111,18 +1243,33 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     out = []
     shown = ", ".join(f"{d:.2f}" for d in drift["p99"])
     out.append(("machine p99 drift", f"{shown} per interval (the probes' p99s against their medians, weighed)"))
+    io_flat, io_text = broker_io_flat(after)
+    disk = disk_drift(after)
+    if disk is not None:
+        admitted = io_flat
+        drift["disk"] = [
+            d if not (abs(math.log(c)) >= abs(math.log(d))) else c  # (nan: the disk's)
+            for c, d in zip(drift["p99"], disk, strict=True)
+        ] if admitted else drift["p99"]  # fmt: skip
+        shown = ", ".join(f"{d:.2f}" for d in disk)
+        use = "in the drift of send and receive p99" if admitted else "not in the drift"
+        out.append(("disk drift", f"{shown} per interval (the disk probe's p99 against its median, as far as its "
+                                  f"95% interval is sure; {use})"))  # fmt: skip
+    out.append(("broker io", f"{io_text} per second across intervals ({'flat' if io_flat else 'MOVED'})"))
     for name in ("rss", "fds"):
         ratios = [r[name] / base[name] for r in after if base[name]]
         worst = max(ratios) if ratios else float("nan")
         out.append((name, f"max {worst:.2f}x of interval 2 ({'flat' if worst <= FLAT else 'GREW'})"))
-    for name in (*LATENCIES, "sqlite", "sqlite_p99", "echo", "echo_p99"):
+    probes = ["sqlite", "sqlite_p99", "echo", "echo_p99"] + (["dsync", "dsync_p99"] if disk is not None else [])
+    for name in (*LATENCIES, *probes):
         pct = "p99" if name.endswith("p99") else "p50"
         kind = name.split("_")[0]
+        machine = drift["disk"] if name in DISK_BOUND and "disk" in drift else drift[pct]
         enough = [
             pct == "p50" or kind not in _COUNTS or r.get(_COUNTS[kind], MIN_P99_SAMPLES) >= MIN_P99_SAMPLES
             for r in after
         ]
-        rows = [(r, d) for r, d, ok in zip(after, drift[pct], enough, strict=True) if ok and r[name] == r[name]]
+        rows = [(r, d) for r, d, ok in zip(after, machine, enough, strict=True) if ok and r[name] == r[name]]
         values = [r[name] for r, _ in rows if r[name] > 0]
         if len(values) < 2:
             out.append((name, f"too few samples (p99s need {MIN_P99_SAMPLES} an interval)"))
@@ -1135,8 +1282,8 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
             low = max(1.0, max(c[0] for c in cis) / min(c[1] for c in cis))
             high = max(c[1] for c in cis) / min(c[0] for c in cis)
             text += f" (95% intervals allow {low:.2f}-{high:.2f}x)"
-        if name.startswith(("sqlite", "echo")):
-            out.append((name, f"{text} (the machine's probe)"))
+        if name.startswith(("sqlite", "echo", "dsync")):
+            out.append((name, f"{text} (the {'disk' if name.startswith('dsync') else 'machine'}'s probe)"))
             continue
         net = [r[name] / d for r, d in rows if d == d and d > 0 and r[name] > 0]
         net_spread = max(net) / min(net) if len(net) >= 2 else float("nan")
@@ -1144,8 +1291,28 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
             verdict = "flat"
         else:
             verdict = "follows the machine" if net_spread <= FLAT else "MOVED"
-        out.append((name, f"{text}, {net_spread:.2f}x net of the machine's {pct} drift ({verdict})"))
+        of = f"{pct} drift and the disk's" if machine is not drift[pct] else f"{pct} drift"
+        out.append((name, f"{text}, {net_spread:.2f}x net of the machine's {of} ({verdict})"))
     return out
+
+
+def _count_fsyncs(trace: Path, rows: list[dict[str, float]]) -> None:
+    """Each interval's synced commits per second (``io_fsyncs``), from the broker's stall trace: its fsyncs."""
+    import bisect
+
+    starts = []
+    try:
+        with trace.open() as lines:
+            for line in lines:
+                parts = line.split(" ", 3)
+                if len(parts) == 4 and parts[2] == "commit" and parts[3].rstrip().endswith("sync=True"):
+                    starts.append(float(parts[0]))
+    except OSError:
+        return
+    starts.sort()
+    for row in rows:
+        n = bisect.bisect_left(starts, row["t1"]) - bisect.bisect_left(starts, row["t0"])
+        row["io_fsyncs"] = n / (row["t1"] - row["t0"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1163,6 +1330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prefetch", type=int, default=TIMED_PREFETCH, help="prefetch_count of the receivers of soak-q and the topic"
     )
+    parser.add_argument(
+        "--disk-rate", type=float, default=50.0, help="the disk probe's syncs a second (bench/disk_probe.py; 0: none)"
+    )
     parser.add_argument("--drain", type=float, default=90.0, help="seconds the final drain may take at most")
     parser.add_argument("--data-dir", type=Path, help="where the broker's data goes (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory")
@@ -1179,6 +1349,7 @@ def main(argv: list[str] | None = None) -> int:
     load = Load(broker.connection_string, ledger, args.rate, args.consumers, args.prefetch)
     probe = Probe(root)
     disk = Disk(root)
+    disk_probe = DiskProbe(root, args.disk_rate, root / "disk_probe.trace" if trace is not None else None)
     client_stalls = ClientStalls()
     if trace is not None:
         client_stalls.start()
@@ -1187,13 +1358,16 @@ def main(argv: list[str] | None = None) -> int:
           f"prefetch={load.receiver_options['prefetch_count']}, data in {root}", flush=True)  # fmt: skip
     print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
           f"{'recv_p50':>9} {'recv_p99':>9} {'cmpl_p50':>9} {'cmpl_p99':>9} {'errors':>7} {'sqlite':>8} "
-          f"{'sql_p99':>8} {'echo':>8} {'echo_p99':>8} {'disk_ms':>8} {'io_stall':>8}", flush=True)  # fmt: skip
+          f"{'sql_p99':>8} {'echo':>8} {'echo_p99':>8} {'disk_ms':>8} {'io_stall':>8} {'dsync':>7} {'dsy_p99':>8} "
+          f"{'wr_kB/s':>8} {'wr_n/s':>7}", flush=True)  # fmt: skip
     rows: list[dict[str, float]] = []
     started = time.monotonic()
     load.start()
     probe.start()
     disk.start()
+    disk_probe.start()
     end = started + args.minutes * 60
+    io_before, io_at = broker.io(), started
     sent_before = 0
     errors_before = 0
     try:
@@ -1216,6 +1390,9 @@ def main(argv: list[str] | None = None) -> int:
             sends, receives, settles, settled = ledger.take_latencies()
             sqlite_ms, echo_ms = probe.take()
             disk_ms, io_stall = disk.take()
+            dsync_ms = disk_probe.take()
+            io_now, io_now_at = broker.io(), time.monotonic()
+            seconds = io_now_at - io_at
             with ledger.lock:
                 held = time.monotonic()
                 sent_total = sum(1 for s in ledger.sent.values() if s.acked)
@@ -1233,14 +1410,21 @@ def main(argv: list[str] | None = None) -> int:
                 "settle_p99_ci": _pct_ci(settles, 0.99), "sqlite_p99_ci": _pct_ci(sqlite_ms, 0.99),
                 "echo_p99_ci": _pct_ci(echo_ms, 0.99), "n_sqlite": len(sqlite_ms), "n_echo": len(echo_ms),
                 "disk_ms": disk_ms, "io_stall": io_stall,
+                "dsync": _pct(dsync_ms, 0.5), "dsync_p99": _pct(dsync_ms, 0.99),
+                "dsync_p99_ci": _pct_ci(dsync_ms, 0.99), "n_dsync": len(dsync_ms),
+                "io_write": (io_now[0] - io_before[0]) / seconds, "io_syscw": (io_now[1] - io_before[1]) / seconds,
+                "t0": io_at, "t1": io_now_at,
             }  # fmt: skip
+            io_before, io_at = io_now, io_now_at
             sent_before, errors_before = sent_total, errors
             rows.append(row)
             print(f"{row['t'] / 60:8.1f}m {row['sent']:7d} {row['settled']:8d} {rss:7.1f} {fds:5d} "
                   f"{row['send_p50']:7.1f}ms {row['send_p99']:7.1f}ms {row['recv_p50']:7.1f}ms "
                   f"{row['recv_p99']:7.1f}ms {row['settle_p50']:7.1f}ms {row['settle_p99']:7.1f}ms "
                   f"{row['errors']:7d} {row['sqlite']:6.2f}ms {row['sqlite_p99']:6.2f}ms {row['echo']:6.3f}ms "
-                  f"{row['echo_p99']:6.3f}ms {disk_ms:6.1f}ms {io_stall:6.0f}ms", flush=True)  # fmt: skip
+                  f"{row['echo_p99']:6.3f}ms {disk_ms:6.1f}ms {io_stall:6.0f}ms {row['dsync']:5.2f}ms "
+                  f"{row['dsync_p99']:6.2f}ms {row['io_write'] / 1024:8.0f} {row['io_syscw']:7.0f}",
+                  flush=True)  # fmt: skip
         # Drain: producers stop, consumers go on until everything acknowledged reached its outcome.
         load.producing.clear()
         drain_start = time.monotonic()
@@ -1268,6 +1452,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         probe.close()
         disk.close()
+        disk_probe.close()
         stopping = time.monotonic()
         rc_broker = broker.stop()
         print(f"broker stopped in {time.monotonic() - stopping:.1f} s", flush=True)
@@ -1286,6 +1471,8 @@ def main(argv: list[str] | None = None) -> int:
         status = 1
     else:
         print("reconcile: clean (0 lost, 0 unexplained duplicates, 0 misrouted)")
+    if trace is not None:
+        _count_fsyncs(trace, rows)
     after = rows[1:]  # the first interval is warm-up
     if len(after) >= 2:
         for name, verdict in flatness(after):
@@ -1296,8 +1483,9 @@ def main(argv: list[str] | None = None) -> int:
             shown = ", ".join(f"{r[name]:.0f}" if r[name] == r[name] else "-" for r in after)
             print(f"flatness: {name}: the disk's worst second per interval: {shown} {what} (not in the net drift)")
     if trace is not None:
-        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends, client_stalls.events,
-                                 ledger.slow_recvs, ledger.sample_recvs):  # fmt: skip
+        for line in stall_report(trace, ledger.slow_sends, ledger.sample_sends,
+                                 client_stalls.events + disk_probe.events, ledger.slow_recvs,
+                                 ledger.sample_recvs):  # fmt: skip
             print(line)
     if not args.keep and args.data_dir is None:
         shutil.rmtree(root, ignore_errors=True)

@@ -28,8 +28,11 @@ With ``--busy 3,4`` a thread beside them does Python work in bursts (3 ms on ave
 broker's event loop does: a commit's thread waits for the GIL after each statement that let it go (``--switch``
 sets how long the holder keeps it at most, ``sys.setswitchinterval``).
 
+With ``--disk-probe 0,50`` every mode and file count runs also with bench/disk_probe.py beside it at each of those
+rates (syncs a second; 0: none), in the same rounds: what the soak's disk probe costs the commits it measures.
+
     python bench/sqlite_probe.py [--rounds 3] [--seconds 10] [--files 1,16] [--rate 70] [--modes grow,inplace,...]
-        [--busy MS,MS] [--switch MS] [--base DIR]
+        [--busy MS,MS] [--switch MS] [--base DIR] [--disk-probe RATES]
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import random
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -147,7 +151,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(
-    root: Path, mode: str, files: int, seconds: float, rate: float, busy: tuple[float, float] | None = None
+    root: Path,
+    mode: str,
+    files: int,
+    seconds: float,
+    rate: float,
+    busy: tuple[float, float] | None = None,
+    disk_rate: float = 0.0,
 ) -> tuple[list[float], list[float]]:
     """Commit times (ms) of ``files`` writers at ``rate`` commits a second in all, and the probe's, for ``seconds``;
     with ``busy`` (mean seconds of work, of rest), a thread of Python work beside them, as a broker's event loop."""
@@ -208,10 +218,20 @@ def run(
     threads.append(threading.Thread(target=probe))
     if busy:
         threads.append(threading.Thread(target=loop))
+    disk_probe = None
+    if disk_rate:
+        script = Path(__file__).resolve().with_name("disk_probe.py")
+        disk_probe = subprocess.Popen(
+            [sys.executable, str(script), str(root / "disk_probe.bin"), "--rate", str(disk_rate)],
+            stdout=subprocess.DEVNULL,
+        )
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if disk_probe is not None:
+        disk_probe.terminate()
+        disk_probe.wait(5)
     for db in dbs:
         db.close()
     return times, probe_ms
@@ -230,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch", type=float, help="sys.setswitchinterval, in ms (Python's default: 5)")
     parser.add_argument("--base", type=Path, help="a base tree (for the store-base mode)")
     parser.add_argument("--dir", type=Path, help="where the files go (default: a temporary folder beside /tmp)")
+    parser.add_argument("--disk-probe", default="0", help="bench/disk_probe.py rates beside the commits (0: none)")
     args = parser.parse_args(argv)
     if args.switch:
         sys.setswitchinterval(args.switch / 1000)
@@ -240,27 +261,31 @@ def main(argv: list[str] | None = None) -> int:
         _load_base(args.base)
     busy = tuple(float(x) / 1000 for x in args.busy.split(",")) if args.busy else None
     counts = [int(f) for f in args.files.split(",")]
-    results: dict[tuple[str, int], list[tuple[float, float, float, float, int]]] = {}
+    rates = [float(x) for x in args.disk_probe.split(",")]
+    results: dict[tuple[str, int, float], list[tuple[float, float, float, float, int]]] = {}
     base = args.dir or Path(tempfile.mkdtemp(prefix="sqlite-probe-", dir="/var/tmp"))
     for r in range(args.rounds):
-        order = [(m, f) for m in modes for f in counts]
+        order = [(m, f, d) for m in modes for f in counts for d in rates]
         random.shuffle(order)  # no mode always right after another's checkpoint or page cache
-        for mode, files in order:
-            root = base / f"{r}-{mode}-{files}"
+        for mode, files, disk_rate in order:
+            root = base / f"{r}-{mode}-{files}-{disk_rate:g}"
             root.mkdir(parents=True)
-            times, probe_ms = run(root, mode, files, args.seconds, args.rate, busy)
+            times, probe_ms = run(root, mode, files, args.seconds, args.rate, busy, disk_rate)
             shutil.rmtree(root)
             row = (_pct(times, 0.5), _pct(times, 0.9), _pct(times, 0.99), _pct(probe_ms, 0.99), len(times))
-            results.setdefault((mode, files), []).append(row)
-            print(f"round {r + 1} {mode:>8} files={files:<3} commits {row[4]:5d} p50 {row[0]:6.2f} p90 {row[1]:6.2f} "
+            results.setdefault((mode, files, disk_rate), []).append(row)
+            print(f"round {r + 1} {mode:>8} files={files:<3} dsync/s={disk_rate:<3g} commits {row[4]:5d} "
+                  f"p50 {row[0]:6.2f} p90 {row[1]:6.2f} "
                   f"p99 {row[2]:6.2f} ms; probe p99 {row[3]:6.2f} ms", flush=True)  # fmt: skip
     print(f"\nmedian over {args.rounds} rounds (range), {args.rate:g} commits/s in all, {args.seconds:g} s each:")
-    for (mode, files), rows in sorted(results.items(), key=lambda kv: (kv[0][1], modes.index(kv[0][0]))):
+    for (mode, files, disk_rate), rows in sorted(
+        results.items(), key=lambda kv: (kv[0][1], modes.index(kv[0][0]), kv[0][2])
+    ):
         cols = []
         for i, name in enumerate(("p50", "p90", "p99", "probe p99")):
             vals = [row[i] for row in rows]
             cols.append(f"{name} {statistics.median(vals):6.2f} ({min(vals):.2f}-{max(vals):.2f})")
-        print(f"{mode:>8} files={files:<3} " + ", ".join(cols) + " ms")
+        print(f"{mode:>8} files={files:<3} dsync/s={disk_rate:<3g} " + ", ".join(cols) + " ms")
     if args.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     os.sync()

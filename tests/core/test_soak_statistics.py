@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -87,3 +88,51 @@ def test_the_disk_yardstick_keeps_each_intervals_worst_second(tmp_path: Path) ->
     awaited, stalled = disk.take()
     assert awaited >= 0 or stalled >= 0  # at least one measured (nan compares false)
     assert all(v != v for v in disk.take())  # a new interval starts with nothing measured
+
+
+def _disk_row(send_p99: float, disk: float, io: float, rng: random.Random) -> dict:
+    """An interval as ``_row`` on a steady machine, with the disk probe's syncs ``disk`` times slower and the
+    broker's own I/O ``io`` times its usual."""
+    row = _row(send_p99, 1.0, rng)
+    syncs = [0.4 + rng.expovariate(2.0) * disk for _ in range(15_000)]
+    row["dsync"], row["dsync_p99"] = soak._pct(syncs, 0.5), soak._pct(syncs, 0.99)
+    row["dsync_p99_ci"] = soak._pct_ci(syncs, 0.99)
+    row["io_write"], row["io_syscw"], row["io_fsyncs"] = 4e6 * io, 1_600.0 * io, 70.0 * io
+    return row
+
+
+def test_a_tail_that_rose_with_the_disk_follows_the_machine_while_the_broker_wrote_the_same() -> None:
+    rng = random.Random(11)
+    verdicts = dict(soak.flatness([_disk_row(p99, d, 1.0, rng) for p99, d in ((5.5, 1.0), (5.6, 1.0), (6.2, 1.15),
+                                                                              (5.5, 1.0))]))  # fmt: skip
+    assert "broker io" in verdicts and "(flat)" in verdicts["broker io"], verdicts["broker io"]
+    assert "in the drift of send and receive p99" in verdicts["disk drift"], verdicts["disk drift"]
+    assert "follows the machine" in verdicts["send_p99"], verdicts["send_p99"]
+    assert "and the disk's" in verdicts["send_p99"]
+    # a complete does not wait for the disk: its p99 is judged against the probes alone
+    assert "and the disk's" not in verdicts["settle_p99"]
+
+
+def test_the_disk_does_not_excuse_a_tail_while_the_brokers_own_io_moved() -> None:
+    # the same disk and send p99s, but the broker wrote 30% more in the slow interval: its writes may be what
+    # slowed the disk, so the disk is not let into the drift
+    rng = random.Random(11)
+    rows = [_disk_row(p99, d, io, rng) for p99, d, io in ((5.5, 1.0, 1.0), (5.6, 1.0, 1.0), (6.2, 1.15, 1.3),
+                                                           (5.5, 1.0, 1.0))]  # fmt: skip
+    verdicts = dict(soak.flatness(rows))
+    assert "MOVED" in verdicts["broker io"], verdicts["broker io"]
+    assert "not in the drift" in verdicts["disk drift"]
+    assert "MOVED" in verdicts["send_p99"], verdicts["send_p99"]
+
+
+def test_a_tail_that_moved_with_the_disk_flat_still_reads_moved() -> None:
+    # the broker's own degradation: its send p99 rises 1.2x in one interval while the disk and its I/O stay put
+    rng = random.Random(5)
+    rows = [_disk_row(p99, 1.0, 1.0, rng) for p99 in (5.5, 5.6, 6.6, 5.5)]
+    verdicts = dict(soak.flatness(rows))
+    assert verdicts["disk drift"].startswith("1.00, 1.00, 1.00, 1.00 "), verdicts["disk drift"]
+    assert "MOVED" in verdicts["send_p99"], verdicts["send_p99"]
+    # a disk within its noise changes nothing: the same net spread as without the probe
+    bare = dict(soak.flatness([{k: v for k, v in r.items() if not k.startswith(("dsync", "io_"))} for r in rows]))
+    net = [re.search(r"([\d.]+)x net", v["send_p99"]).group(1) for v in (verdicts, bare)]  # type: ignore[union-attr]
+    assert net[0] == net[1], net
