@@ -5,7 +5,9 @@ RabbitMQ with ``--rabbitmq``), bench/scale.py's queue, clients and defaults (1 K
 credit 100), and per phase:
 
     busy        each process's CPU over the phase's wall time (the broker's threads split into its event loop
-                and the rest: commit threads, upkeep), so a process near 1.0 is the limit and one far below waits
+                and the rest: commit threads, upkeep), so a process near 1.0 is the limit and one far below waits;
+                and the time its threads were runnable but not on a CPU ("waiting", /proc/PID/task/*/schedstat):
+                waiting for a core, not for an event
     sends       the sender's window: transfers in flight over time (median), and a send's latency (transfer to
                 ``accepted``) by percentile
     commits     the broker's group commits (``SHARDBUS_STALL_TRACE``): how many, how long, how many ops each
@@ -206,7 +208,15 @@ def thread_cpu(pid: int) -> dict[str, float]:
         fields = stat[stat.rfind(")") + 2 :].split()
         key = "loop" if tid == str(pid) else name.rstrip("0123456789_-")
         out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        try:  # schedstat: ns on a CPU, ns runnable but waiting for one, timeslices
+            waited = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            waited = 0.0
+        out[key + RUNQUEUE] = out.get(key + RUNQUEUE, 0.0) + waited
     return out
+
+
+RUNQUEUE = " waiting"  # thread_cpu's entries for the run-queue wait (runnable, not on a CPU) of a kind of thread
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -301,11 +311,12 @@ def report_commits(trace: Path, start: float, end: float) -> None:
 def busy(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall: float) -> str:
     cells = []
     for proc, threads in after.items():
-        total = sum(threads.values()) - sum(before.get(proc, {}).values())
+        was = before.get(proc, {})
+        total = sum(v - was.get(k, 0.0) for k, v in threads.items() if not k.endswith(RUNQUEUE))
         parts = ", ".join(
-            f"{name} {(v - before.get(proc, {}).get(name, 0.0)) / wall:.2f}"
+            f"{name} {(v - was.get(name, 0.0)) / wall:.2f}"
             for name, v in sorted(threads.items(), key=lambda kv: -kv[1])
-            if (v - before.get(proc, {}).get(name, 0.0)) / wall >= 0.02
+            if (v - was.get(name, 0.0)) / wall >= 0.02
         )
         cells.append(f"{proc} {total / wall:.2f} ({parts})")
     return "; ".join(cells)
