@@ -52,7 +52,8 @@ per message in "both".
 ``--base DIR`` serves each chosen mode a second time from another checkout (``DIR/src``, e.g. ``git archive`` of
 the commit a change starts from), interleaved round by round with this tree's, and prints the ratios for both
 trees and this tree over the base per mode: how a change is measured against its base in one run on a noisy
-machine.
+machine. The ``@base`` targets' clients run that checkout's ``shardbus.client`` too (the client is part of the
+product); RabbitMQ's run this tree's.
 
     python bench/scale.py [--count N] [--quick] [--repeat R] [--window W] [--credit C] [--brokers K,...]
                           [--senders S] [--receivers R] [--no-rabbitmq] [--no-install] [--workers-only]
@@ -85,7 +86,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+# A client child of an ``@base`` target runs the base's client (``CLIENT_TREE``, set by ``Role``): the client is
+# part of what a change may change. The parent and every other child run this tree's.
+sys.path.insert(0, str(Path(os.environ.get("SCALE_CLIENT_TREE") or Path(__file__).resolve().parents[1]) / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/rabbitmq.py
 
 import rabbitmq
@@ -93,6 +96,7 @@ from shardbus.amqp.transport import install_uvloop
 from shardbus.client import MessageReceiver, OutgoingMessage, ShardbusClient
 
 ROOT = Path(__file__).resolve().parents[1]
+CLIENT_TREE = "SCALE_CLIENT_TREE"  # see the sys.path line above
 BODY = os.urandom(1024)
 QUEUE = "scale"
 KEY = "SAS_KEY_VALUE"
@@ -223,13 +227,18 @@ def role_recv(url: str, entity: str, credit: int) -> None:
 class Role:
     """A sending or receiving child process of this script."""
 
-    def __init__(self, role: str, url: str, entity: str, option: int) -> None:
+    def __init__(self, role: str, url: str, entity: str, option: int, tree: Path | None = None) -> None:
         self.role = role
+        env = dict(os.environ)
+        env.pop(CLIENT_TREE, None)
+        if tree is not None and tree != ROOT:
+            env[CLIENT_TREE] = str(tree)  # the client of that checkout (see CLIENT_TREE)
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--role", role, "--url", url, "--entity", entity, "--option", str(option)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
             preexec_fn=_die_with_parent,
         )
         self._expect("READY")
@@ -849,8 +858,11 @@ def main() -> None:
                 while True:
                     try:
                         if not t.senders:
-                            t.senders = [Role("send", t.url, t.entity, args.window) for _ in range(args.senders)]
-                            t.receivers = [Role("recv", t.url, t.entity, args.credit) for _ in range(args.receivers)]
+                            tree = base_tree if t.kind.endswith(BASE) else None
+                            t.senders = [Role("send", t.url, t.entity, args.window, tree) for _ in range(args.senders)]
+                            t.receivers = [
+                                Role("recv", t.url, t.entity, args.credit, tree) for _ in range(args.receivers)
+                            ]
                         measure(t, n, run)
                         break
                     except Exception as exc:

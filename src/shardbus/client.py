@@ -210,14 +210,16 @@ class MessageReceiver:
     def receive(self, max_count: int = 1, max_wait: float = 5.0, idle: float = 0.25) -> list[ReceivedMessage]:
         """Up to ``max_count`` messages: waits up to ``max_wait`` s for the first, then stops once none came for
         ``idle`` s. Never loses a message: credit left over is drained, and what was in flight is returned."""
-        deliveries = self._client._call(self._receive(max_count, max_wait, idle))
-        out = []
-        for d in deliveries:
-            tag = d.delivery_tag
-            token = None if self.receive_and_delete or len(tag) != 16 else uuid_of_bytes_le(tag)
-            # Another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling.
-            out.append(ReceivedMessage(decode_message(d.payload), token, None if self.receive_and_delete else d))
-        return out
+        return self._client._call(self._receive(max_count, max_wait, idle))
+
+    def _received(self, d: Any) -> ReceivedMessage:
+        """A delivery as the caller gets it, decoded on the client's loop as it arrives: while the broker still
+        makes the rest of the batch, not after it (the link has no credit left while the caller decodes)."""
+        tag = d.delivery_tag
+        if self.receive_and_delete:
+            return ReceivedMessage(decode_message(d.payload))
+        # Another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling.
+        return ReceivedMessage(decode_message(d.payload), uuid_of_bytes_le(tag) if len(tag) == 16 else None, d)
 
     def complete(self, messages: Iterable[ReceivedMessage]) -> None:
         """Complete peek-locked messages; raises ClientError when the broker refuses one (e.g. lock lost)."""
@@ -262,14 +264,12 @@ class MessageReceiver:
     async def _settle_async(self, deliveries: list[Any], outcome: Any) -> None:
         amqp = self._link._session.client
         link = self._link.link
-        loop = asyncio.get_running_loop()
-        futures = []
         session = id(link.session)
         ids = sorted({d.delivery_id for d in deliveries})  # a message named twice is settled once
+        echoes = _Echoes(len(ids), asyncio.get_running_loop().create_future())
+        outcomes = amqp._outcomes
         for did in ids:
-            fut = loop.create_future()
-            amqp._outcomes[(session, did)] = fut
-            futures.append(fut)
+            outcomes[(session, did)] = echoes
         # One disposition per run of consecutive delivery ids (AMQP's first..last), as a batch of a receive
         # usually is: a frame for the broker to read and echo per run instead of per message. Only ids of ours
         # are covered; the broker echoes each run, which resolves every delivery of it.
@@ -282,14 +282,14 @@ class MessageReceiver:
             if did is not None:
                 first = prev = did
         amqp._flush()
-        echoes = await asyncio.wait_for(asyncio.gather(*futures), self._client.timeout)
-        for echo in echoes:
-            if isinstance(echo, Rejected) and echo.error is not None:
-                raise ClientError(str(echo.error.condition), str(echo.error.description))
+        refusal = await asyncio.wait_for(echoes.future, self._client.timeout)
+        if refusal is not None:
+            raise ClientError(str(refusal.error.condition), str(refusal.error.description))
 
-    async def _receive(self, max_count: int, max_wait: float, idle: float) -> list[Any]:
+    async def _receive(self, max_count: int, max_wait: float, idle: float) -> list[ReceivedMessage]:
         link = self._link
-        got: list[Any] = []
+        got: list[ReceivedMessage] = []
+        received = self._received
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait
         link.grant(max_count)
@@ -298,13 +298,13 @@ class MessageReceiver:
             if not queued.empty():
                 # What one socket read brought is queued already: taken as it is. ``receive`` (wait_for) would
                 # make a task and a timer per delivery and give each its own turn of the loop.
-                got.append(queued.get_nowait())
+                got.append(received(queued.get_nowait()))
                 continue
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
             try:
-                got.append(await link.receive(timeout=min(remaining, idle) if got else remaining))
+                got.append(received(await link.receive(timeout=min(remaining, idle) if got else remaining)))
             except TimeoutError:
                 break
         if len(got) < max_count and link.link.attached:
@@ -315,8 +315,40 @@ class MessageReceiver:
             while link.link.link_credit > 0 and link.link.attached and time.monotonic() < until:
                 await asyncio.sleep(0.005)
         while not link.deliveries.empty():
-            got.append(link.deliveries.get_nowait())
+            got.append(received(link.deliveries.get_nowait()))
         return got
+
+
+class _Echoes:
+    """The broker's echoes of one settle call, standing in ``AmqpClient._outcomes`` for each of its delivery ids
+    (the engine resolves an outcome with ``done``/``set_result``/``set_exception``, as it would a future): one
+    future for the call, resolved by the last echo, instead of a future per delivery gathered (a future, a done
+    callback and a list slot per message settled). Its result is the first refusal (``Rejected`` with an error),
+    or None when every delivery was accepted as asked."""
+
+    __slots__ = ("_left", "_refusal", "future")
+
+    def __init__(self, count: int, future: asyncio.Future[Rejected | None]) -> None:
+        self.future = future
+        self._left = count
+        self._refusal: Rejected | None = None
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, state: Any) -> None:
+        if self._refusal is None and isinstance(state, Rejected) and state.error is not None:
+            self._refusal = state
+        self._left -= 1
+        if self._left <= 0 and not self.future.done():
+            self.future.set_result(self._refusal)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+    def exception(self) -> BaseException | None:
+        return self.future.exception()
 
 
 class _Node:

@@ -1,0 +1,393 @@
+"""Where bench/scale.py's "receive" and "both" phases wait: timelines of one sender and one receiver (issue 26).
+
+bench/scale.py says how fast; this says what paces it. One broker (``shardbus serve`` as users start it, or
+RabbitMQ with ``--rabbitmq``), bench/scale.py's queue, clients and defaults (1 KB durable messages, window 100,
+credit 100), and per phase:
+
+    busy        each process's CPU over the phase's wall time (the broker's threads split into its event loop
+                and the rest: commit threads, upkeep), so a process near 1.0 is the limit and one far below waits;
+                and the time its threads were runnable but not on a CPU ("waiting", /proc/PID/task/*/schedstat):
+                waiting for a core, not for an event
+    sends       the sender's window: transfers in flight over time (median), and a send's latency (transfer to
+                ``accepted``) by percentile
+    commits     the broker's group commits (``SHARDBUS_STALL_TRACE``): how many, how long, how many ops each
+    receives    per receive call of the receiver: flow (grant) -> first delivery, first -> last delivery, the
+                call's return -> the next call's flow (the caller's own work between calls), and the ranged
+                complete's disposition -> the last echo
+
+The clients are bench/scale.py's own (``role_send``, ``consume``) with their link calls wrapped to note times
+(``time.perf_counter``: CLOCK_MONOTONIC, comparable across processes). The wrappers cost the clients a little CPU;
+read the shares and latencies, not the rates.
+
+    python bench/pace.py [--count N] [--window W] [--credit C] [--rabbitmq] [--tree DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scale  # bench/scale.py: its clients, its broker and its queue
+
+TIMELINE_ENV = "PACE_TIMELINE"  # a child writes its timeline of each timed call to this file + a counter
+
+
+# ================================================================================================================
+# children: bench/scale.py's roles with the client's link calls wrapped
+# ================================================================================================================
+
+
+def _instrument() -> None:
+    from shardbus import client as sc
+    from shardbus.amqp import transport
+
+    out = os.environ[TIMELINE_ENV]
+    marks: dict[str, list[Any]] = {"send": [], "grant": [], "delivery": [], "call": [], "settle": []}
+    calls = [0]
+
+    def dump() -> None:
+        calls[0] += 1
+        Path(f"{out}.{calls[0]}").write_text(json.dumps(marks))
+        for v in marks.values():
+            v.clear()
+
+    send = transport.ClientSender.send
+
+    async def timed_send(self: Any, payload: bytes, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await send(self, payload, **kw)
+        finally:
+            marks["send"].append((t0, time.perf_counter()))
+
+    transport.ClientSender.send = timed_send  # type: ignore[method-assign]
+
+    grant = transport.ClientReceiver.grant
+
+    def timed_grant(self: Any, credit: int, drain: bool = False) -> None:
+        marks["grant"].append((time.perf_counter(), credit, drain))
+        grant(self, credit, drain)
+
+    transport.ClientReceiver.grant = timed_grant  # type: ignore[method-assign]
+
+    handle = transport.AmqpClient.handle_event
+
+    def timed_handle(self: Any, protocol: Any, ev: Any) -> None:
+        if type(ev).__name__ == "DeliveryReceived":
+            marks["delivery"].append(time.perf_counter())
+        handle(self, protocol, ev)
+
+    transport.AmqpClient.handle_event = timed_handle  # type: ignore[method-assign]
+
+    receive = sc.MessageReceiver.receive
+
+    def timed_receive(self: Any, *a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        got = receive(self, *a, **kw)
+        marks["call"].append((t0, time.perf_counter(), len(got)))
+        return got
+
+    sc.MessageReceiver.receive = timed_receive  # type: ignore[method-assign]
+
+    settle = sc.MessageReceiver._settle_async
+
+    async def timed_settle(self: Any, deliveries: list[Any], outcome: Any) -> None:
+        t0 = time.perf_counter()
+        await settle(self, deliveries, outcome)
+        marks["settle"].append((t0, time.perf_counter(), len(deliveries)))
+
+    sc.MessageReceiver._settle_async = timed_settle  # type: ignore[method-assign]
+
+    consume = scale.consume
+
+    def timed_consume(*a: Any, **kw: Any) -> Any:
+        for v in marks.values():
+            v.clear()
+        result = consume(*a, **kw)
+        dump()
+        return result
+
+    scale.consume = timed_consume
+
+    client_send = sc.ShardbusClient.send
+
+    def timed_client_send(self: Any, *a: Any, **kw: Any) -> int:
+        for v in marks.values():
+            v.clear()
+        n = client_send(self, *a, **kw)
+        dump()
+        return n
+
+    sc.ShardbusClient.send = timed_client_send  # type: ignore[method-assign]
+
+
+def _profile_loop_thread() -> None:
+    """``PACE_PROFILE``: cProfile the client's event-loop thread (where it reads, decodes and settles) and print
+    its busiest functions to stderr when the child ends."""
+    import atexit
+    import cProfile
+    import io
+    import pstats
+
+    from shardbus import client as sc
+
+    prof = cProfile.Profile()
+    init = sc.ShardbusClient.__init__
+
+    def profiled_init(self: Any, *a: Any, **kw: Any) -> None:
+        init(self, *a, **kw)
+        self._loop.call_soon_threadsafe(prof.enable)
+
+    sc.ShardbusClient.__init__ = profiled_init  # type: ignore[method-assign]
+
+    def report() -> None:
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        print(text.getvalue(), file=sys.stderr)
+
+    atexit.register(report)
+
+
+def child(role: str, url: str, entity: str, option: int) -> None:
+    if os.environ.get("PACE_PROFILE") == role:
+        _profile_loop_thread()
+    _instrument()
+    if role == "send":
+        scale.role_send(url, entity, option)
+    else:
+        scale.role_recv(url, entity, option)
+
+
+class PacedRole(scale.Role):
+    """bench/scale.py's child role, started through this script (which wraps the client's calls first)."""
+
+    def __init__(self, role: str, url: str, entity: str, option: int, timeline: Path) -> None:
+        import subprocess
+
+        self.role = role
+        env = {**os.environ, TIMELINE_ENV: str(timeline)}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--role", role, "--url", url, "--entity", entity, "--option", str(option)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=scale._die_with_parent,
+        )
+        self._expect("READY")
+
+
+# ================================================================================================================
+# the parent: per-process and per-thread CPU over a phase, and the timelines read back
+# ================================================================================================================
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds by thread name of one process (threads of one name summed)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2 :].split()
+        key = "loop" if tid == str(pid) else name.rstrip("0123456789_-")
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        try:  # schedstat: ns on a CPU, ns runnable but waiting for one, timeslices
+            waited = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            waited = 0.0
+        out[key + RUNQUEUE] = out.get(key + RUNQUEUE, 0.0) + waited
+    return out
+
+
+RUNQUEUE = " waiting"  # thread_cpu's entries for the run-queue wait (runnable, not on a CPU) of a kind of thread
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _ms(values: list[float]) -> str:
+    return " / ".join(f"{_pct(values, q) * 1e3:.2f}" for q in (0.1, 0.5, 0.9, 0.99))
+
+
+def read_timeline(path: Path) -> dict[str, Any]:
+    files = sorted(path.parent.glob(path.name + ".*"), key=lambda p: int(p.suffix[1:]))
+    return json.loads(files[-1].read_text())
+
+
+def report_sends(marks: dict[str, Any], start: float, end: float) -> None:
+    sends = [(a, b) for a, b in marks["send"] if a >= start - 1]
+    if not sends:
+        return
+    latencies = [b - a for a, b in sends]
+    events = sorted([(a, 1) for a, _ in sends] + [(b, -1) for _, b in sends])
+    # in flight over time, sampled every 0.5 ms
+    inflight, level, i, t = [], 0, 0, events[0][0]
+    while t < events[-1][0]:
+        while i < len(events) and events[i][0] <= t:
+            level += events[i][1]
+            i += 1
+        inflight.append(level)
+        t += 0.0005
+    print(
+        f"  sends: {len(sends)}; in flight median {statistics.median(inflight):.0f} (p10 {_pct(inflight, 0.1)}, "
+        f"p90 {_pct(inflight, 0.9)}); latency transfer->accepted ms p10/p50/p90/p99 {_ms(latencies)}"
+    )
+
+
+def report_receives(marks: dict[str, Any]) -> None:
+    calls, grants, deliveries, settles = marks["call"], marks["grant"], marks["delivery"], marks["settle"]
+    if not calls:
+        return
+    flow_first, first_last, gap, after_last = [], [], [], []
+    di = 0
+    for k, (c0, c1, n) in enumerate(calls):
+        g = next((g[0] for g in grants if c0 <= g[0] <= c1 and not g[2]), None)
+        while di < len(deliveries) and deliveries[di] < c0:
+            di += 1
+        mine = [d for d in deliveries[di : di + n] if d <= c1]
+        if g is not None and mine:
+            flow_first.append(mine[0] - g)
+            first_last.append(mine[-1] - mine[0])
+            after_last.append(c1 - mine[-1])
+        if k + 1 < len(calls):
+            gap.append(calls[k + 1][0] - c1)
+    echo = [b - a for a, b, _ in settles]
+    per = [n for _, _, n in calls]
+    wall = calls[-1][1] - calls[0][0]
+    print(
+        f"  receive calls: {len(calls)}, {statistics.mean(per):.1f} messages each; ms p10/p50/p90/p99:\n"
+        f"    flow -> first delivery     {_ms(flow_first)}\n"
+        f"    first -> last delivery     {_ms(first_last)}\n"
+        f"    last delivery -> return    {_ms(after_last)}\n"
+        f"    return -> next call        {_ms(gap)}\n"
+        f"    disposition -> last echo   {_ms(echo)}  ({statistics.mean(n for *_, n in settles):.0f} per complete)\n"
+        f"    shares of the phase's wall time: waiting for the first delivery "
+        f"{sum(flow_first) / wall:.0%}, deliveries arriving {sum(first_last) / wall:.0%}, "
+        f"between calls {sum(gap) / wall:.0%}"
+    )
+
+
+def report_commits(trace: Path, start: float, end: float) -> None:
+    # the stall trace's clock is time.monotonic (CLOCK_MONOTONIC), as perf_counter's on Linux
+    durations, ops = [], []
+    if not trace.exists():
+        print("  commits: no trace")
+        return
+    for line in trace.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "batch" and start <= float(parts[0]) <= end:
+            durations.append(float(parts[1]) / 1e3)
+            ops.append(int(parts[-1].split("=")[1]))
+    if durations:
+        span = end - start
+        print(
+            f"  group commits: {len(durations)} ({len(durations) / span:.0f}/s), ms p10/p50/p90/p99 "
+            f"{_ms(durations)}, ops each median {statistics.median(ops):.0f} (p90 {_pct(ops, 0.9)}); commit "
+            f"threads busy writing {sum(durations) / span:.2f} of a thread on average"
+        )
+
+
+def busy(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall: float) -> str:
+    cells = []
+    for proc, threads in after.items():
+        was = before.get(proc, {})
+        total = sum(v - was.get(k, 0.0) for k, v in threads.items() if not k.endswith(RUNQUEUE))
+        parts = ", ".join(
+            f"{name} {(v - was.get(name, 0.0)) / wall:.2f}"
+            for name, v in sorted(threads.items(), key=lambda kv: -kv[1])
+            if (v - was.get(name, 0.0)) / wall >= 0.02
+        )
+        cells.append(f"{proc} {total / wall:.2f} ({parts})")
+    return "; ".join(cells)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role")
+    ap.add_argument("--url")
+    ap.add_argument("--entity")
+    ap.add_argument("--option", type=int)
+    ap.add_argument("--count", type=int, default=10_000)
+    ap.add_argument("--window", type=int, default=100)
+    ap.add_argument("--credit", type=int, default=100)
+    ap.add_argument("--rabbitmq", action="store_true")
+    ap.add_argument("--tree", type=Path, default=scale.ROOT, help="serve from another checkout (DIR/src)")
+    args = ap.parse_args()
+    if args.role:
+        child(args.role, args.url, args.entity, args.option)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="pace-"))
+    trace = folder / "stall.trace"
+    rabbit = None
+    if args.rabbitmq:
+        rabbit = scale.rabbitmq.RabbitNode(scale.rabbitmq.ensure_installed(folder / "apt-get.log"))
+        rabbit.start()
+        rabbit.declare_queue(scale.QUEUE)
+        assert rabbit.proc is not None
+        url, entity, pid = rabbit.url, rabbit.address(scale.QUEUE), rabbit.proc.pid
+        serve = None
+    else:
+        os.environ["SHARDBUS_STALL_TRACE"] = str(trace)
+        os.environ["SHARDBUS_STALL_TRACE_MS"] = "0"  # every commit, however short
+        serve = scale.ShardbusServe(folder / "serve", [], tree=args.tree)
+        del os.environ["SHARDBUS_STALL_TRACE"]
+        url, entity, pid = serve.url, scale.QUEUE, serve.proc.pid
+    snd = PacedRole("send", url, entity, args.window, folder / "send.timeline")
+    rcv = PacedRole("recv", url, entity, args.credit, folder / "recv.timeline")
+    procs = {"broker": pid, "sender": snd.proc.pid, "receiver": rcv.proc.pid}
+    n = args.count
+    try:
+        for phase in ("receive", "both"):
+            if phase == "receive":
+                snd.command(f"send {n} pre")
+                snd.result()
+            before = {name: thread_cpu(p) for name, p in procs.items()}
+            t0 = time.perf_counter()
+            rcv.command(f"recv {n}")
+            if phase == "both":
+                snd.command(f"send {n} both")
+                s = snd.result()
+            r = rcv.result()
+            after = {name: thread_cpu(p) for name, p in procs.items()}
+            start = s["start"] if phase == "both" else r["start"]
+            wall = r["end"] - start
+            print(f"{phase}: {n / wall:,.0f} msg/s over {wall:.2f} s")
+            print(f"  busy (CPU s per wall s): {busy(before, after, time.perf_counter() - t0)}")
+            if phase == "both":
+                report_sends(read_timeline(folder / "send.timeline"), start, r["end"])
+            report_receives(read_timeline(folder / "recv.timeline"))
+            if serve is not None:
+                time.sleep(1.2)  # the trace is flushed about every second
+                report_commits(trace, start, r["end"])
+    finally:
+        snd.stop()
+        rcv.stop()
+        if serve is not None:
+            serve.stop()
+        if rabbit is not None:
+            rabbit.stop()
+
+
+if __name__ == "__main__":
+    main()
