@@ -454,7 +454,13 @@ class QueueEntity(_Sender, Target):
         return self._description.requires_session
 
     def _fan_out(self, message: Message) -> list[tuple[str | None, list[tuple[int, Message]]]]:
-        return [(_dedup_id(message), [(QUEUE_SLOT, message)])]
+        # ``_dedup_id``, written out: every send to a queue comes here
+        key = message.transfer_id
+        if key is None:
+            key = message.message_id
+            if key is not None and type(key) is not str:
+                key = str(key)
+        return [(key, [(QUEUE_SLOT, message)])]
 
     def _on_partition_messages(self, slot: int) -> None:
         self.messages_available()
