@@ -303,12 +303,27 @@ class _Sender:
             on_done(list(range(len(batches))), [exc] * len(batches))
             return
         duplicate_detection, sessions = desc.requires_duplicate_detection, self._requires_session()
+        # A queue's usual send (one owned message, no session id): ``_route``, ``partition_key_of`` and the
+        # queue's ``_fan_out`` written out, three Python calls fewer per message; anything else takes ``_route``.
+        plain = owned and not sessions and type(self) is QueueEntity
         for i, messages in enumerate(batches):
-            try:
-                key, items = self._route(messages, owned, duplicate_detection, sessions)
-            except ShardbusError as exc:
-                on_done([i], [exc])
-                continue
+            if plain and len(messages) == 1 and messages[0].session_id is None:
+                m = messages[0]
+                key = m.partition_key
+                if key is None and duplicate_detection and m.message_id is not None:
+                    key = str(m.message_id)
+                dedup_id = m.transfer_id
+                if dedup_id is None:
+                    dedup_id = m.message_id
+                    if dedup_id is not None and type(dedup_id) is not str:
+                        dedup_id = str(dedup_id)
+                items = [(dedup_id, [(QUEUE_SLOT, m)])]
+            else:
+                try:
+                    key, items = self._route(messages, owned, duplicate_detection, sessions)
+                except ShardbusError as exc:
+                    on_done([i], [exc])
+                    continue
             if key is not None:
                 pid = partition_for_key(key, n)
             else:
