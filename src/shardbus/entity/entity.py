@@ -267,6 +267,8 @@ class _Sender:
             m = messages[0]
             return partition_key_of(m, duplicate_detection), self._fan_out(m if owned else m.copy())
         key = batch_partition_key(messages, duplicate_detection, len(self.partitions) > 1)
+        if owned and type(self) is QueueEntity:  # the queue's ``_fan_out`` of each, in one list (an SDK batch)
+            return key, [(_dedup_id(m), [(QUEUE_SLOT, m)]) for m in messages]
         items = []
         fan_out = self._fan_out
         for m in messages:
