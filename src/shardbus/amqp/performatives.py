@@ -777,7 +777,14 @@ def _make_fast_decoder(cls: Any, kinds: Sequence[str]) -> Callable[[bytes], tupl
             nested = "".join("    " + x + "\n" for x in rest.splitlines())
             rest = f"    if count > {i}:\n" + nested + "    else:\n" + absent
     lines.append(rest.rstrip("\n"))
-    lines += ["    if p != end:", "        return None", f"    return cls({', '.join(f'f{i}' for i in range(n))}), end"]
+    # The performative made with ``object.__new__`` and its fields stored one by one: what its dataclass __init__
+    # does, without that Python call (every transfer, flow and disposition comes here; none has __post_init__).
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert len(names) == n and not hasattr(cls, "__post_init__")
+    lines += ["    if p != end:", "        return None", "    o = _object_new(cls)"]
+    lines += [f"    o.{name} = f{i}" for i, name in enumerate(names)]
+    lines.append("    return o, end")
+    env["_object_new"] = object.__new__
     exec("\n".join(lines), env)
     return env["fast"]  # type: ignore[no-any-return]
 

@@ -63,6 +63,7 @@ __all__ = ["Session", "SessionState"]
 
 _MASK = 0xFFFFFFFF
 _new_ref = tuple.__new__  # DeliveryRef(...) without the NamedTuple's Python-level __new__
+_new_event = object.__new__
 
 
 class SessionState(enum.Enum):
@@ -456,7 +457,18 @@ class Session:
         if not settled:
             self.incoming_unsettled[did] = _new_ref(DeliveryRef, (link, did, tag))
             link.unsettled[tag] = did
-        events.append(DeliveryReceived(link, did, tag, settled, fmt, data, state, batchable))
+        # ``DeliveryReceived(link, did, tag, settled, fmt, data, state, batchable)`` without the dataclass's Python
+        # __init__: every transfer makes one
+        e = _new_event(DeliveryReceived)
+        e.link = link
+        e.delivery_id = did
+        e.delivery_tag = tag
+        e.settled = settled
+        e.message_format = fmt
+        e.payload = data
+        e.state = state
+        e.batchable = batchable
+        events.append(e)
 
     def _on_disposition(self, d: Disposition, events: list[Event]) -> None:
         first = d.first

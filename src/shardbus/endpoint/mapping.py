@@ -322,7 +322,12 @@ def decode_batch_to_messages(payload: bytes) -> list[Message]:
         except Exception:  # malformed: the general path raises the right DecodeError
             p = -1
         if p == n:
-            return [decode_to_message(m) for m in inner]
+            # ``decode_to_message`` of each, its fast path called here: one Python call fewer per message
+            out = []
+            for data in inner:
+                m = _decode_plain(data)
+                out.append(decode_to_message(data) if m is None else m)
+            return out
     return [decode_to_message(m) for m in split_batch(payload)]
 
 

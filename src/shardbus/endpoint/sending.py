@@ -22,7 +22,7 @@ from ..entity.entity import QueueEntity, TopicEntity
 from ..metrics import SEND_SECONDS
 from ..model.message import Message
 from .links import _ACCEPTED, _SENDER_CREDIT_LOW, SENDER_CREDIT, _error, log
-from .mapping import decode_batch_to_messages, decode_to_message
+from .mapping import _decode_plain, decode_batch_to_messages, decode_to_message
 
 MESSAGE_SIZE_EXCEEDED = Symbol("amqp:link:message-size-exceeded")
 
@@ -54,7 +54,9 @@ class SendLinks:
             if e.message_format == BATCH_MESSAGE_FORMAT:
                 messages = decode_batch_to_messages(e.payload)
             else:
-                messages = [decode_to_message(e.payload)]
+                # ``decode_to_message``'s fast path called here: one Python call fewer for nearly every send
+                m = _decode_plain(e.payload) if type(e.payload) is bytes else None
+                messages = [decode_to_message(e.payload) if m is None else m]
         except DecodeError as exc:
             self._settle(e, Rejected(error=Error(condition=Symbol("amqp:decode-error"), description=str(exc))))
             return

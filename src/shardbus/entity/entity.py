@@ -267,6 +267,8 @@ class _Sender:
             m = messages[0]
             return partition_key_of(m, duplicate_detection), self._fan_out(m if owned else m.copy())
         key = batch_partition_key(messages, duplicate_detection, len(self.partitions) > 1)
+        if owned and type(self) is QueueEntity:  # the queue's ``_fan_out`` of each, in one list (an SDK batch)
+            return key, [(_dedup_id(m), [(QUEUE_SLOT, m)]) for m in messages]
         items = []
         fan_out = self._fan_out
         for m in messages:
@@ -303,12 +305,27 @@ class _Sender:
             on_done(list(range(len(batches))), [exc] * len(batches))
             return
         duplicate_detection, sessions = desc.requires_duplicate_detection, self._requires_session()
+        # A queue's usual send (one owned message, no session id): ``_route``, ``partition_key_of`` and the
+        # queue's ``_fan_out`` written out, three Python calls fewer per message; anything else takes ``_route``.
+        plain = owned and not sessions and type(self) is QueueEntity
         for i, messages in enumerate(batches):
-            try:
-                key, items = self._route(messages, owned, duplicate_detection, sessions)
-            except ShardbusError as exc:
-                on_done([i], [exc])
-                continue
+            if plain and len(messages) == 1 and messages[0].session_id is None:
+                m = messages[0]
+                key = m.partition_key
+                if key is None and duplicate_detection and m.message_id is not None:
+                    key = str(m.message_id)
+                dedup_id = m.transfer_id
+                if dedup_id is None:
+                    dedup_id = m.message_id
+                    if dedup_id is not None and type(dedup_id) is not str:
+                        dedup_id = str(dedup_id)
+                items = [(dedup_id, [(QUEUE_SLOT, m)])]
+            else:
+                try:
+                    key, items = self._route(messages, owned, duplicate_detection, sessions)
+                except ShardbusError as exc:
+                    on_done([i], [exc])
+                    continue
             if key is not None:
                 pid = partition_for_key(key, n)
             else:
@@ -454,7 +471,13 @@ class QueueEntity(_Sender, Target):
         return self._description.requires_session
 
     def _fan_out(self, message: Message) -> list[tuple[str | None, list[tuple[int, Message]]]]:
-        return [(_dedup_id(message), [(QUEUE_SLOT, message)])]
+        # ``_dedup_id``, written out: every send to a queue comes here
+        key = message.transfer_id
+        if key is None:
+            key = message.message_id
+            if key is not None and type(key) is not str:
+                key = str(key)
+        return [(key, [(QUEUE_SLOT, message)])]
 
     def _on_partition_messages(self, slot: int) -> None:
         self.messages_available()

@@ -47,7 +47,13 @@ def batch_partition_key(
     messages: Iterable[Message], requires_duplicate_detection: bool, partitioned: bool
 ) -> str | None:
     """The one key a batch is routed by. A batch is stored atomically, so it must fit in one partition."""
-    keys = {partition_key_of(m, requires_duplicate_detection) for m in messages}
+    keys = set()
+    dedup = requires_duplicate_detection
+    for m in messages:  # ``partition_key_of`` called only for a message that has a key: a batch has many
+        if m.session_id is None and m.partition_key is None and (not dedup or m.message_id is None):
+            keys.add(None)
+        else:
+            keys.add(partition_key_of(m, requires_duplicate_detection))
     if len(keys) > 1 and partitioned:
         raise InvalidOperation(
             "Batching brokered messages with distinct SessionId, PartitionKey, or MessageId is not supported "

@@ -1,0 +1,71 @@
+"""The send path's written-out routing gives what the functions it replaces give.
+
+``QueueEntity.submit_many`` routes a queue's usual send (one owned message, no session id) without ``_route``,
+``partition_key_of`` and ``_fan_out``; ``_route`` itemises an owned batch without ``_fan_out``; and
+``batch_partition_key`` calls ``partition_key_of`` only for a message with a key. For every combination of the fields
+the rules read, the partition key and the duplicate-detection id must be the ones the general path gives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from concurrent.futures import Future
+
+import pytest
+
+from shardbus import Message
+from shardbus.entity.entity import QUEUE_SLOT, _dedup_id
+from shardbus.model.errors import ShardbusError
+from shardbus.model.routing import batch_partition_key, partition_for_key, partition_key_of
+
+MESSAGE_IDS = [None, "m-1", uuid.UUID(int=7), 42]
+PARTITION_KEYS = [None, "", "p"]
+TRANSFER_IDS = [None, "t-1"]
+
+
+def _messages() -> list[Message]:
+    out = []
+    for message_id, key, transfer_id in itertools.product(MESSAGE_IDS, PARTITION_KEYS, TRANSFER_IDS):
+        m = Message(b"x", message_id=message_id, partition_key=key)
+        m.transfer_id = transfer_id
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("duplicate_detection", [False, True])
+def test_single_send_routed_as_by_the_rules(ns, duplicate_detection):
+    ns.create_queue("q", enable_partitioning=True, requires_duplicate_detection=duplicate_detection)
+    queue = ns.resolve("q")[0]
+    captured: list[list] = []
+    for p in queue.partitions:  # what each partition is handed, not stored (the test is about routing)
+        p.enqueue = lambda items, p=p: captured.append([p.id, items]) or _done()
+    for m in _messages():
+        captured.clear()
+        expected_key = partition_key_of(m, duplicate_detection)
+        expected_id = _dedup_id(m)
+        queue.submit_many([[m]], lambda indices, outcomes: None, owned=True)
+        [(pid, items)] = captured
+        assert items == [(expected_id, [(QUEUE_SLOT, m)])]
+        if expected_key is not None:
+            assert pid == partition_for_key(expected_key, len(queue.partitions))
+
+
+@pytest.mark.parametrize("duplicate_detection", [False, True])
+def test_batch_partition_key_as_by_the_rules(duplicate_detection):
+    messages = _messages()
+    for a, b in itertools.product(messages, repeat=2):
+        batch = [a, b]
+        keys = {partition_key_of(m, duplicate_detection) for m in batch}  # the rule as it was written
+        if len(keys) > 1:
+            with pytest.raises(ShardbusError):
+                batch_partition_key(batch, duplicate_detection, True)
+            assert batch_partition_key(batch, duplicate_detection, False) is None
+        else:
+            assert batch_partition_key(batch, duplicate_detection, True) == next(iter(keys))
+
+
+def _done() -> Future:
+    f: Future = Future()
+    f.set_result([])
+    return f
