@@ -244,9 +244,6 @@ MEMORY_BUDGET = _env_int("SHARDBUS_MEMORY_MB", 32, 0) << 20
 # phase cost the broker 26 us per message instead of 40 (a delete-only transaction of ~6 rows costs SQLite and
 # its thread about as much as one of ~50).
 SETTLE_LINGER = 0.020
-# A worker's settlements linger this long instead (``PartitionBroker.settle_linger``): its front end echoes a
-# complete only with the worker's answer, which waits for the write (cluster/worker.py).
-ANSWERED_SETTLE_LINGER = 0.002
 # Bytes of sends staged but not yet committed, above which the next send is refused with ServerBusy: a producer
 # faster than the store meets backpressure (the SDK retries ServerBusy after a pause) instead of a queue of
 # writes that grows without end in memory. One batch beyond it is always taken, so a message larger than the
@@ -334,7 +331,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         self._epoch = 0  # counts memory resets: a late callback must not undo into a reloaded partition
         self.listeners: list[Callable[[int], None]] = []  # called with the slot that gained messages
         self.read_ahead = READ_AHEAD
-        self.settle_linger = SETTLE_LINGER  # a worker's are ANSWERED_SETTLE_LINGER (cluster/worker.py)
+        self.settle_linger = SETTLE_LINGER  # a worker's too: it answers once applied (cluster/worker.py)
         self.memory_budget = MEMORY_BUDGET
         self._resident = 0  # this broker's share of RESIDENT
         self._stats: dict[int, SlotStats] = {}

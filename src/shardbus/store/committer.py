@@ -28,8 +28,8 @@ completes, and a settlement taken back by a power loss means a delivery again, w
 Lingering is for writes nobody waits for. A lingering submission's future is a ``LingeringWrite``: waiting on it
 (``result()``, as the Python API's ``complete()`` does) ends the linger, and so does ``hurry(future)``, for callers
 that wait through a callback (a ``$management`` reply). A callback alone (the AMQP endpoint logging a failed
-write) lets it linger. A worker's partitions, whose front end waits for their answers, linger less instead
-(partition/broker.py's ``ANSWERED_SETTLE_LINGER``).
+write) lets it linger. A worker's partitions linger alike: a worker answers a settlement once applied and says
+later when it is written (cluster/worker.py).
 
 A full store (``StoreFull``: the write ran out of space and nothing of it was stored) is transient, and handled
 here so that the partition keeps its state and keeps serving. Submissions marked ``refusable`` (sends: their
