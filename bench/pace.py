@@ -171,19 +171,7 @@ class PacedRole(scale.Role):
     """bench/scale.py's child role, started through this script (which wraps the client's calls first)."""
 
     def __init__(self, role: str, url: str, entity: str, option: int, timeline: Path) -> None:
-        import subprocess
-
-        self.role = role
-        env = {**os.environ, TIMELINE_ENV: str(timeline)}
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--role", role, "--url", url, "--entity", entity, "--option", str(option)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            preexec_fn=scale._die_with_parent,
-        )
-        self._expect("READY")
+        super().__init__(role, url, entity, option, script=__file__, extra_env={TIMELINE_ENV: str(timeline)})
 
 
 # ================================================================================================================

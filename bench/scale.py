@@ -227,14 +227,24 @@ def role_recv(url: str, entity: str, credit: int) -> None:
 class Role:
     """A sending or receiving child process of this script."""
 
-    def __init__(self, role: str, url: str, entity: str, option: int, tree: Path | None = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        url: str,
+        entity: str,
+        option: int,
+        tree: Path | None = None,
+        script: str = __file__,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.role = role
         env = dict(os.environ)
         env.pop(CLIENT_TREE, None)
         if tree is not None and tree != ROOT:
             env[CLIENT_TREE] = str(tree)  # the client of that checkout (see CLIENT_TREE)
+        env.update(extra_env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--role", role, "--url", url, "--entity", entity, "--option", str(option)],
+            [sys.executable, script, "--role", role, "--url", url, "--entity", entity, "--option", str(option)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
