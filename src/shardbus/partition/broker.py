@@ -166,7 +166,13 @@ from ..model.errors import (
     SessionLockLost,
 )
 from ..model.message import Message, MessageState, SubQueue, _copy_message
-from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
+from ..model.routing import (
+    PARTITION_BITS,
+    PARTITION_SHIFT,
+    encode_sequence_number,
+    lock_token_bases,
+    new_lock_token,
+)
 from ..store.base import MessageStore, Op, Row, StoreError, Update
 from ..store.committer import GroupCommitter
 from ..store.records import PACK_ERRORS, pack_dead_letter, pack_message
@@ -254,6 +260,10 @@ MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
 _UNSET = object()
 _new_tuple = tuple.__new__
 _new_entry_object = object.__new__
+_UUID = uuid.UUID
+_new_uuid = uuid.UUID.__new__
+_set_attr = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def _batch_key(batch_id: str, first: int, end: int) -> str:
@@ -934,7 +944,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 self._refill(q)
             # Every lock pops at least one entry of the ready heap, so this many tokens are usually enough (more
             # come one at a time); drawing them together costs one read of the random source instead of one each.
-            tokens = new_lock_tokens(self.id, min(max_count, len(ready)))
+            # A token carries its message's sequence number too (model/routing.py): made below, once it is known.
+            bases = lock_token_bases(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
             locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
             while len(out) < max_count:
@@ -955,7 +966,12 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     entry, msg = found, found.msg
                 # a list, not a generator: no resumed frame per token (more than drawn come one at a time; the
                 # tokens are random, so which end they are taken from does not matter)
-                token = tokens.pop() if tokens else new_lock_token(self.id)
+                if bases:  # ``uuid_of_int``, inlined: one per delivery
+                    token = _new_uuid(_UUID)
+                    _set_attr(token, "int", bases.pop() | (entry.seq << PARTITION_BITS))
+                    _set_attr(token, "is_safe", _SAFE_UNKNOWN)
+                else:
+                    token = new_lock_token(self.id, entry.seq)
                 msg.lock_token = token
                 msg.locked_until_ms = until
                 msg.delivery_count += 1
@@ -1383,7 +1399,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             if lock:
                 lock_ms = self._slots[slot].lock_duration_ms
                 for entry in entries:
-                    token = new_lock_token(self.id)
+                    token = new_lock_token(self.id, entry.seq)
                     entry.msg.lock_token = token
                     entry.msg.delivery_count += 1
                     self._locks[token.int] = entry
@@ -1520,7 +1536,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             out: list[Message] = []
             while len(out) < max_count and (entry := self._next_session_lockable(q, session, settings, now, writes)):
                 msg = entry.msg
-                message_token = new_lock_token(self.id)
+                message_token = new_lock_token(self.id, entry.seq)
                 msg.lock_token = message_token
                 msg.locked_until_ms = session.locked_until
                 msg.delivery_count += 1
