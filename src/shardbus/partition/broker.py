@@ -1347,6 +1347,76 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         self._notify({slot for slot, st in settles if st.outcome in ("abandon", "release")})
         return future
 
+    def settle_by_sequence(self, settles: list[tuple[int, str, list[int], str | None, str | None, int]]) -> Future:
+        """Apply settlements again by sequence number: (slot, outcome, local seqs, reason, description, sub-queue)
+        with outcome complete (gone), defer (DEFERRED) or dead_letter (moved to that sub-queue, with the reason).
+        A front end that lost a worker after it echoed these outcomes to clients and before their write was durable
+        calls it before the partition is used again (``cluster/remote.py``, in-doubt settlements). Idempotent: a
+        message already gone, or already where the outcome puts it, is skipped (the worker may have stored the
+        write before it died, or not died at all); a message locked again loses its lock. Written at once, no
+        linger. The future's result is how many messages changed."""
+        with self._lock:
+            self._check()
+            writes: list[Op] = []
+            changed = 0
+            for slot, outcome, seqs, reason, description, sub_queue in settles:
+                if slot not in self._slots:
+                    continue  # dropped meanwhile: nothing of it is left
+                for q, entry in self._entries_by_seq(slot, seqs):
+                    msg = entry.msg
+                    if outcome == "complete":
+                        self._drop_lock(q, entry)
+                        self._remove(q, entry)
+                        writes.append(("delete", slot, [entry.seq]))
+                    elif outcome == "defer":
+                        if msg.state is not _ACTIVE:
+                            continue  # deferred already (or scheduled: never the message settled)
+                        self._drop_lock(q, entry)
+                        msg.state = MessageState.DEFERRED
+                        writes.append(("update", slot, [self._update_of(entry)]))
+                        self._evict.append((q, entry))  # on disk only once that update is stored
+                    elif outcome == "dead_letter":
+                        if entry.queue == sub_queue or (entry.queue != _MAIN and sub_queue == SubQueue.DEAD_LETTER):
+                            continue  # there already
+                        self._move_to_dead_letter(q, entry, reason, description, writes, SubQueue(sub_queue))
+                    else:
+                        continue
+                    changed += 1
+            if not writes:
+                return _finished(0)
+            return self._write(writes, lambda: changed)
+
+    def _entries_by_seq(self, slot: int, seqs: list[int]) -> list[tuple[MessageQueue, Entry]]:
+        """(Lock held.) The messages of ``slot`` numbered ``seqs`` that are still there, in whichever sub-queue,
+        each with its sub-queue; one not resident is read from the store (one read by key) and made resident."""
+        found = []
+        missing = []
+        for seq in seqs:
+            for queue in SubQueue:
+                q = self._queues.get((slot, queue))
+                entry = q.entries.get(seq) if q is not None else None
+                if entry is not None:
+                    found.append((q, entry))
+                    break
+            else:
+                missing.append(seq)
+        if missing:
+            assert self._store is not None
+            try:
+                rows = self._store.get(slot, missing)
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            held = 0
+            for row in rows:
+                q = self._queue(slot, row[1])
+                if row[0] in q.entries or not self._disk_only(q, row):
+                    continue  # resident after all, leaving, or not visible
+                entry = q.entries[row[0]] = self._entry_of(slot, row, MessageState(row[2]))
+                held += entry.size
+                found.append((q, entry))
+            self._hold(held)
+        return found
+
     def renew_lock(self, slot: int, token: uuid.UUID) -> int:
         """Extend a lock by the lock duration from now; returns the new locked-until time (ms)."""
         with self._lock:
