@@ -608,7 +608,13 @@ class RemotePartition:
             if f.exception() is None:
                 remaining = self.settles_in_doubt
                 del remaining[: len(settles)]  # only appended to meanwhile (by a later loss)
-                log.info("partition %s: %s in-doubt settlement(s) applied again", self.key, f.result())
+                total = sum(len(seqs) for _, _, seqs, *_ in settles)
+                log.info(
+                    "partition %s: in-doubt settlements of %d message(s): %d applied again (the rest were stored)",
+                    self.key,
+                    total,
+                    f.result(),
+                )
 
         future.add_done_callback(done)
         return future
