@@ -21,7 +21,9 @@ failed). Printed:
                id under two sequence numbers: a failed-over batch kept on both partitions); completed and seen
                again; redeliveries of unsettled messages (same sequence number: allowed, at-least-once); stored
                without acknowledgment (a send the client saw fail that is stored anyway); in-doubt messages the
-               front end took back from the restarted worker
+               front end took back from the restarted worker; in-doubt settlements: messages whose settlement
+               was echoed but not known durable when the worker died, and how many of them the front end applied
+               again (the rest the worker had stored)
 
 Exit status 1 when anything acknowledged is missing, a message is stored twice, or a completed one came back.
 
@@ -163,16 +165,24 @@ def still_stored(url: str) -> list[tuple[str, int]]:
 
 
 class RevokeCounter(logging.Handler):
-    """Counts the messages front-end partitions took back from a restarted worker (remote.py logs each revoke)."""
+    """Counts the messages front-end partitions took back from a restarted worker (remote.py logs each revoke),
+    and those whose settlements were in doubt (echoed, maybe not stored) and how many of them it applied again."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.messages = 0
+        self.settled = 0
+        self.settled_again = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        found = re.search(r"revoked (\d+) in-doubt", record.getMessage())
+        text = record.getMessage()
+        found = re.search(r"revoked (\d+) in-doubt", text)
         if found:
             self.messages += int(found.group(1))
+        found = re.search(r"in-doubt settlements of (\d+) message\(s\): (\d+) applied again", text)
+        if found:
+            self.settled += int(found.group(1))
+            self.settled_again += int(found.group(2))
 
 
 def rate(times: list[float], start: float, end: float) -> float:
@@ -319,7 +329,8 @@ def main() -> int:
         f"lost {len(lost)}, stored twice {len(stored_twice)}, completed and seen again {len(came_back)}; "
         f"redeliveries of unsettled messages {redelivered} (in batches whose completion was refused: "
         f"{tally.complete_failures}), "
-        f"stored without acknowledgment {len(unacknowledged)}, in-doubt messages revoked {revokes.messages}"
+        f"stored without acknowledgment {len(unacknowledged)}, in-doubt messages revoked {revokes.messages}, "
+        f"in-doubt settlements {revokes.settled} (applied again {revokes.settled_again})"
     )
     if lost:
         print(f"LOST: {sorted(lost)[:20]}")

@@ -39,6 +39,7 @@ class FaultPlan:
     full_writes: int = 0  # the next this many store writes find the store full (nothing written)
     busy_sends: int = 0  # the next this many sends are refused with ServerBusy (the partition stays healthy)
     failing_reads: int = 0  # the next this many range reads (``browse_range``) fail as if it were briefly down
+    settle_linger: float | None = None  # how long settlements' writes linger (a worker answers them before)
 
 
 class FaultyStore:
@@ -75,6 +76,8 @@ def install(broker: PartitionBroker, **changes: Any) -> FaultPlan:
         if name not in names:
             raise TypeError(f"no such fault: {name}")
         setattr(plan, name, value)
+    if plan.settle_linger is not None:
+        broker.settle_linger = plan.settle_linger
     return plan
 
 

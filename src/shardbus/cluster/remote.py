@@ -19,6 +19,18 @@ once. So every ``enqueue`` carries a batch id the worker stores with it; a parti
 sends that failed ``PartitionUnavailable`` (``in_doubt``) and is not healthy while it has any. Restoring it ends
 with ``revoke_in_doubt``, which removes those batches if they are there; only then is it healthy again.
 
+In-doubt settlements: a worker answers a settlement (complete, defer, dead-letter) once applied, and the front end
+echoes it to the client then; its write lingers (20 ms) and is reported durable later (``RemoteSettlement``). If
+the connection drops between the two (the worker killed, say), the outcome was promised but may not be stored, and
+a restarted worker would deliver a completed message again. So ``_lost`` turns each settlement applied but not
+known durable into the partition's ``settles_in_doubt`` (slot, outcome, the messages' local sequence numbers,
+which their lock tokens carry: model/routing.py), as does a ``written`` frame that reports the write failed; a
+partition with any is not healthy, and restoring it applies them again by sequence number
+(``settle_in_doubt``, the partition's ``settle_by_sequence``: idempotent, durable before it answers) before
+its sends in doubt are revoked. Abandon and release need nothing: the message comes back anyway. What a front
+end keeps of them is bounded: at most the settlements one link had applied and not yet durable when it dropped,
+i.e. what 20 ms of settlements (the linger) plus the requests in flight on it hold, a few ints each.
+
 Time: every request carries the front end's clock and the ``tick_all`` upkeep runs from here, so a worker started
 with ``--follow-caller-clock`` lives on the front end's (possibly fake) time. A worker on its own clock ticks its
 partitions itself; ``serve --workers`` then sends ``tick_all`` only for health (``HEALTH_INTERVAL``).
@@ -39,6 +51,8 @@ from functools import partial
 from typing import Any
 
 from ..model.errors import ArgumentError, PartitionFull, PartitionUnavailable, ShardbusError
+from ..model.message import SubQueue
+from ..model.routing import local_seq_of_lock_token
 from ..partition.handle import OPERATIONS, Items, Kind, Operation, PartitionSpec, RemoteVerdict
 from ..partition.values import SlotSettings
 from ..store import records
@@ -73,11 +87,17 @@ class RemoteSettlement(RemoteVerdict):
     transaction for many completes (bench/hop_threads.py --phase receive: see docs/processes.md). Whoever waits for
     the write (``result``, the Python API's ``complete``) ends the linger, as a local ``LingeringWrite`` does."""
 
-    def __init__(self, link: WorkerLink, request_id: int) -> None:
+    def __init__(
+        self, link: WorkerLink, request_id: int, partition: RemotePartition | None, operation: str, args: list[Any]
+    ) -> None:
         super().__init__()
         self._verdict: Future = Future()
         self._link = link
         self._request_id = request_id
+        # what it asked, kept so that a lost worker's unwritten settlement can be applied again (``_keep_in_doubt``)
+        self.partition = partition
+        self.operation = operation
+        self.args = args
 
     @property
     def verdict(self) -> Future:
@@ -93,6 +113,26 @@ class RemoteSettlement(RemoteVerdict):
         return super().result(timeout)
 
 
+def _settles_of(operation: str, args: list[Any]) -> list[tuple[int, str, list[int], str | None, str | None, int]]:
+    """A settlement request's outcomes by local sequence number (its lock tokens carry them), as
+    ``settle_by_sequence`` applies them: abandon and release give none (the message comes back anyway)."""
+    slot = args[0]
+    if operation == "complete":
+        return [(slot, "complete", [local_seq_of_lock_token(t) for t in args[1]], None, None, 0)]
+    if operation == "defer":
+        return [(slot, "defer", [local_seq_of_lock_token(args[1])], None, None, 0)]
+    if operation == "dead_letter":
+        token, reason, description, sub_queue = (*args[1:], SubQueue.DEAD_LETTER)[:4]
+        return [(slot, "dead_letter", [local_seq_of_lock_token(token)], reason, description, int(sub_queue))]
+    if operation == "settle":
+        return [
+            (slot, st.outcome, [local_seq_of_lock_token(st.token)], st.reason, st.description, int(st.sub_queue))
+            for st in args[1]
+            if st.outcome in ("complete", "defer", "dead_letter")
+        ]
+    return []
+
+
 def _settle_verdict(future: Future, error: BaseException | None) -> None:
     verdict = future.verdict  # type: ignore[attr-defined]
     try:
@@ -102,6 +142,14 @@ def _settle_verdict(future: Future, error: BaseException | None) -> None:
             verdict.set_exception(error)
     except InvalidStateError:
         pass
+
+
+def _keep_in_doubt(future: Future) -> None:
+    """A settlement echoed to its client whose write may not be stored: its partition applies it again before it is
+    healthy (see the header)."""
+    partition = getattr(future, "partition", None)
+    if partition is not None:
+        partition.settles_in_doubt.extend(_settles_of(future.operation, future.args))
 
 
 def _fail(future: Future, error: BaseException) -> None:
@@ -137,7 +185,11 @@ class WorkerLink:
     # --- calls (any thread) --------------------------------------------------------------------------
     def call(self, partition: RemotePartition | None, key: str, operation: str, args: list[Any], now: float) -> Future:
         request_id = next(self._ids)
-        future: Future = RemoteSettlement(self, request_id) if operation in SETTLEMENTS else RemoteVerdict()
+        future: Future = (
+            RemoteSettlement(self, request_id, partition, operation, args)
+            if operation in SETTLEMENTS
+            else RemoteVerdict()
+        )
         if not self.connected:
             _fail(future, PartitionUnavailable(self._down_text(partition)))
             return future
@@ -247,8 +299,15 @@ class WorkerLink:
                 p.failure = f"worker {self.name} did not answer while restoring partition {p.key}"
                 self._abort(p.failure)
                 return
-        # It stays unhealthy until this is done. Sends refused while it was starting add ids (harmless ones:
-        # they were never stored), so repeat until none is left.
+        # It stays unhealthy until this is done: first the settlements echoed but maybe not stored, then the sends
+        # in doubt. Sends refused while it was starting add ids (harmless ones: they were never stored), so repeat
+        # until none is left.
+        if p.wanted and first_error is None and p.settles_in_doubt:
+            try:
+                await asyncio.wrap_future(p.settle_in_doubt(), loop=loop)
+            except ShardbusError as exc:
+                p.failure = str(exc)
+                return
         for _ in range(REVOKE_ROUNDS):
             if not (p.wanted and first_error is None and p.in_doubt):
                 break
@@ -309,6 +368,8 @@ class WorkerLink:
             future = writing.pop(request_id, None)
             if future is None:
                 continue
+            if error is not None:  # echoed, not stored: the partition reloads; apply it again first
+                _keep_in_doubt(future)
             try:
                 if error is None:
                     future.set_result(None)
@@ -331,9 +392,10 @@ class WorkerLink:
             self._outbox.clear()
         for future, partition in pending.values():
             _fail(future, PartitionUnavailable(self._down_text(partition)))
-        # Applied, not known to be durable: the worker may have written them or not (if not, the messages come
-        # back once their locks expire there, or at once if it restarted: at-least-once, as with the service).
+        # Applied and echoed, not known to be durable: the worker may have written them or not. The partition
+        # applies them again before it is used (``settle_in_doubt``), so a completed message never comes back.
         for future in writing.values():
+            _keep_in_doubt(future)
             _fail(future, PartitionUnavailable(f"{reason}; a settlement's write may not be stored"))
 
     def _abort(self, reason: str) -> None:
@@ -349,7 +411,9 @@ class WorkerLink:
                 p.failure = failure
                 # A partition the worker brought back by itself (a full store's reload) was never restarted from
                 # here: take back its sends in doubt now, as a restore would, or it stays unhealthy for good.
-                if failure is None and p.wanted and p.in_doubt:
+                if failure is None and p.wanted and p.settles_in_doubt:
+                    p.settle_in_doubt()
+                elif failure is None and p.wanted and p.in_doubt:
                     p.revoke_in_doubt()
 
 
@@ -455,6 +519,10 @@ class RemotePartition:
         self.wanted = False  # started by the front end (so restarted after a worker restart)
         self.failure: str | None = "not started"
         self.in_doubt: set[str] = set()  # batch ids of sends that failed in flight: maybe stored (see above)
+        # settlements echoed whose writes may not be stored (see above): (slot, outcome, seqs, reason, description,
+        # sub-queue); changed on the cluster loop only
+        self.settles_in_doubt: list[tuple[int, str, list[int], str | None, str | None, int]] = []
+        self._settling: Future | None = None  # the ``settle_by_sequence`` call in flight, if any
         self._precheck = spec.precheck
         link.partitions[self.key] = self
         if link.connected:  # else the link opens it when it connects (WorkerLink._restore)
@@ -481,7 +549,7 @@ class RemotePartition:
     # --- life cycle and health ----------------------------------------------------------------------
     @property
     def healthy(self) -> bool:
-        return self.link.connected and self.failure is None and not self.in_doubt
+        return self.link.connected and self.failure is None and not self.in_doubt and not self.settles_in_doubt
 
     def move_to(self, link: WorkerLink) -> Future:
         """Serve this partition from ``link``'s worker from now on (its own died, or lost the partition's lease;
@@ -499,6 +567,8 @@ class RemotePartition:
             self._precheck()
         self.wanted = True
         self._sync("start")
+        if self.settles_in_doubt:  # see WorkerLink.restore_partition
+            self._wait(self.settle_in_doubt())
         for _ in range(REVOKE_ROUNDS):  # see WorkerLink.restore_partition
             if not self.in_doubt:
                 break
@@ -522,18 +592,46 @@ class RemotePartition:
         future.add_done_callback(done)
         return future
 
+    def settle_in_doubt(self) -> Future:
+        """Apply again, by sequence number, the settlements this front end echoed but may not be stored
+        (``settles_in_doubt``): a step of restoring a partition, before ``revoke_in_doubt``. Never blocks; the
+        future's result is how many messages changed (those the worker had stored already are skipped)."""
+        settling = self._settling
+        if settling is not None and not settling.done():  # the health tick may ask again meanwhile
+            return settling
+        settles = list(self.settles_in_doubt)
+        if not settles:
+            return _done(0)
+        future = self._settling = self._call("settle_by_sequence", settles)
+
+        def done(f: Future) -> None:
+            if f.exception() is None:
+                remaining = self.settles_in_doubt
+                del remaining[: len(settles)]  # only appended to meanwhile (by a later loss)
+                total = sum(len(seqs) for _, _, seqs, *_ in settles)
+                log.info(
+                    "partition %s: in-doubt settlements of %d message(s): %d applied again (the rest were stored)",
+                    self.key,
+                    total,
+                    f.result(),
+                )
+
+        future.add_done_callback(done)
+        return future
+
     def _unavailable_text(self) -> str:
         if not self.link.connected:
             return self.link._down_text(self)
-        reason = self.failure or "its sends in doubt are being taken back"
+        reason = self.failure or "its settlements and sends in doubt are being taken care of"
         return (
             f"Partition {self.id} of '{self.config.path}' is unavailable ({reason}). Messages with a partition key "
             "that maps to it cannot be processed now; retry later."
         )
 
     def _check_readable(self) -> None:
-        """Nobody reads a message that may yet be taken back: a partition with sends in doubt refuses reads."""
-        if self.in_doubt:
+        """Nobody reads a message that may yet be taken back, or one a client was told is settled: a partition with
+        sends or settlements in doubt refuses reads."""
+        if self.in_doubt or self.settles_in_doubt:
             raise PartitionUnavailable(self._unavailable_text())
 
     def _note_in_doubt(self, batch_id: str, future: Future) -> None:

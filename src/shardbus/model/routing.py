@@ -6,7 +6,11 @@ maps to a partition through a stable hash, so the same key lands in the same par
 after every restart (Python's ``hash`` is salted per process and would not).
 
 Client-visible sequence numbers carry the partition id in their top 16 bits, as the service's do; lock tokens
-carry it in their low 16 bits. Either one therefore names the partition that owns the message.
+carry it in their low 16 bits. Either one therefore names the partition that owns the message. A lock token also
+carries the message's partition-relative sequence number in its next 48 bits (64 random bits above): a front end
+that loses a worker between a settlement's echo and its durable write knows which messages it settled from the
+tokens alone (``cluster/remote.py``, in-doubt settlements), and a re-lock of the same message still gets another
+token.
 """
 
 from __future__ import annotations
@@ -105,8 +109,9 @@ def uuid_of_bytes_le(data: bytes) -> uuid.UUID:
 # Lock tokens' randomness is drawn from the OS in blocks of this many tokens' worth: ``os.urandom`` releases the
 # GIL around its system call, and on a busy broker each release hands the GIL to a store thread waiting for it,
 # stalling the event loop in the middle of a delivery chunk (py-spy showed a GIL hand-off per chunk). One draw per
-# block makes that one hand-off per 1,024 tokens. 14 KiB per process, refilled in place.
-_TOKEN_BYTES = 14
+# block makes that one hand-off per 1,024 tokens. 8 KiB per process, refilled in place.
+_TOKEN_BYTES = 8  # the random part: the rest of the 16 bytes is the partition id and the local sequence number
+_TOKEN_SHIFT = PARTITION_BITS + PARTITION_SHIFT  # the random bits' place, above partition and local sequence
 _POOL_TOKENS = 1024
 _pool = b""
 _pool_at = 0
@@ -137,26 +142,35 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def new_lock_token(partition_id: int) -> uuid.UUID:
-    """A fresh lock token whose low 16 bits name the partition holding the lock."""
+def new_lock_token(partition_id: int, local_seq: int = 0) -> uuid.UUID:
+    """A fresh lock token whose low 16 bits name the partition holding the lock and whose next 48 the message's
+    local sequence number (0 for a session lock, which holds no one message)."""
     random_part = int.from_bytes(_random_bytes(_TOKEN_BYTES), "big")
-    return uuid_of_int((random_part << PARTITION_BITS) | partition_id)
+    return uuid_of_int((random_part << _TOKEN_SHIFT) | (local_seq << PARTITION_BITS) | partition_id)
 
 
-def new_lock_tokens(partition_id: int, count: int) -> list[uuid.UUID]:
-    """``count`` fresh lock tokens (as ``new_lock_token``) from one read of the random pool."""
+def lock_token_bases(partition_id: int, count: int) -> list[int]:
+    """``count`` lock tokens' random and partition bits (as ints) from one read of the random pool: OR in a
+    message's ``local_seq << PARTITION_BITS`` to make its token (``uuid_of_int``), as ``new_lock_token`` does."""
     if count <= 0:
         return []
     randoms = _random_bytes(_TOKEN_BYTES * count)
-    from_bytes, new, set_, unknown, UUID = int.from_bytes, _new_uuid, _set, _SAFE_UNKNOWN, uuid.UUID
-    out = []
-    for i in range(0, _TOKEN_BYTES * count, _TOKEN_BYTES):  # ``uuid_of_int``, inlined: one per delivery
-        u = new(UUID)
-        set_(u, "int", (from_bytes(randoms[i : i + _TOKEN_BYTES], "big") << PARTITION_BITS) | partition_id)
-        set_(u, "is_safe", unknown)
-        out.append(u)
-    return out
+    from_bytes, shift = int.from_bytes, _TOKEN_SHIFT
+    return [
+        (from_bytes(randoms[i : i + _TOKEN_BYTES], "big") << shift) | partition_id
+        for i in range(0, _TOKEN_BYTES * count, _TOKEN_BYTES)
+    ]
+
+
+def new_lock_tokens(partition_id: int, count: int) -> list[uuid.UUID]:
+    """``count`` fresh lock tokens of local sequence number 0 (``lock_token_bases``, as UUIDs)."""
+    return [uuid_of_int(base) for base in lock_token_bases(partition_id, count)]
 
 
 def partition_of_lock_token(token: uuid.UUID) -> int:
     return token.int & 0xFFFF
+
+
+def local_seq_of_lock_token(token: uuid.UUID) -> int:
+    """The partition-relative sequence number of the message a lock token was made for."""
+    return (token.int >> PARTITION_BITS) & LOCAL_SEQUENCE_MASK

@@ -166,7 +166,13 @@ from ..model.errors import (
     SessionLockLost,
 )
 from ..model.message import Message, MessageState, SubQueue, _copy_message
-from ..model.routing import PARTITION_SHIFT, encode_sequence_number, new_lock_token, new_lock_tokens
+from ..model.routing import (
+    PARTITION_BITS,
+    PARTITION_SHIFT,
+    encode_sequence_number,
+    lock_token_bases,
+    new_lock_token,
+)
 from ..store.base import MessageStore, Op, Row, StoreError, Update
 from ..store.committer import GroupCommitter
 from ..store.records import PACK_ERRORS, pack_dead_letter, pack_message
@@ -254,6 +260,10 @@ MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
 _UNSET = object()
 _new_tuple = tuple.__new__
 _new_entry_object = object.__new__
+_UUID = uuid.UUID
+_new_uuid = uuid.UUID.__new__
+_set_attr = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def _batch_key(batch_id: str, first: int, end: int) -> str:
@@ -934,7 +944,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 self._refill(q)
             # Every lock pops at least one entry of the ready heap, so this many tokens are usually enough (more
             # come one at a time); drawing them together costs one read of the random source instead of one each.
-            tokens = new_lock_tokens(self.id, min(max_count, len(ready)))
+            # A token carries its message's sequence number too (model/routing.py): made below, once it is known.
+            bases = lock_token_bases(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
             locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
             while len(out) < max_count:
@@ -955,7 +966,12 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     entry, msg = found, found.msg
                 # a list, not a generator: no resumed frame per token (more than drawn come one at a time; the
                 # tokens are random, so which end they are taken from does not matter)
-                token = tokens.pop() if tokens else new_lock_token(self.id)
+                if bases:  # ``uuid_of_int``, inlined: one per delivery
+                    token = _new_uuid(_UUID)
+                    _set_attr(token, "int", bases.pop() | (entry.seq << PARTITION_BITS))
+                    _set_attr(token, "is_safe", _SAFE_UNKNOWN)
+                else:
+                    token = new_lock_token(self.id, entry.seq)
                 msg.lock_token = token
                 msg.locked_until_ms = until
                 msg.delivery_count += 1
@@ -1331,6 +1347,76 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         self._notify({slot for slot, st in settles if st.outcome in ("abandon", "release")})
         return future
 
+    def settle_by_sequence(self, settles: list[tuple[int, str, list[int], str | None, str | None, int]]) -> Future:
+        """Apply settlements again by sequence number: (slot, outcome, local seqs, reason, description, sub-queue)
+        with outcome complete (gone), defer (DEFERRED) or dead_letter (moved to that sub-queue, with the reason).
+        A front end that lost a worker after it echoed these outcomes to clients and before their write was durable
+        calls it before the partition is used again (``cluster/remote.py``, in-doubt settlements). Idempotent: a
+        message already gone, or already where the outcome puts it, is skipped (the worker may have stored the
+        write before it died, or not died at all); a message locked again loses its lock. Written at once, no
+        linger. The future's result is how many messages changed."""
+        with self._lock:
+            self._check()
+            writes: list[Op] = []
+            changed = 0
+            for slot, outcome, seqs, reason, description, sub_queue in settles:
+                if slot not in self._slots:
+                    continue  # dropped meanwhile: nothing of it is left
+                for q, entry in self._entries_by_seq(slot, seqs):
+                    msg = entry.msg
+                    if outcome == "complete":
+                        self._drop_lock(q, entry)
+                        self._remove(q, entry)
+                        writes.append(("delete", slot, [entry.seq]))
+                    elif outcome == "defer":
+                        if msg.state is not _ACTIVE:
+                            continue  # deferred already (or scheduled: never the message settled)
+                        self._drop_lock(q, entry)
+                        msg.state = MessageState.DEFERRED
+                        writes.append(("update", slot, [self._update_of(entry)]))
+                        self._evict.append((q, entry))  # on disk only once that update is stored
+                    elif outcome == "dead_letter":
+                        if entry.queue == sub_queue or (entry.queue != _MAIN and sub_queue == SubQueue.DEAD_LETTER):
+                            continue  # there already
+                        self._move_to_dead_letter(q, entry, reason, description, writes, SubQueue(sub_queue))
+                    else:
+                        continue
+                    changed += 1
+            if not writes:
+                return _finished(0)
+            return self._write(writes, lambda: changed)
+
+    def _entries_by_seq(self, slot: int, seqs: list[int]) -> list[tuple[MessageQueue, Entry]]:
+        """(Lock held.) The messages of ``slot`` numbered ``seqs`` that are still there, in whichever sub-queue,
+        each with its sub-queue; one not resident is read from the store (one read by key) and made resident."""
+        found = []
+        missing = []
+        for seq in seqs:
+            for queue in SubQueue:
+                q = self._queues.get((slot, queue))
+                entry = q.entries.get(seq) if q is not None else None
+                if entry is not None:
+                    found.append((q, entry))
+                    break
+            else:
+                missing.append(seq)
+        if missing:
+            assert self._store is not None
+            try:
+                rows = self._store.get(slot, missing)
+            except StoreError as exc:
+                raise self._on_store_failure(exc) from exc
+            held = 0
+            for row in rows:
+                q = self._queue(slot, row[1])
+                if row[0] in q.entries or not self._disk_only(q, row):
+                    continue  # resident after all, leaving, or not visible
+                entry = q.entries[row[0]] = self._entry_of(slot, row, MessageState(row[2]))
+                held += entry.size
+                found.append((q, entry))
+            self._hold(held)
+        return found
+
     def renew_lock(self, slot: int, token: uuid.UUID) -> int:
         """Extend a lock by the lock duration from now; returns the new locked-until time (ms)."""
         with self._lock:
@@ -1383,7 +1469,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             if lock:
                 lock_ms = self._slots[slot].lock_duration_ms
                 for entry in entries:
-                    token = new_lock_token(self.id)
+                    token = new_lock_token(self.id, entry.seq)
                     entry.msg.lock_token = token
                     entry.msg.delivery_count += 1
                     self._locks[token.int] = entry
@@ -1520,7 +1606,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             out: list[Message] = []
             while len(out) < max_count and (entry := self._next_session_lockable(q, session, settings, now, writes)):
                 msg = entry.msg
-                message_token = new_lock_token(self.id)
+                message_token = new_lock_token(self.id, entry.seq)
                 msg.lock_token = message_token
                 msg.locked_until_ms = session.locked_until
                 msg.delivery_count += 1
