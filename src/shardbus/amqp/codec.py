@@ -361,6 +361,7 @@ def _map_items(b: bytes, p: int, end: int, count: int, d: int) -> dict[Any, Any]
     if d > MAX_DEPTH:
         raise DecodeError("nesting too deep")
     dec = _DEC
+    symbols = _SYMBOLS
     out = {}
     for _ in range(count >> 1):
         c = b[p]
@@ -369,10 +370,18 @@ def _map_items(b: bytes, p: int, end: int, count: int, d: int) -> dict[Any, Any]
             e = s + b[p + 1]
             if e > end:
                 raise DecodeError("key length exceeds its compound")
-            k = _symbol(b[s:e]) if c == 0xA3 else b[s:e].decode("utf-8")
+            if c == 0xA3:
+                raw = b[s:e]
+                k = symbols.get(raw)  # an annotation key seen before: no call
+                if k is None:
+                    k = _symbol(raw)
+            else:
+                k = b[s:e].decode("utf-8")
             p = e
         else:
             k, p = dec[c](b, p + 1, d)
+        # the commonest values inline: strings (application properties), the broker's annotations (a timestamp,
+        # a long sequence number) and small ints; each as its ``_DEC`` decoder reads it
         c = b[p]
         if c == 0xA1:
             s = p + 2
@@ -381,6 +390,15 @@ def _map_items(b: bytes, p: int, end: int, count: int, d: int) -> dict[Any, Any]
                 raise DecodeError("string length exceeds its compound")
             v = b[s:e].decode("utf-8")
             p = e
+        elif c == 0x83:
+            v = _int_new(Timestamp, _q(b, p + 1)[0])
+            p += 9
+        elif c == 0x81:
+            v = _int_new(Long, _q(b, p + 1)[0])
+            p += 9
+        elif c == 0x54:
+            v = _SMALLINTS[b[p + 1]]
+            p += 2
         else:
             v, p = dec[c](b, p + 1, d)
         out[k] = v
