@@ -333,6 +333,7 @@ _object_new = object.__new__
 
 _BODY_NONE, _BODY_DATA, _BODY_SEQUENCE, _BODY_VALUE = BodyType.NONE, BodyType.DATA, BodyType.SEQUENCE, BodyType.VALUE
 _I = codec._I
+_map_items = codec._map_items
 
 
 def decode_message(payload: bytes | bytearray | memoryview, sections: list[Section] | None = None) -> AmqpMessage:
@@ -385,8 +386,15 @@ def decode_message(payload: bytes | bytearray | memoryview, sections: list[Secti
                 else:
                     properties, p = done
             elif code == MESSAGE_ANNOTATIONS:
-                v, p = dec[c](buf, p + 1, 1)
-                message_annotations = v if type(v) is dict else _expect(v, dict, "message-annotations")
+                if c == 0xC1:  # codec's map8 decoder, inline: a Python call fewer
+                    e = p + 2 + buf[p + 1]
+                    if e > n or buf[p + 1] == 0:
+                        raise DecodeError("map size exceeds buffer")
+                    message_annotations = _map_items(buf, p + 3, e, buf[p + 2], 2)
+                    p = e
+                else:
+                    v, p = dec[c](buf, p + 1, 1)
+                    message_annotations = v if type(v) is dict else _expect(v, dict, "message-annotations")
             elif code == HEADER:
                 raw = buf[p : p + 2 + buf[p + 1]] if c == 0xC0 else None
                 known = _HEADER_FIELDS.get(raw)
@@ -409,8 +417,15 @@ def decode_message(payload: bytes | bytearray | memoryview, sections: list[Secti
                                 _HEADER_FIELDS.clear()
                             _HEADER_FIELDS[raw] = _header_fields(header)
             elif code == APPLICATION_PROPERTIES:
-                v, p = dec[c](buf, p + 1, 1)
-                application_properties = v if type(v) is dict else _expect(v, dict, "application-properties")
+                if c == 0xC1:
+                    e = p + 2 + buf[p + 1]
+                    if e > n or buf[p + 1] == 0:
+                        raise DecodeError("map size exceeds buffer")
+                    application_properties = _map_items(buf, p + 3, e, buf[p + 2], 2)
+                    p = e
+                else:
+                    v, p = dec[c](buf, p + 1, 1)
+                    application_properties = v if type(v) is dict else _expect(v, dict, "application-properties")
             elif code == AMQP_VALUE:
                 v, p = dec[c](buf, p + 1, 1)
                 if body_type is not _BODY_NONE:
