@@ -349,8 +349,7 @@ def decode_message(payload: bytes | bytearray | memoryview, sections: list[Secti
     try:
         while p < n:
             start = p
-            if buf[p] == 0 and buf[p + 1] == 0x53 and HEADER <= buf[p + 2] <= FOOTER:  # the usual descriptor
-                code = buf[p + 2]
+            if buf[p] == 0 and buf[p + 1] == 0x53 and HEADER <= (code := buf[p + 2]) <= FOOTER:  # the usual one
                 p += 3
             else:
                 code, p = _section_code(buf, p)
@@ -453,16 +452,17 @@ def decode_message(payload: bytes | bytearray | memoryview, sections: list[Secti
         raise
     except codec.LOW_LEVEL_ERRORS as exc:
         raise DecodeError(f"malformed message: {exc!r}") from None
-    return AmqpMessage(
-        header,
-        delivery_annotations,
-        message_annotations,
-        properties,
-        application_properties,
-        body,
-        body_type,
-        footer,
-    )
+    # what AmqpMessage's __init__ does, without that Python call (it has no __post_init__)
+    msg = _object_new(AmqpMessage)
+    msg.header = header
+    msg.delivery_annotations = delivery_annotations
+    msg.message_annotations = message_annotations
+    msg.properties = properties
+    msg.application_properties = application_properties
+    msg.body = body
+    msg.body_type = body_type
+    msg.footer = footer
+    return msg
 
 
 class Section(NamedTuple):
