@@ -17,6 +17,10 @@ Modes:
   --callgrind instructions per call (valgrind callgrind: N calls minus 0 calls), this tree and the base
 
     python bench/decode_message.py --base /tmp/b93dbd64 [--time] [--callgrind] [--rounds 5]
+
+Measured at 8831623 against 93dbd64 (--callgrind --calls 1000, instructions per call, this / base):
+sdk-send 54,243 / 70,910 = 0.765; sdk-delivery 76,407 / 111,168 = 0.687; scale-delivery 48,326 / 78,582 = 0.615;
+value-body 89,817 / 113,939 = 0.788. (--time swings by half on a shared 2-core machine: use the counts.)
 """
 
 from __future__ import annotations
