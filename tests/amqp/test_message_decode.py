@@ -262,3 +262,13 @@ def test_map_values_read_inline_as_their_decoders_read_them() -> None:
     got = codec.decode(codec.encode(m))
     assert _typed(got) == _typed({Symbol(f"k{i}"): codec.decode(codec.encode(v)) for i, v in enumerate(values)})
     assert [type(v) for v in got.values()] == [Long, Long, Timestamp, Timestamp, int, int, str, type(None), UInt]
+
+
+def test_uuids_decode_as_uuid_makes_them() -> None:
+    for raw in (bytes(16), bytes(range(16)), b"\xff" * 16):
+        got = codec.decode(b"\x98" + raw)
+        want = uuid.UUID(bytes=raw)
+        assert type(got) is uuid.UUID and got == want and hash(got) == hash(want) and str(got) == str(want)
+        assert got.is_safe == want.is_safe and got.bytes == raw
+    with pytest.raises(DecodeError):
+        codec.decode(b"\x98" + bytes(15))
