@@ -10,19 +10,26 @@ A broker rarely needs the whole message. ``scan_sections`` locates sections with
 ``set_message_annotations`` re-encodes only the message-annotations section of an encoded message (to stamp
 ``x-opt-sequence-number`` and friends) while copying every other byte through untouched.
 
+``decode_message`` reads the usual encodings of header and properties with decoders generated per class (as
+performatives.py does for transfers), falling back to the general decoder for anything else; it keeps the header
+sections it has read, with their fields (at most 256, cleared when full: a broker sends the same few).
+
 Service Bus batches (message-format ``0x80013700``) are an envelope whose ``data`` sections each hold one
 complete encoded message: ``split_batch`` and ``build_batch`` take them apart and put them together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import codec
 from .codec import DecodeError, e_binary, e_list, e_map, e_symbol_map
 from .performatives import ANY, BINARY, BOOL, STRING, SYMBOL, TIMESTAMP, UBYTE, UINT, Composite, _define
+from .types import Timestamp, UInt, ULong
 
 __all__ = [
     "BATCH_MESSAGE_FORMAT",
@@ -98,14 +105,134 @@ class Properties(Composite):
     reply_to_group_id: str | None = None
 
 
-_define(Header, HEADER, "amqp:header:list", [BOOL, UBYTE, UINT, BOOL, UINT])
-_define(
-    Properties,
-    PROPERTIES,
-    "amqp:properties:list",
-    [ANY, BINARY, ANY, STRING, ANY, ANY, SYMBOL, SYMBOL, TIMESTAMP, TIMESTAMP, STRING, UINT, STRING],
-)
+_HEADER_KINDS = [BOOL, UBYTE, UINT, BOOL, UINT]
+_PROPERTIES_KINDS = [ANY, BINARY, ANY, STRING, ANY, ANY, SYMBOL, SYMBOL, TIMESTAMP, TIMESTAMP, STRING, UINT, STRING]
+_define(Header, HEADER, "amqp:header:list", _HEADER_KINDS)
+_define(Properties, PROPERTIES, "amqp:properties:list", _PROPERTIES_KINDS)
 Header._TRIM_DEFAULTS = False
+
+
+# ------------------------------------------------------------------------------------- fast section decoders
+#
+# Every delivery our client receives has a header and properties, and most messages the broker decodes with
+# ``decode_message`` a properties section; the general path builds their field list (``_list_items``: a decoder
+# call per field) and then checks it (``from_fields``). For a list0, or a list8 of the usual encodings, these
+# generated decoders read the fields straight into the object instead. They return None for anything else and for
+# anything malformed (their caller also turns any exception into None), and the general path then decides, with
+# its own errors: the fast path never accepts what the general one rejects, and gives the same values of the same
+# types for what it accepts (tests/amqp/test_message_decode.py compares the two).
+
+# What reads one field's value into ``f`` (``p`` at its constructor), as the general decoder reads it.
+_READ: dict[int, tuple[str, ...]] = {
+    0x41: ("{f} = True", "p += 1"),
+    0x42: ("{f} = False", "p += 1"),
+    0x56: ("{f} = b[p + 1]", "if {f} > 1:", "    return None", "{f} = {f} == 1", "p += 2"),
+    0x50: ("{f} = _UBYTES[b[p + 1]]", "p += 2"),
+    0x52: ("{f} = _UINTS[b[p + 1]]", "p += 2"),
+    0x43: ("{f} = _UINT0", "p += 1"),
+    0x70: ("{f} = _int_new(_UInt, _I(b, p + 1)[0])", "p += 5"),
+    0x53: ("{f} = _ULONGS[b[p + 1]]", "p += 2"),
+    0x44: ("{f} = _ULONG0", "p += 1"),
+    0x80: ("{f} = _int_new(_ULong, _Q(b, p + 1)[0])", "p += 9"),
+    0x83: ("{f} = _int_new(_Timestamp, _q(b, p + 1)[0])", "p += 9"),
+    0x98: ("{f}, p = _d_uuid(b, p + 1, 0)",),
+    0xA0: ("s = p + 2", "p = s + b[p + 1]", "{f} = b[s:p]"),
+    0xB0: ("s = p + 5", "p = s + _I(b, p + 1)[0]", "{f} = b[s:p]"),
+    0xA1: ("s = p + 2", "p = s + b[p + 1]", "{f} = b[s:p].decode('utf-8')"),
+    0xA3: (
+        "s = p + 2",
+        "p = s + b[p + 1]",
+        "x = b[s:p]",
+        "{f} = _SYMBOLS.get(x)",
+        "if {f} is None:",
+        "    {f} = _symbol(x)",
+    ),
+}
+# The constructors each kind of field accepts here, most common first: all give values its type check passes.
+_KIND_CTORS: dict[Any, tuple[int, ...]] = {
+    BOOL: (0x42, 0x41, 0x56),
+    UBYTE: (0x50,),
+    UINT: (0x52, 0x43, 0x70),
+    TIMESTAMP: (0x83,),
+    BINARY: (0xA0, 0xB0),
+    STRING: (0xA1, 0xA3),
+    SYMBOL: (0xA3, 0xA1),
+    ANY: (0xA1, 0x98, 0x53, 0x44, 0x80, 0xA0, 0xA3, 0x52, 0x43, 0x70),
+}
+_NULL = 0x40
+
+
+def _make_section_decoder(cls: Any, kinds: list[Any]) -> Callable[[bytes, int], tuple[Any, int] | None]:
+    """Generate ``fast(buf, p) -> (instance of cls, end) | None`` for the composite's list at ``p`` (its
+    constructor): a list0, or a list8 of at most as many fields as ``cls`` has, each null (its default) or one of
+    the constructors ``_KIND_CTORS`` gives for its kind."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert len(names) == len(kinds) and not hasattr(cls, "__post_init__") and not cls._MANDATORY
+    n = len(names)
+    lines = [
+        "def fast(b, p):",
+        "    c = b[p]",
+        "    if c == 0xC0:",
+        "        end = p + 2 + b[p + 1]",
+        "        count = b[p + 2]",
+        f"        if b[p + 1] == 0 or end > len(b) or count > {n}:",
+        "            return None",
+        "        p += 3",
+        "    elif c == 0x45:",
+        "        end = p = p + 1",
+        "        count = 0",
+        "    else:",
+        "        return None",
+    ]
+    for i, kind in enumerate(kinds):
+        default = repr(cls._DEFAULTS[i])  # None, False or a small int: a constant, the value from_fields gives
+        ctors = _KIND_CTORS[kind]
+        # null first for an optional field (usually absent), last for one usually set (the message-id, header's)
+        order = (_NULL, *ctors) if cls._DEFAULTS[i] is None and i else (*ctors, _NULL)
+        lines += [f"    if count > {i}:", "        c = b[p]"]
+        for j, ctor in enumerate(order):
+            lines.append(f"        {'el' if j else ''}if c == 0x{ctor:02X}:")
+            read = ("{f} = " + default, "p += 1") if ctor == _NULL else _READ[ctor]
+            if ctor == _NULL and i < n - 1:
+                # nothing but nulls left (the SDK writes all 13 properties, most null): the rest at once
+                read = (
+                    "{f} = " + default,
+                    f"if end - p == count - {i} and b.count(0x40, p, end) == end - p:",
+                    "    p = end",
+                    f"    count = {i + 1}",
+                    "else:",
+                    "    p += 1",
+                )
+            lines += ["            " + x.format(f=f"f{i}") for x in read]
+        lines += ["        else:", "            return None", "    else:", f"        f{i} = {default}"]
+    lines += ["    if p != end:", "        return None", "    o = _object_new(cls)"]
+    lines += [f"    o.{name} = f{i}" for i, name in enumerate(names)]
+    lines.append("    return o, end")
+    env: dict[str, Any] = {
+        "cls": cls,
+        "_object_new": object.__new__,
+        "_int_new": int.__new__,
+        "_UBYTES": codec._UBYTES,
+        "_UINTS": codec._UINTS,
+        "_UINT0": codec._UINTS[0],
+        "_ULONGS": codec._ULONGS,
+        "_ULONG0": codec._ULONGS[0],
+        "_UInt": UInt,
+        "_ULong": ULong,
+        "_Timestamp": Timestamp,
+        "_I": codec._I,
+        "_Q": codec._Q,
+        "_q": codec._q,
+        "_d_uuid": codec._d_uuid,
+        "_SYMBOLS": codec._SYMBOLS,
+        "_symbol": codec._symbol,
+    }
+    exec("\n".join(lines), env)
+    return env["fast"]  # type: ignore[no-any-return]
+
+
+_fast_header = _make_section_decoder(Header, _HEADER_KINDS)
+_fast_properties = _make_section_decoder(Properties, _PROPERTIES_KINDS)
 
 
 @dataclass(slots=True)
@@ -198,65 +325,143 @@ def _expect(v: Any, t: type, what: str) -> Any:
     return v
 
 
+# Header sections as they came (list8 bytes) -> their fields: a broker sends the same few (delivery count, ttl,
+# durable) over and over, and reading a header's fields costs more than the lookup; bounded, cleared when full.
+_HEADER_FIELDS: dict[bytes | None, tuple[Any, ...]] = {}
+_header_fields = Header._GET
+_object_new = object.__new__
+
+_BODY_NONE, _BODY_DATA, _BODY_SEQUENCE, _BODY_VALUE = BodyType.NONE, BodyType.DATA, BodyType.SEQUENCE, BodyType.VALUE
+_I = codec._I
+_map_items = codec._map_items
+
+
 def decode_message(payload: bytes | bytearray | memoryview, sections: list[Section] | None = None) -> AmqpMessage:
     """Decode a complete message. Raises only ``DecodeError``. With ``sections``, also appends where each section
     sits (as ``scan_sections`` would, without a second pass)."""
     buf = payload if type(payload) is bytes else bytes(payload)
-    msg = AmqpMessage()
+    header = delivery_annotations = message_annotations = properties = application_properties = footer = None
+    body: Any = None
+    body_type = _BODY_NONE
     dec = codec._DEC
     p = 0
     n = len(buf)
     try:
         while p < n:
             start = p
-            if buf[p] == 0 and buf[p + 1] == 0x53 and HEADER <= buf[p + 2] <= FOOTER:  # the usual descriptor
-                code = buf[p + 2]
+            if buf[p] == 0 and buf[p + 1] == 0x53 and HEADER <= (code := buf[p + 2]) <= FOOTER:  # the usual one
                 p += 3
             else:
                 code, p = _section_code(buf, p)
             value_start = p
-            v, p = dec[buf[p]](buf, p + 1, 1)
-            if sections is not None:
-                sections.append(Section(code, start, value_start, p))
+            c = buf[p]
+            # each section decoded and checked in one branch, the commonest first
             if code == DATA:
-                if type(v) is not bytes:
-                    _expect(v, bytes, "data")
-                if msg.body_type == BodyType.DATA:
-                    msg.body.append(v)
-                elif msg.body_type == BodyType.NONE:
-                    msg.body = [v]
-                    msg.body_type = BodyType.DATA
+                if c == 0xB0:  # a vbin32, read here (the usual body)
+                    s = p + 5
+                    p = s + _I(buf, p + 1)[0]
+                    if p > n:
+                        raise DecodeError("binary length exceeds buffer")
+                    v = buf[s:p]
+                else:
+                    v, p = dec[c](buf, p + 1, 1)
+                    if type(v) is not bytes:
+                        _expect(v, bytes, "data")
+                if body_type is _BODY_DATA:
+                    body.append(v)
+                elif body_type is _BODY_NONE:
+                    body = [v]
+                    body_type = _BODY_DATA
                 else:
                     raise DecodeError("message mixes body section kinds")
             elif code == PROPERTIES:
-                msg.properties = Properties.from_fields(v if type(v) is list else _expect(v, list, "properties"))
-            elif code == APPLICATION_PROPERTIES:
-                msg.application_properties = _expect(v, dict, "application-properties")
+                try:  # the generated decoder; None (or an exception) leaves it to the general path
+                    done = _fast_properties(buf, p)
+                except Exception:
+                    done = None
+                if done is None:
+                    v, p = dec[c](buf, p + 1, 1)
+                    properties = Properties.from_fields(v if type(v) is list else _expect(v, list, "properties"))
+                else:
+                    properties, p = done
             elif code == MESSAGE_ANNOTATIONS:
-                msg.message_annotations = _expect(v, dict, "message-annotations")
+                if c == 0xC1:  # codec's map8 decoder, inline: a Python call fewer
+                    e = p + 2 + buf[p + 1]
+                    if e > n or buf[p + 1] == 0:
+                        raise DecodeError("map size exceeds buffer")
+                    message_annotations = _map_items(buf, p + 3, e, buf[p + 2], 2)
+                    p = e
+                else:
+                    v, p = dec[c](buf, p + 1, 1)
+                    message_annotations = v if type(v) is dict else _expect(v, dict, "message-annotations")
             elif code == HEADER:
-                msg.header = Header.from_fields(_expect(v, list, "header"))
+                raw = buf[p : p + 2 + buf[p + 1]] if c == 0xC0 else None
+                known = _HEADER_FIELDS.get(raw)
+                if known is not None:  # a header seen before: its fields without reading them
+                    header = _object_new(Header)
+                    header.durable, header.priority, header.ttl, header.first_acquirer, header.delivery_count = known
+                    p += len(raw)  # type: ignore[arg-type]
+                else:
+                    try:
+                        done = _fast_header(buf, p)
+                    except Exception:
+                        done = None
+                    if done is None:
+                        v, p = dec[c](buf, p + 1, 1)
+                        header = Header.from_fields(_expect(v, list, "header"))
+                    else:
+                        header, p = done
+                        if raw is not None:  # a whole list8, as the decoder just read it
+                            if len(_HEADER_FIELDS) >= 256:
+                                _HEADER_FIELDS.clear()
+                            _HEADER_FIELDS[raw] = _header_fields(header)
+            elif code == APPLICATION_PROPERTIES:
+                if c == 0xC1:
+                    e = p + 2 + buf[p + 1]
+                    if e > n or buf[p + 1] == 0:
+                        raise DecodeError("map size exceeds buffer")
+                    application_properties = _map_items(buf, p + 3, e, buf[p + 2], 2)
+                    p = e
+                else:
+                    v, p = dec[c](buf, p + 1, 1)
+                    application_properties = v if type(v) is dict else _expect(v, dict, "application-properties")
             elif code == AMQP_VALUE:
-                if msg.body_type != BodyType.NONE:
+                v, p = dec[c](buf, p + 1, 1)
+                if body_type is not _BODY_NONE:
                     raise DecodeError("message has more than one body kind or amqp-value section")
-                msg.body = v
-                msg.body_type = BodyType.VALUE
+                body = v
+                body_type = _BODY_VALUE
             elif code == AMQP_SEQUENCE:
-                if msg.body_type == BodyType.SEQUENCE:
-                    msg.body.append(_expect(v, list, "amqp-sequence"))
-                elif msg.body_type == BodyType.NONE:
-                    msg.body = [_expect(v, list, "amqp-sequence")]
-                    msg.body_type = BodyType.SEQUENCE
+                v, p = dec[c](buf, p + 1, 1)
+                if body_type is _BODY_SEQUENCE:
+                    body.append(_expect(v, list, "amqp-sequence"))
+                elif body_type is _BODY_NONE:
+                    body = [_expect(v, list, "amqp-sequence")]
+                    body_type = _BODY_SEQUENCE
                 else:
                     raise DecodeError("message mixes body section kinds")
             elif code == DELIVERY_ANNOTATIONS:
-                msg.delivery_annotations = _expect(v, dict, "delivery-annotations")
+                v, p = dec[c](buf, p + 1, 1)
+                delivery_annotations = _expect(v, dict, "delivery-annotations")
             else:
-                msg.footer = _expect(v, dict, "footer")
+                v, p = dec[c](buf, p + 1, 1)
+                footer = _expect(v, dict, "footer")
+            if sections is not None:
+                sections.append(Section(code, start, value_start, p))
     except DecodeError:
         raise
     except codec.LOW_LEVEL_ERRORS as exc:
         raise DecodeError(f"malformed message: {exc!r}") from None
+    # what AmqpMessage's __init__ does, without that Python call (it has no __post_init__)
+    msg = _object_new(AmqpMessage)
+    msg.header = header
+    msg.delivery_annotations = delivery_annotations
+    msg.message_annotations = message_annotations
+    msg.properties = properties
+    msg.application_properties = application_properties
+    msg.body = body
+    msg.body_type = body_type
+    msg.footer = footer
     return msg
 
 
