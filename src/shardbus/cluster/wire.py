@@ -47,7 +47,6 @@ from ..model import errors as domain_errors
 from ..model.entities import RuntimeProperties
 from ..model.errors import InternalError, ShardbusError
 from ..model.message import BodyType, Message, MessageState, SubQueue
-from ..model.routing import uuid_of_int
 from ..partition.values import PartitionConfig, Settle, SlotSettings, SlotStats
 from ..store import records
 
@@ -90,12 +89,31 @@ _record_items[_F.index("state")] = "int(m.state)"
 _record_items[_F.index("lock_token")] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
-_namespace.update(_new=Message.__new__, Message=Message, _BT=_BODY_TYPES, _ST=_STATES, _uuid=uuid_of_int)
+# A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
+# reply builds one per message, a complete one per token.
+_new_uuid = uuid.UUID.__new__
+_set = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+_namespace.update(
+    _new=Message.__new__,
+    Message=Message,
+    _BT=_BODY_TYPES,
+    _ST=_STATES,
+    _new_uuid=_new_uuid,
+    _UUID=uuid.UUID,
+    _set=_set,
+    _SAFE=_SAFE_UNKNOWN,
+    _from_bytes=int.from_bytes,
+)
 exec(
     "def _record(m):\n    return [" + ", ".join(_record_items) + "]\n"
     "def _from_record(v):\n    m = _new(Message)\n    " + ", ".join(f"m.{f}" for f in _F) + ", = v\n"
     "    m.body_type = _BT[m.body_type]\n    m.state = _ST[m.state]\n"
-    "    if m.lock_token is not None:\n        m.lock_token = _uuid(int.from_bytes(m.lock_token, 'big'))\n"
+    "    token = m.lock_token\n"
+    "    if token is not None:\n"
+    "        u = m.lock_token = _new_uuid(_UUID)\n"
+    "        _set(u, 'int', _from_bytes(token, 'big'))\n"
+    "        _set(u, 'is_safe', _SAFE)\n"
     "    return m\n",
     _namespace,
 )
@@ -121,21 +139,37 @@ COMPACT: dict[str, type] = {"items": Items, "tokens": Tokens}
 
 
 def _pack_items(items: Items) -> bytes:
+    # An item of one copy (a send to a queue: nearly all of them) skips the flattening loop.
     record = _record
-    return _pack([[key, [x for slot, m in copies for x in (slot, record(m))]] for key, copies in items])
+    return _pack(
+        [
+            [key, [copies[0][0], record(copies[0][1])]]
+            if len(copies) == 1
+            else [key, [x for slot, m in copies for x in (slot, record(m))]]
+            for key, copies in items
+        ]
+    )
 
 
 def _unpack_items(data: bytes) -> list[tuple[Any, list[tuple[int, Message]]]]:
-    out = []
     message = _from_record
-    for key, flat in _unpack(data):
-        out.append((key, [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]))
-    return out
+    return [
+        (key, [(flat[0], message(flat[1]))])
+        if len(flat) == 2
+        else (key, [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)])
+        for key, flat in _unpack(data)
+    ]
 
 
 def _unpack_tokens(data: bytes) -> list[uuid.UUID]:
-    from_bytes = int.from_bytes
-    return [uuid_of_int(from_bytes(data[i : i + 16], "big")) for i in range(0, len(data), 16)]
+    new, cls, set_, safe, from_bytes = _new_uuid, uuid.UUID, _set, _SAFE_UNKNOWN, int.from_bytes
+    out = []
+    for i in range(0, len(data), 16):  # ``uuid_of_int`` in line: a complete brings ~100 tokens
+        u = new(cls)
+        set_(u, "int", from_bytes(data[i : i + 16], "big"))
+        set_(u, "is_safe", safe)
+        out.append(u)
+    return out
 
 
 def wrap_reply(value: Any) -> Any:
