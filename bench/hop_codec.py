@@ -7,7 +7,7 @@ count of the same code and input does not. Each operation runs ``--reps`` times 
 complete of 100):
 
   - ``pack-enqueue`` / ``unpack-enqueue``: an ``enqueue`` request's frame, its items one message each (a front
-    end packs, the worker reads);
+    end packs, the worker reads, and builds the messages as the worker does for the operation);
   - ``pack-lock-reply`` / ``unpack-lock-reply``: a ``lock_messages`` reply's frame, its messages locked (the
     worker packs, the front end reads);
   - ``pack-complete`` / ``unpack-complete``: a ``complete`` request's frame, its lock tokens.
@@ -62,9 +62,32 @@ def run_one(op: str, reps: int, batch: int, body_size: int) -> None:
     what, _, name = op.partition("-")
     if name == "enqueue":
         items = [(None, [(0, m)]) for m in _messages(batch, body, locked=False)]
-        frame: list[Any] = [7, key, now, "enqueue", [wire.Items(items), "0123456789abcdef0123456789abcdef"]]
+        inline = getattr(wire, "ItemsArg", None)  # in the request itself (before it: one extension value)
+        args = [(inline or wire.Items)(items), "0123456789abcdef0123456789abcdef"]
+        frame: list[Any] = [7, key, now, "enqueue", args]
+        if inline is not None and what == "unpack":
+            data = wire.pack_frame(frame)
+            for _ in range(reps):
+                reader = wire.reader()
+                reader.feed(data)
+                for request in reader:
+                    wire.items_of(request[4][0])
+            return
     elif name == "lock-reply":
-        frame = [8, True, wire.wrap_reply(_messages(batch, body, locked=True)), None]
+        messages = _messages(batch, body, locked=True)
+        if hasattr(wire, "reply_frame"):  # a messages frame (before it: one extension value in a reply frame)
+            data = wire.reply_frame(8, True, messages, None)
+            if what == "pack":
+                for _ in range(reps):
+                    wire.reply_frame(8, True, messages, None)
+            else:
+                for _ in range(reps):
+                    reader = wire.reader()
+                    reader.feed(data)
+                    for frame in reader:
+                        wire.messages_of(frame[2])
+            return
+        frame = [8, True, wire.wrap_reply(messages), None]
     else:
         tokens = [m.lock_token for m in _messages(batch, body, locked=True)]
         frame = [9, key, now, "complete", [0, wire.Tokens(tokens)]]
