@@ -55,7 +55,8 @@ def _install_counters(out: Path) -> None:
 
     def counted_frame(self: Any, frame: list[Any]) -> None:
         rid = frame[0]
-        kind = "event" if rid == 0 else "written" if rid < 0 else "applied" if len(frame) == 5 else "reply"
+        applied = len(frame) == 5 and frame[4] == 1  # (a five-element frame may also be a lock reply's messages)
+        kind = "event" if rid == 0 else "written" if rid < 0 else "applied" if applied else "reply"
         add(**{f"frame {kind}": 1})
         frame_fn(self, frame)
 

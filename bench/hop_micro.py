@@ -9,7 +9,13 @@ the hop alone (codec, framing both ways, futures, hand-offs, sockets) and it is 
 change to the cluster wire against its base (``--base DIR`` runs the same from another checkout in a child
 process, interleaved).
 
-    python bench/hop_micro.py [--messages N] [--rounds R] [--batch B] [--lock L] [--base DIR]
+``--callgrind`` counts instructions instead (valgrind's callgrind, every thread of the process: the front end's
+calls, the cluster client's loop, the worker's loop and its store threads), which the machine's load does not move:
+each line and tree runs once with ``--messages`` and once with a tenth of them, and the difference over the
+messages between is its instructions per message, start-up and the partition's opening left out. How settlements
+share a commit still depends on the clock (callgrind slows the process fifty-fold), alike for both trees.
+
+    python bench/hop_micro.py [--messages N] [--rounds R] [--batch B] [--lock L] [--base DIR] [--callgrind]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -104,12 +111,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="messages per enqueue (default 100)")
     parser.add_argument("--lock", type=int, default=20, help="messages per lock request (default 20)")
     parser.add_argument("--base", type=Path, default=None, help="a checkout to run the same from, interleaved")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of time")
     parser.add_argument("--one", choices=("local", "remote"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run(args.one, args.messages, args.batch, args.lock)))
         return
     trees = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])
+    if args.callgrind:
+        _count_all(trees, args)
+        return
     figures: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for name, tree in trees:
@@ -147,6 +158,36 @@ def main() -> None:
     if args.base:
         overs = [a - b for a, b in zip(figures["this remote"], figures["base remote"], strict=True)]
         print(f"  remote this - base   {statistics.median(overs):+7.2f} ({min(overs):+.2f} to {max(overs):+.2f})")
+
+
+def _instructions(tree: Path, kind: str, messages: int, args: argparse.Namespace) -> int:
+    with tempfile.NamedTemporaryFile(prefix="shardbus-hop-micro-") as out:
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", sys.executable, __file__]
+        command += ["--one", kind, "--messages", str(messages), "--batch", str(args.batch), "--lock", str(args.lock)]
+        env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONHASHSEED": "0"}
+        subprocess.run(command, env=env, check=True, capture_output=True)
+        match = re.search(rb"^(?:summary|totals): (\d+)", Path(out.name).read_bytes(), re.M)
+        assert match is not None, "no totals in the callgrind output"
+        return int(match[1])
+
+
+def _count_all(trees: list[tuple[str, Path]], args: argparse.Namespace) -> None:
+    """Instructions per message of each line and tree (``--callgrind``), and the hop's share."""
+    few = max(args.batch, args.messages // 10)
+    per: dict[tuple[str, str], float] = {}
+    for name, tree in trees:
+        for kind in ("local", "remote"):
+            many = _instructions(tree, kind, args.messages, args)
+            some = _instructions(tree, kind, few, args)
+            per[name, kind] = (many - some) / (args.messages - few)
+            print(f"{name:5} {kind:6} {per[name, kind]:10,.0f} instructions per message", flush=True)
+        hop = per[name, "remote"] - per[name, "local"]
+        print(f"{name:5} hop    {hop:10,.0f} (remote/local {per[name, 'remote'] / per[name, 'local']:.3f})", flush=True)
+    if len(trees) > 1:
+        for kind in ("local", "remote"):
+            print(f"this/base {kind}: {per['this', kind] / per['base', kind]:.3f}")
+        hops = [per[n, "remote"] - per[n, "local"] for n in ("this", "base")]
+        print(f"this/base hop (remote - local): {hops[0] / hops[1]:.3f}")
 
 
 if __name__ == "__main__":

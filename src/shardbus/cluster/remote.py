@@ -334,10 +334,14 @@ class WorkerLink:
             else:  # written: settlements applied earlier are durable now (or their write failed)
                 self._written(frame[1], frame[2])
             return
-        if len(frame) == 5:  # applied: a settlement's verdict, its write durable later (a written frame)
-            self._applied(request_id, frame[3])
-            return
-        _, ok, value, health = frame
+        if len(frame) == 5:
+            if frame[4] == wire.APPLIED:  # a settlement's verdict, its write durable later (a written frame)
+                self._applied(request_id, frame[3])
+                return
+            _, ok, records, health, _ = frame  # a list of messages (wire.MESSAGES): a lock reply
+            value = wire.messages_of(records)
+        else:
+            _, ok, value, health = frame
         future, partition = self._pending.pop(request_id, (None, None))
         if partition is not None:
             partition.failure = health
@@ -690,7 +694,7 @@ class RemotePartition:
             refused.set_exception(PartitionUnavailable(self._unavailable_text()))
             return refused
         batch_id = batch_id or uuid.uuid4().hex  # what ``revoke_in_doubt`` names if the send fails in flight
-        future = self._call("enqueue", wire.Items(items), batch_id)
+        future = self._call("enqueue", wire.ItemsArg(items), batch_id)
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
         future.add_done_callback(partial(self._note_in_doubt, batch_id))
         return future

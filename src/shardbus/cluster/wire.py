@@ -13,12 +13,14 @@ MessagePack because the values are our own Python objects (messages with every b
 settings) that the store already packs this way (``store/records.py``): one encoder for disk and wire, and no
 type mapping of broker fields to keep in step with the model. Messages, by the hundred in the hot calls, travel as
 *compact records* (below): plain arrays the C packer writes without calling back into Python, a batch of them in
-one extension value, the body in each once.
+one extension value (a reply's, in the frame itself), the body in each once.
 
 Frames (in order on each connection):
 
     request  [id, partition key, now, operation, args]     front end -> worker
     reply    [id, ok, value | [error class, text], health]  worker -> front end
+    messages [id, true, [record, ...], health, 2]           worker -> front end: a reply that is a list of
+                                                            messages (a lock's, a peek's), as compact records
     applied  [id, true, nil, health, 1]                     worker -> front end: a settlement is applied, its
                                                             write lingers (a ``written`` frame follows)
     written  [-1, [id, ...], nil | [error class, text]]     worker -> front end: those applied settlements'
@@ -47,7 +49,6 @@ from ..model import errors as domain_errors
 from ..model.entities import RuntimeProperties
 from ..model.errors import InternalError, ShardbusError
 from ..model.message import BodyType, Message, MessageState, SubQueue
-from ..model.routing import uuid_of_int
 from ..partition.values import PartitionConfig, Settle, SlotSettings, SlotStats
 from ..store import records
 
@@ -80,7 +81,9 @@ _fill_message = _namespace["_fill_message"]
 # its fields in slot order, every value a plain MessagePack one (enums as their ints, a lock token as its 16
 # bytes), so the C packer writes it without calling back into Python; the body is in it once (``wire_sections``,
 # the front end's encoding kept for deliveries, holds what precedes a data body, never the body). A list of them
-# (``Messages``, ``Items``) is one extension value: one Python call packs or unpacks the whole batch, through
+# is, in the hot calls, part of the frame itself (an enqueue's ``ItemsArg``, a reply's ``reply_frame``), read back
+# by who knows what it is (the worker: the operation; the front end: the frame), else (``Items``, ``Messages``)
+# one extension value: one Python call packs or unpacks the whole batch, through
 # straight-line code generated below (as ``dataclasses`` generates code). Values of other types inside a record
 # (application properties, a scheduled time) still go through ``_default``.
 _F = _MESSAGE_FIELDS
@@ -90,12 +93,31 @@ _record_items[_F.index("state")] = "int(m.state)"
 _record_items[_F.index("lock_token")] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
-_namespace.update(_new=Message.__new__, Message=Message, _BT=_BODY_TYPES, _ST=_STATES, _uuid=uuid_of_int)
+# A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
+# reply builds one per message, a complete one per token.
+_new_uuid = uuid.UUID.__new__
+_set = object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+_namespace.update(
+    _new=Message.__new__,
+    Message=Message,
+    _BT=_BODY_TYPES,
+    _ST=_STATES,
+    _new_uuid=_new_uuid,
+    _UUID=uuid.UUID,
+    _set=_set,
+    _SAFE=_SAFE_UNKNOWN,
+    _from_bytes=int.from_bytes,
+)
 exec(
     "def _record(m):\n    return [" + ", ".join(_record_items) + "]\n"
     "def _from_record(v):\n    m = _new(Message)\n    " + ", ".join(f"m.{f}" for f in _F) + ", = v\n"
     "    m.body_type = _BT[m.body_type]\n    m.state = _ST[m.state]\n"
-    "    if m.lock_token is not None:\n        m.lock_token = _uuid(int.from_bytes(m.lock_token, 'big'))\n"
+    "    token = m.lock_token\n"
+    "    if token is not None:\n"
+    "        u = m.lock_token = _new_uuid(_UUID)\n"
+    "        _set(u, 'int', _from_bytes(token, 'big'))\n"
+    "        _set(u, 'is_safe', _SAFE)\n"
     "    return m\n",
     _namespace,
 )
@@ -104,7 +126,8 @@ _from_record = _namespace["_from_record"]
 
 
 class Messages(list):  # type: ignore[type-arg]
-    """A list of messages that travels as one array of compact records (a ``lock_messages`` reply, a peek)."""
+    """A list of messages that travels as one array of compact records in one extension value (a reply's go in
+    a ``messages`` frame instead: ``reply_frame``)."""
 
 
 class Items(list):  # type: ignore[type-arg]
@@ -112,30 +135,51 @@ class Items(list):  # type: ignore[type-arg]
     as compact records: ``[[dedup id, [slot, record, slot, record, ...]], ...]`` in one extension value."""
 
 
+class ItemsArg(list):  # type: ignore[type-arg]
+    """An ``enqueue``'s (or ``transact``'s) items as a request's argument: ``Items``' arrays in the frame itself,
+    not in an extension value (the packer writes them in place, and the worker reads them once); the worker,
+    knowing the operation, reads them back (``items_of``; ``worker.ITEMS_ARGUMENT``)."""
+
+
 class Tokens(list):  # type: ignore[type-arg]
     """Lock tokens (UUIDs) as one bytes value: 16 bytes each, in order (a ``complete``)."""
 
 
 # The batching hints of the partition interface (``compact`` in partition/handle.py): encoding -> its wrapper.
-COMPACT: dict[str, type] = {"items": Items, "tokens": Tokens}
+COMPACT: dict[str, type] = {"items": ItemsArg, "tokens": Tokens}
 
 
-def _pack_items(items: Items) -> bytes:
+def _item_arrays(items: list[tuple[Any, list[tuple[int, Message]]]]) -> list[list[Any]]:
+    # An item of one copy (a send to a queue: nearly all of them) skips the flattening loop.
     record = _record
-    return _pack([[key, [x for slot, m in copies for x in (slot, record(m))]] for key, copies in items])
+    return [
+        [key, [copies[0][0], record(copies[0][1])]]
+        if len(copies) == 1
+        else [key, [x for slot, m in copies for x in (slot, record(m))]]
+        for key, copies in items
+    ]
 
 
-def _unpack_items(data: bytes) -> list[tuple[Any, list[tuple[int, Message]]]]:
-    out = []
+def items_of(arrays: list[list[Any]]) -> list[tuple[Any, list[tuple[int, Message]]]]:
+    """Items read back from their arrays (an ``ItemsArg`` request argument, an ``Items`` value)."""
     message = _from_record
-    for key, flat in _unpack(data):
-        out.append((key, [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]))
-    return out
+    return [
+        (key, [(flat[0], message(flat[1]))])
+        if len(flat) == 2
+        else (key, [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)])
+        for key, flat in arrays
+    ]
 
 
 def _unpack_tokens(data: bytes) -> list[uuid.UUID]:
-    from_bytes = int.from_bytes
-    return [uuid_of_int(from_bytes(data[i : i + 16], "big")) for i in range(0, len(data), 16)]
+    new, cls, set_, safe, from_bytes = _new_uuid, uuid.UUID, _set, _SAFE_UNKNOWN, int.from_bytes
+    out = []
+    for i in range(0, len(data), 16):  # ``uuid_of_int`` in line: a complete brings ~100 tokens
+        u = new(cls)
+        set_(u, "int", from_bytes(data[i : i + 16], "big"))
+        set_(u, "is_safe", safe)
+        out.append(u)
+    return out
 
 
 def wrap_reply(value: Any) -> Any:
@@ -145,14 +189,36 @@ def wrap_reply(value: Any) -> Any:
     return value
 
 
+# The last element of a reply frame of five: what it is (a plain reply has four).
+APPLIED = 1
+MESSAGES = 2
+
+
+def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> bytes:
+    """A reply's frame. A list of messages (a lock reply: the hot one) goes as a ``messages`` frame, its records
+    in the frame itself rather than in one extension value: the packer writes them in place, and the reader reads
+    them once, where a nested value was packed apart and copied in whole, then copied out and read again."""
+    if type(value) is list and value and type(value[0]) is Message:
+        record = _record
+        return _pack([request_id, ok, [record(m) for m in value], health, MESSAGES])
+    return _pack([request_id, ok, value, health])
+
+
+def messages_of(records: list[list[Any]]) -> list[Message]:
+    """A ``messages`` frame's value, read back."""
+    message = _from_record
+    return [message(v) for v in records]
+
+
 # Dataclasses that travel as their field values; the tag is part of the protocol, never reuse one.
 _RECORDS: dict[int, type] = {1: Settle, 2: SlotSettings, 3: PartitionConfig, 4: SlotStats, 5: RuntimeProperties}
 _RECORD_TAGS = {cls: tag for tag, cls in _RECORDS.items()}
 _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _RECORDS.values()}
 
 # Opens both sides of the handshake: a peer that speaks something else is told apart at once. Its digit is the
-# frames' version: 2 added the applied and written frames, which a version-1 front end cannot read.
-MAGIC = b"SBW2"
+# frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
+# messages frame and an enqueue's items in the request itself.
+MAGIC = b"SBW3"
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
 ANSWER_BYTES = len(MAGIC) + hashlib.sha256().digest_size  # front end -> worker
@@ -171,8 +237,10 @@ def _default(value: Any) -> Any:
     if cls is Messages:
         record = _record
         return msgpack.ExtType(_EXT_MESSAGES, _pack([record(m) for m in value]))
+    if cls is ItemsArg:
+        return _item_arrays(value)  # packed in place by this same packer
     if cls is Items:
-        return msgpack.ExtType(_EXT_ITEMS, _pack_items(value))
+        return msgpack.ExtType(_EXT_ITEMS, _pack(_item_arrays(value)))
     if cls is Tokens:
         return msgpack.ExtType(_EXT_TOKENS, b"".join([t.int.to_bytes(16, "big") for t in value]))
     if cls is Message or isinstance(value, Message):
@@ -193,7 +261,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
         message = _from_record
         return [message(v) for v in _unpack(data)]
     if code == _EXT_ITEMS:
-        return _unpack_items(data)
+        return items_of(_unpack(data))
     if code == _EXT_TOKENS:
         return _unpack_tokens(data)
     if code == _EXT_ONE:

@@ -61,6 +61,13 @@ SELF_TICK_INTERVAL = 0.1  # a worker on its own clock ticks its partitions this 
 # Operations of the partition interface (partition/handle.py) the worker answers by calling the partition's
 # broker; the LIFECYCLE ones and the worker's own (``open``, ``tick_all``...) are handlers (``HANDLERS``).
 BROKER_CALLS = frozenset(op.name for op in OPERATIONS.values() if op.kind in (Kind.QUERY, Kind.WRITE, Kind.QUERY_WRITE))
+# Operations whose items argument travels in the request itself (``wire.ItemsArg``): its position in the arguments.
+ITEMS_ARGUMENT = {
+    op.name: list(op.signature.parameters)[1:].index(argument)
+    for op in OPERATIONS.values()
+    for argument, encoding in op.compact
+    if encoding == "items"
+}
 # A handler: (the front end's connection, partition key, *the request's arguments) -> the result to answer.
 Handler = Callable[..., Any]
 
@@ -234,6 +241,9 @@ class WorkerConnection:
             if handler is not None:
                 result = handler(self, key, *args)
             elif operation in BROKER_CALLS:
+                at = ITEMS_ARGUMENT.get(operation)
+                if at is not None:
+                    args[at] = wire.items_of(args[at])
                 result = getattr(self.host.get(key), operation)(*args)
             else:
                 raise InvalidOperation(f"unknown partition operation {operation!r}")
@@ -308,9 +318,9 @@ class WorkerConnection:
         else:
             health = None if broker.healthy else (broker.failure or "stopped")
         if applied:
-            self.send(wire.pack_frame([request_id, ok, None, health, 1]))
+            self.send(wire.pack_frame([request_id, ok, None, health, wire.APPLIED]))
         else:
-            self.send(wire.pack_frame([request_id, ok, wire.wrap_reply(value), health]))
+            self.send(wire.reply_frame(request_id, ok, value, health))
 
     def send(self, frame: bytes) -> None:
         """Queue a packed frame (on the loop): what a loop turn queues goes out in one write."""

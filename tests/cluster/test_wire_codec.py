@@ -1,0 +1,102 @@
+"""The cluster wire's hot batches built in line (``wire.py``): what comes back behaves as what went."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import pytest
+
+from shardbus.cluster import wire
+from shardbus.model.message import Message
+from shardbus.model.routing import new_lock_tokens
+
+
+def _read(data: bytes) -> list:
+    reader = wire.reader()
+    reader.feed(data)
+    return list(reader)
+
+
+def test_lock_tokens_come_back_as_the_constructors_uuids() -> None:
+    """A token rebuilt in line (a lock reply's, a complete's) equals, hashes, prints and pickles as
+    ``uuid.UUID(int=...)`` does."""
+    tokens = [*new_lock_tokens(7, 5), uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1)]
+    messages = [Message(b"x", lock_token=t) for t in tokens]
+    (reply, complete) = _read(
+        wire.pack_frame([1, True, wire.wrap_reply(messages), None])
+        + wire.pack_frame([2, "k", 1.0, "complete", [0, wire.Tokens(tokens)]])
+    )
+    for got in ([m.lock_token for m in reply[2]], complete[4][1]):
+        for sent, back in zip(tokens, got, strict=True):
+            made = uuid.UUID(int=sent.int)
+            assert type(back) is uuid.UUID
+            assert back == made and hash(back) == hash(made) and str(back) == str(made)
+            assert back.is_safe is made.is_safe
+            assert pickle.loads(pickle.dumps(back)) == made
+            assert {back: 1}[made] == 1
+
+
+def test_enqueue_items_of_one_copy_and_of_many() -> None:
+    """The one-copy fast path and the general one read back the same shape, in order."""
+    a, b, c = (Message(bytes([i]) * 10, message_id=f"m{i}") for i in range(3))
+    items = [(None, [(0, a)]), ("dedup", [(0, b), (2, b), (5, c)]), (None, [(4, c)]), ("empty", [])]
+    (frame,) = _read(wire.pack_frame([1, "k", 1.0, "enqueue", [wire.Items(items), "batch"]]))
+    got = frame[4][0]
+    assert [key for key, _ in got] == [key for key, _ in items]
+    assert [[slot for slot, _ in copies] for _, copies in got] == [[0], [0, 2, 5], [4], []]
+    assert [[m.message_id for _, m in copies] for _, copies in got] == [["m0"], ["m1", "m1", "m2"], ["m2"], []]
+    assert all(type(m) is Message for _, copies in got for _, m in copies)
+
+
+def test_a_reply_of_messages_travels_as_a_messages_frame() -> None:
+    """A list of messages in a reply (a lock's) is the frame's own value, as records, read back by
+    ``messages_of``; any other reply keeps the plain four-element frame."""
+    from datetime import timedelta
+
+    messages = [Message(bytes([i]) * 50, message_id=f"m{i}", time_to_live=timedelta(seconds=i)) for i in range(4)]
+    messages[1].application_properties = {"k": [1, "two"]}
+    messages[2].lock_token = uuid.uuid4()
+    frames = _read(
+        wire.reply_frame(1, True, messages, None)
+        + wire.reply_frame(2, True, [], "down")
+        + wire.reply_frame(3, False, ["EntityNotFound", "gone"], None)
+        + wire.reply_frame(4, True, 7, None)
+    )
+    first, *rest = frames
+    assert len(first) == 5 and first[4] == wire.MESSAGES and first[4] != wire.APPLIED
+    back = wire.messages_of(first[2])
+    assert [type(m) for m in back] == [Message] * 4
+    assert [(m.body, m.message_id, m.time_to_live) for m in back] == [
+        (m.body, m.message_id, m.time_to_live) for m in messages
+    ]
+    assert back[1].application_properties == {"k": [1, "two"]} and back[2].lock_token == messages[2].lock_token
+    assert rest == [[2, True, [], "down"], [3, False, ["EntityNotFound", "gone"], None], [4, True, 7, None]]
+
+
+def test_a_worker_of_the_previous_version_is_named_as_such() -> None:
+    """The messages frame is new in version 3: a version-2 worker is refused at connect, saying so."""
+    assert wire.MAGIC == b"SBW3"
+    with pytest.raises(ValueError, match="another version"):
+        wire.answer("k", b"SBW2" + bytes(wire.NONCE_BYTES))
+
+
+def test_an_enqueues_items_travel_in_the_request_and_the_worker_reads_them_back() -> None:
+    """``ItemsArg`` (what ``RemotePartition`` sends) is plain arrays in the frame; ``items_of`` (the worker, by the
+    operation: ``worker.ITEMS_ARGUMENT``) gives the items back, as the extension value ``Items`` does."""
+    from shardbus.cluster.worker import ITEMS_ARGUMENT
+
+    assert ITEMS_ARGUMENT == {"enqueue": 0, "transact": 0}
+    a, b = Message(b"a" * 30, message_id="a"), Message(b"b" * 30, message_id="b", application_properties={"n": 1})
+    items = [(None, [(0, a)]), ("d", [(1, b), (2, a)])]
+    inline, ext = _read(
+        wire.pack_frame([1, "k", 1.0, "enqueue", [wire.ItemsArg(items), "batch"]])
+        + wire.pack_frame([2, "k", 1.0, "enqueue", [wire.Items(items), "batch"]])
+    )
+    assert inline[4][1] == "batch" and type(inline[4][0]) is list
+    for got in (wire.items_of(inline[4][0]), ext[4][0]):
+        assert [(key, [(slot, m.message_id, m.body) for slot, m in copies]) for key, copies in got] == [
+            (None, [(0, "a", a.body)]),
+            ("d", [(1, "b", b.body), (2, "a", a.body)]),
+        ]
+        assert got[1][1][0][1].application_properties == {"n": 1}
