@@ -253,6 +253,11 @@ _UUID = b"\x98" + bytes(range(16))
     [
         _properties_then_body(b"\xa3\x02id"),  # a symbol message-id
         _properties_then_body(b"\xa1\x02id"),  # a string message-id alone, in a one-field list (our client's)
+        _properties_then_body(b"\xa1\x00"),  # an empty one
+        b"\x00\x53\x70\xc0\x02\x01\x41" + _properties_then_body(b"\xa1\x02id"),  # behind a header (durable)
+        _properties_then_body(b"\xa1\x02id") + b"\x00\x53\x75\xa0\x01c",  # a second data section: general
+        # a second properties section: the general path
+        _properties_then_body(b"\xa1\x02id")[:-6] + _properties_then_body(b"\xa1\x01j"),
         b"\x00\x53\x73\xc0\x05\x01\xa1\x02id\x40\x00\x53\x75\xa0\x01b",  # one field, then a byte past it
         _properties_then_body("é-ü".encode().join([b"\xa1\x05", b""])),  # multi-byte UTF-8
         _properties_then_body(_UUID, _NULL, _UUID, b"\xa3\x01s", _UUID, _UUID, b"\xa1\x01c", b"\xa3\x01e"),

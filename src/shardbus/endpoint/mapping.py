@@ -191,6 +191,7 @@ def _plain_properties(buf: bytes, p: int) -> tuple[list[Any], int] | None:
 # The time to live of header sections as they came: a sender repeats the same few (durable=true, one ttl), and a
 # header's list costs the general decoder more than the rest of a plain message; bounded, as ``_HEADERS``.
 _HEADER_TTLS: dict[bytes, int] = {}
+_ID_ONLY: list[Any] = []  # ``_decode_plain``'s properties when they hold a message-id alone (kept in ``message_id``)
 
 
 def _decode_plain(buf: bytes) -> Message | None:
@@ -235,6 +236,13 @@ def _decode_plain(buf: bytes) -> Message | None:
                 body = buf[start:end]
                 break
             elif code == PROPERTIES and props is None and app is None and c in _LISTS:
+                end = p + 5 + buf[p + 4]
+                if c == 0xC0 and buf[p + 5] == 1 and buf[p + 6] == 0xA1 and p + 8 + buf[p + 7] == end:
+                    # a message-id alone, as our client sends it: ``_plain_properties``' first case written out
+                    message_id = buf[p + 8 : end].decode("utf-8")
+                    props = _ID_ONLY
+                    p = end
+                    continue
                 plain = _plain_properties(buf, p + 3)
                 if plain is None:  # other field types: the general decoder, with its checks
                     fields, p = _DEC[c](buf, p + 4, 1)
@@ -252,6 +260,8 @@ def _decode_plain(buf: bytes) -> Message | None:
         return None
     if props is None:
         m = new_message(body)
+    elif props is _ID_ONLY:
+        m = new_message(body, message_id)
     else:
         message_id, _, to, subject, reply_to, correlation_id, ct, _, _, _, session_id, _, rgid = props
         content_type = None if ct is None else str(ct)

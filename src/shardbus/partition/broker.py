@@ -308,6 +308,18 @@ class _ExpiryScan:
         q.next_expiry = at if lowered is None else lowered if at is None else min(at, lowered)
 
 
+def _unstorable(exc: Exception) -> ArgumentError:
+    """The refusal of a message holding a value the store cannot keep."""
+    return ArgumentError(f"The message cannot be stored: {exc}.")
+
+
+def _too_large(size: int, limit: int) -> MessageSizeExceeded:
+    """The refusal of a message whose stored form passes the entity's largest message."""
+    return MessageSizeExceeded(
+        f"The received message (size {size} bytes) exceeds the limit ({limit} bytes) currently allowed on the link."
+    )
+
+
 class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
     answers_at_once = True  # see ``PartitionHandle``
 
@@ -661,6 +673,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         check_all_ids = cfg.requires_duplicate_detection
         partition_bits = self.id << PARTITION_SHIFT  # encode_sequence_number, hoisted
         new_entry = self._new_entry
+        pid = self.id
+        max_size = cfg.max_message_size_bytes
         try:
             for dedup_id, copies in items:
                 if dedup_id is not None and (check_all_ids or dedup_id.startswith(TRANSFER_ID_PREFIX)):
@@ -677,8 +691,39 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                         floor = ttl_floors[slot] = self._ttl_floor(slot)
                         rows_by_slot[slot] = []
                         visible[slot] = []
-                    entry, row = new_entry(slot, seq, msg, now, floor)
-                    added_size += entry.size
+                    if (
+                        (floor is None or floor >= FAR_TTL_MS)
+                        and msg.time_to_live is None
+                        and msg.scheduled_enqueue_time is None
+                    ):
+                        # ``_new_entry`` written out for the usual message (active now, never expiring): the
+                        # same fields, row and entry, one Python call fewer per message
+                        msg.sequence_number = sequence_number = partition_bits | seq
+                        msg.enqueued_time_ms = now
+                        msg.expires_at_ms = None if floor is None else now + floor  # in no expiry index
+                        msg.state = _ACTIVE
+                        msg.partition_id = pid
+                        msg.delivery_count = 0
+                        if msg.enqueued_sequence_number is None:
+                            msg.enqueued_sequence_number = sequence_number
+                        try:
+                            data = pack_message(msg)
+                        except PACK_ERRORS as exc:
+                            raise _unstorable(exc) from exc
+                        size = len(data)
+                        if size > max_size:
+                            raise _too_large(size, max_size)
+                        row = _new_tuple(Row, (seq, 0, 0, 0, None, data, None))
+                        entry = _new_entry_object(Entry)
+                        entry.msg = msg
+                        entry.slot = slot
+                        entry.seq = seq
+                        entry.queue = _MAIN
+                        entry.size = size
+                    else:
+                        entry, row = new_entry(slot, seq, msg, now, floor)
+                        size = entry.size
+                    added_size += size
                     rows_by_slot[slot].append(row)
                     visible[slot].append(entry)
                 seq += 1
@@ -789,12 +834,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         try:
             data = pack_message(msg)
         except PACK_ERRORS as exc:  # a value the store cannot keep: refuse, nothing else
-            raise ArgumentError(f"The message cannot be stored: {exc}.") from exc
+            raise _unstorable(exc) from exc
         if len(data) > self.config.max_message_size_bytes:
-            raise MessageSizeExceeded(
-                f"The received message (size {len(data)} bytes) exceeds the limit "
-                f"({self.config.max_message_size_bytes} bytes) currently allowed on the link."
-            )
+            raise _too_large(len(data), self.config.max_message_size_bytes)
         # Plain ints in the row (queue 0 is SubQueue.MAIN): the sqlite3 module runs its adapter lookup (which
         # raises and clears an AttributeError) for every parameter that is not an exact int, str or float. The row
         # is made as a tuple (a NamedTuple's own constructor is a Python function) and int() of an IntEnum
