@@ -62,7 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionState"]
 
 _MASK = 0xFFFFFFFF
-_LINK_ATTACHED = LinkState.ATTACHED
 _new_ref = tuple.__new__  # DeliveryRef(...) without the NamedTuple's Python-level __new__
 _new_event = object.__new__
 
@@ -441,43 +440,6 @@ class Session:
         own_limit = link.max_message_size
         if own_limit and own_limit < limit:
             limit = own_limit
-        fmt = t.message_format or 0
-        if link.format_limits is not None:
-            own_limit = link.format_limits.get(fmt)
-            if own_limit is not None and own_limit < limit:
-                limit = own_limit
-        did = t.delivery_id
-        tag = t.delivery_tag
-        if (
-            link.role  # a receiving link
-            and link.state is _LINK_ATTACHED
-            and link._partial is None
-            and not t.more
-            and not t.aborted
-            and did is not None
-            and tag is not None
-            and len(payload) <= limit
-        ):
-            # ``Link.on_transfer``'s single-frame delivery, written out (every transfer of a usual send is one): the
-            # same steps, one Python call and a tuple fewer per transfer; anything else takes it below
-            link.delivery_count = (link.delivery_count + 1) & _MASK
-            if link.link_credit > 0:
-                link.link_credit -= 1
-            settled = t.settled is True  # None (absent) is False; the decoders give nothing else
-            if not settled:
-                self.incoming_unsettled[did] = _new_ref(DeliveryRef, (link, did, tag))
-                link.unsettled[tag] = did
-            e = _new_event(DeliveryReceived)  # see below
-            e.link = link
-            e.delivery_id = did
-            e.delivery_tag = tag
-            e.settled = settled
-            e.message_format = fmt
-            e.payload = payload
-            e.state = t.state
-            e.batchable = t.batchable
-            events.append(e)
-            return
         done = link.on_transfer(t, payload, limit)
         if done is None:
             return
