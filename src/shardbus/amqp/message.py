@@ -384,16 +384,23 @@ def decode_message(payload: bytes | bytearray | memoryview, sections: list[Secti
                     properties = Properties.from_fields(v if type(v) is list else _expect(v, list, "properties"))
                 else:
                     properties, p = done
-            elif code == MESSAGE_ANNOTATIONS:
+            elif code in (MESSAGE_ANNOTATIONS, APPLICATION_PROPERTIES):
                 if c == 0xC1:  # codec's map8 decoder, inline: a Python call fewer
                     e = p + 2 + buf[p + 1]
                     if e > n or buf[p + 1] == 0:
                         raise DecodeError("map size exceeds buffer")
-                    message_annotations = _map_items(buf, p + 3, e, buf[p + 2], 2)
+                    v = _map_items(buf, p + 3, e, buf[p + 2], 2)
                     p = e
                 else:
                     v, p = dec[c](buf, p + 1, 1)
-                    message_annotations = v if type(v) is dict else _expect(v, dict, "message-annotations")
+                    if type(v) is not dict:
+                        _expect(
+                            v, dict, "message-annotations" if code == MESSAGE_ANNOTATIONS else "application-properties"
+                        )
+                if code == MESSAGE_ANNOTATIONS:
+                    message_annotations = v
+                else:
+                    application_properties = v
             elif code == HEADER:
                 raw = buf[p : p + 2 + buf[p + 1]] if c == 0xC0 else None
                 known = _HEADER_FIELDS.get(raw)
@@ -415,16 +422,6 @@ def decode_message(payload: bytes | bytearray | memoryview, sections: list[Secti
                             if len(_HEADER_FIELDS) >= 256:
                                 _HEADER_FIELDS.clear()
                             _HEADER_FIELDS[raw] = _header_fields(header)
-            elif code == APPLICATION_PROPERTIES:
-                if c == 0xC1:
-                    e = p + 2 + buf[p + 1]
-                    if e > n or buf[p + 1] == 0:
-                        raise DecodeError("map size exceeds buffer")
-                    application_properties = _map_items(buf, p + 3, e, buf[p + 2], 2)
-                    p = e
-                else:
-                    v, p = dec[c](buf, p + 1, 1)
-                    application_properties = v if type(v) is dict else _expect(v, dict, "application-properties")
             elif code == AMQP_VALUE:
                 v, p = dec[c](buf, p + 1, 1)
                 if body_type is not _BODY_NONE:

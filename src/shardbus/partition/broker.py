@@ -308,6 +308,9 @@ class _ExpiryScan:
         q.next_expiry = at if lowered is None else lowered if at is None else min(at, lowered)
 
 
+_NO_TOKEN = uuid.UUID(int=0)  # the token of a settlement applied by sequence number (``settle_by_sequence``)
+
+
 def _unstorable(exc: Exception) -> ArgumentError:
     """The refusal of a message holding a value the store cannot keep."""
     return ArgumentError(f"The message cannot be stored: {exc}.")
@@ -951,15 +954,11 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
 
     def _cancel_on_disk(self, seq: int, deletes: dict[int, list[int]]) -> bool:
         """Cancel a scheduled message that is on disk only (read by key in every slot with such messages)."""
-        assert self._store is not None
         found = False
         for (slot, queue), q in list(self._queues.items()):
             if queue != _MAIN or q.sched_disk is None or (slot, seq) in self._leaving or seq in q.entries:
                 continue
-            try:
-                rows = self._store.get(slot, [seq])
-            except StoreError as exc:
-                raise self._on_store_failure(exc) from exc
+            rows = self._stored_rows(slot, [seq])
             if rows and rows[0][1] == _MAIN and rows[0][2] == _SCHEDULED:
                 entry = q.entries[seq] = self._entry_of(slot, rows[0], _SCHEDULED)
                 self._hold(entry.size)
@@ -1404,25 +1403,17 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             for slot, outcome, seqs, reason, description, sub_queue in settles:
                 if slot not in self._slots:
                     continue  # dropped meanwhile: nothing of it is left
-                for q, entry in self._entries_by_seq(slot, seqs):
-                    msg = entry.msg
-                    if outcome == "complete":
-                        self._drop_lock(q, entry)
-                        self._remove(q, entry)
-                        writes.append(("delete", slot, [entry.seq]))
-                    elif outcome == "defer":
-                        if msg.state is not _ACTIVE:
-                            continue  # deferred already (or scheduled: never the message settled)
-                        self._drop_lock(q, entry)
-                        msg.state = MessageState.DEFERRED
-                        writes.append(("update", slot, [self._update_of(entry)]))
-                        self._evict.append((q, entry))  # on disk only once that update is stored
-                    elif outcome == "dead_letter":
-                        if entry.queue == sub_queue or (entry.queue != _MAIN and sub_queue == SubQueue.DEAD_LETTER):
-                            continue  # there already
-                        self._move_to_dead_letter(q, entry, reason, description, writes, SubQueue(sub_queue))
-                    else:
-                        continue
+                if outcome not in ("complete", "defer", "dead_letter"):
+                    continue
+                settle = Settle(outcome, _NO_TOKEN, reason, description, SubQueue(sub_queue))
+                for _, entry in self._entries_by_seq(slot, seqs):
+                    if outcome == "defer" and entry.msg.state is not _ACTIVE:
+                        continue  # deferred already (or scheduled: never the message settled)
+                    if outcome == "dead_letter" and (
+                        entry.queue == sub_queue or (entry.queue != _MAIN and sub_queue == SubQueue.DEAD_LETTER)
+                    ):
+                        continue  # there already
+                    self._settle_locked(slot, entry, settle, writes)  # the same transition as by lock token
                     changed += 1
             if not writes:
                 return _finished(0)
@@ -1443,13 +1434,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             else:
                 missing.append(seq)
         if missing:
-            assert self._store is not None
-            try:
-                rows = self._store.get(slot, missing)
-            except StoreError as exc:
-                raise self._on_store_failure(exc) from exc
             held = 0
-            for row in rows:
+            for row in self._stored_rows(slot, missing):
                 q = self._queue(slot, row[1])
                 if row[0] in q.entries or not self._disk_only(q, row):
                     continue  # resident after all, leaving, or not visible

@@ -338,11 +338,7 @@ class StoreWindow:
         wanted = [s for s in local_seqs if s not in q.entries and (slot, s) not in self._leaving]
         if not wanted or not self._on_disk(q):
             return
-        assert self._store is not None
-        try:
-            rows = self._store.get(slot, wanted)
-        except StoreError as exc:
-            raise self._on_store_failure(exc) from exc
+        rows = self._stored_rows(slot, wanted)
         held = 0
         for row in rows:
             if row[1] == q.key[1] and row[2] == _DEFERRED and row[0] not in q.entries:
@@ -350,6 +346,14 @@ class StoreWindow:
                 held += entry.size
                 self._evict.append((q, entry))
         self._hold(held)
+
+    def _stored_rows(self, slot: int, local_seqs: list[int]) -> list[Any]:
+        """The stored rows of these messages (one read by key); a store failure as the partition reports it."""
+        assert self._store is not None
+        try:
+            return self._store.get(slot, local_seqs)
+        except StoreError as exc:
+            raise self._on_store_failure(exc) from exc
 
     def _disk_only(self, q: MessageQueue, row: tuple[Any, ...]) -> bool:
         """Whether a stored row of a main queue whose message is not resident is a message on disk only (and
