@@ -1028,8 +1028,10 @@ class Connection:
         t = type(perf)
         if session is not None and t in _SESSION_FRAMES:
             try:
-                if t is Transfer and session.state is _MAPPED:  # the commonest frame, one layer less
+                if t is Transfer and session.state is _MAPPED:  # the commonest frames, one layer less
                     session.on_transfer(perf, body[offset:], self._events)
+                elif t is Disposition and session.state is _MAPPED:
+                    session.on_disposition(perf, self._events)
                 else:
                     session.on_frame(perf, body[offset:] if t is Transfer else b"", self._events)
             except LinkViolation as exc:

@@ -808,6 +808,7 @@ _FAST_DECODERS: dict[int, Callable[[bytes], tuple[Any, int] | None]] = {
 _DISPOSITION_TAILS: dict[tuple[int, bytes], tuple[Any, Any, Any]] = {}  # (count, tail) -> settled, state, batchable
 _decode_disposition = _FAST_DECODERS[Disposition.CODE]
 _int_from_bytes = int.from_bytes
+_object_new = object.__new__
 
 
 def _fast_disposition(b: bytes) -> tuple[Any, int] | None:
@@ -831,9 +832,15 @@ def _fast_disposition(b: bytes) -> tuple[Any, int] | None:
                 first, p = None, 0
             if first is not None and p <= end <= len(b):
                 known = _DISPOSITION_TAILS.get((b[5], b[p:end]))
-                if known is not None:
-                    settled, state, batchable = known
-                    return Disposition(role, first, None, settled, state and state(), batchable), end
+                if known is not None:  # the performative as the generated decoder makes it: no __init__ call
+                    d = _object_new(Disposition)
+                    d.role = role
+                    d.first = first
+                    d.last = None
+                    d.settled, state, d.batchable = known
+                    # Accepted and Released have no fields: an instance needs no __init__ either
+                    d.state = None if state is None else _object_new(state)
+                    return d, end
                 done = _decode_disposition(b)
                 if done is not None:
                     d = done[0]

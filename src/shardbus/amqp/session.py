@@ -341,9 +341,13 @@ class Session:
         if self.state is not _MAPPED:
             raise LocalProtocolError(f"session is {self.state.value}")
         if settled:
-            self._settle_range(
-                self.outgoing_unsettled if link.role == SENDER else self.incoming_unsettled, first, last, True
-            )
+            mine = self.outgoing_unsettled if link.role == SENDER else self.incoming_unsettled
+            if first == last:  # one delivery (an echo of the SDK's settlement): ``_settle_range``'s first case
+                ref = mine.pop(first, None)
+                if ref is not None:
+                    ref.link.unsettled.pop(ref.delivery_tag, None)
+            else:
+                self._settle_range(mine, first, last, True)
 
     # ------------------------------------------------------------------------------------ frames in
 
@@ -361,8 +365,8 @@ class Session:
         """Handle a frame for this session (not begin/end, which the connection routes itself)."""
         if self.state is _END_SENT or self.state is _END_RCVD:
             return  # discarding: the peer has not seen our end yet, or has ended and is winding down
-        if isinstance(perf, Disposition):  # the commonest here (a transfer of a mapped session goes straight)
-            self._on_disposition(perf, events)
+        if isinstance(perf, Disposition):  # a mapped session's dispositions and transfers come straight
+            self.on_disposition(perf, events)
         elif isinstance(perf, Transfer):
             self.on_transfer(perf, payload, events)
         elif isinstance(perf, Flow):
@@ -470,15 +474,36 @@ class Session:
         e.batchable = batchable
         events.append(e)
 
-    def _on_disposition(self, d: Disposition, events: list[Event]) -> None:
+    def on_disposition(self, d: Disposition, events: list[Event]) -> None:
+        """Handle a disposition of this session (the connection calls it directly while the session is mapped:
+        every settlement a client sends comes here, most of them one delivery each)."""
         first = d.first
         last = d.last
-        if last is None:
-            last = first
-        elif last != first and serial_diff(last, first) < 0:
-            raise SessionViolation(Condition.INVALID_FIELD, "disposition with last < first")
         # the peer's role says whose deliveries these are: peer receiver => deliveries we sent
         mine = self.outgoing_unsettled if d.role == RECEIVER else self.incoming_unsettled
         settled = bool(d.settled)
-        refs = self._settle_range(mine, first, last, settled)
-        events.append(DispositionReceived(self, d.role, first, last, settled, d.state, bool(d.batchable), refs))
+        if last is None or last == first:  # one delivery (the SDK's settlements): ``_settle_range``'s first case
+            last = first
+            ref = mine.pop(first, None) if settled else mine.get(first)
+            if ref is None:
+                refs = []
+            else:
+                refs = [ref]
+                if settled:
+                    ref.link.unsettled.pop(ref.delivery_tag, None)
+        elif serial_diff(last, first) < 0:
+            raise SessionViolation(Condition.INVALID_FIELD, "disposition with last < first")
+        else:
+            refs = self._settle_range(mine, first, last, settled)
+        # ``DispositionReceived(self, role, first, last, settled, state, batchable, refs)`` without the dataclass's
+        # Python __init__, as for ``DeliveryReceived``
+        e = _new_event(DispositionReceived)
+        e.session = self
+        e.role = d.role
+        e.first = first
+        e.last = last
+        e.settled = settled
+        e.state = d.state
+        e.batchable = bool(d.batchable)
+        e.deliveries = refs
+        events.append(e)

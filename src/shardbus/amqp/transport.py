@@ -157,9 +157,7 @@ class AmqpProtocol(asyncio.Protocol):
             self._closed = True
             self.transport.close()
             return
-        self._arm_timer()
-
-    def _arm_timer(self) -> None:
+        # Re-arm the timer (every read ends here: written out, not a method of its own)
         deadline = self.conn.next_deadline()
         if deadline is None:
             return
