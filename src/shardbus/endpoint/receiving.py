@@ -315,8 +315,8 @@ class ReceiveLinks:
             return
         if len(pending) == 1:  # the SDK completes one message per call: the loop below for one, inlined
             ref, receiver, token, settled = pending[0]
-            try:
-                future = receiver.submit_complete([token])[0]
+            try:  # the token's partition given (``partition_of_lock_token``, inlined): no grouping to do
+                future = receiver.submit_complete([token], token.int & 0xFFFF)[0]
             except ShardbusError:
                 self._settle_delivery(ref, receiver, token, Accepted(), settled)
                 return
