@@ -31,7 +31,7 @@ from ..entity.sessions import SessionReceiver, accept_session
 from ..metrics import RECEIVE_SECONDS
 from ..model.errors import ArgumentError, OperationTimeout, ShardbusError
 from ..model.message import Message, ReceiveMode
-from ..model.routing import uuid_of_bytes_le
+from ..model.routing import TAG_ORDER, UUID_ORDER, uuid_of_bytes_le
 from ..namespace import RemoteVerdict
 from .links import _ACCEPTED, _error
 from .mapping import encode_deliveries
@@ -45,6 +45,8 @@ _new_uuid = uuid.UUID.__new__  # as model/routing.py builds a lock token from a 
 _set = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 _from_bytes = int.from_bytes
+_tag_pack, _tag_unpack = TAG_ORDER.pack, TAG_ORDER.unpack  # a lock token's delivery tag and back
+_uuid_pack, _uuid_unpack = UUID_ORDER.pack, UUID_ORDER.unpack
 _SESSION_MAPPED = SessionState.MAPPED
 # A large answer to a flow is taken and written in chunks that grow threefold from FIRST_CHUNK (CHUNK_GROWTH), so
 # the client decodes the first deliveries while this loop locks and encodes the next ones, and each chunk is ready
@@ -245,8 +247,8 @@ class ReceiveLinks:
                 for rest in messages[len(deliveries) :]:
                     receiver.submit_settle("release", rest)
                 break
-            b = m.lock_token.int.to_bytes(16, "big")  # the token's ``bytes_le`` (.NET order), without its 2 calls
-            deliveries.append((b[3::-1] + b[5:3:-1] + b[7:5:-1] + b[8:], payload))
+            # the token's ``bytes_le`` (.NET order), without its 2 calls
+            deliveries.append((_tag_pack(*_uuid_unpack(m.lock_token.int.to_bytes(16, "big"))), payload))
             enqueued = m.enqueued_time_ms
             ages.append(0.0 if enqueued is None or enqueued >= now_ms else (now_ms - enqueued) / 1000)
         sent = len(deliveries)
@@ -289,7 +291,7 @@ class ReceiveLinks:
                 if receiver is None or len(tag) != 16:
                     continue
                 token = _new_uuid(uuid.UUID)  # ``uuid_of_bytes_le``, inlined: every settled delivery comes here
-                _set(token, "int", _from_bytes(tag[3::-1] + tag[5:3:-1] + tag[7:5:-1] + tag[8:], "big"))
+                _set(token, "int", _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
                 _set(token, "is_safe", _SAFE_UNKNOWN)
                 pending.append((ref, receiver, token, settled))
             return

@@ -16,6 +16,7 @@ token.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import uuid
 import zlib
@@ -85,6 +86,14 @@ def decode_sequence_number(sequence_number: int) -> tuple[int, int]:
 _new_uuid = uuid.UUID.__new__
 _set = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
+# A lock token's delivery tag is its UUID in .NET byte order (``UUID.bytes_le``): the first three fields
+# little-endian, the last 8 bytes as they are. Unpacked with one of these and packed with the other, the 16 bytes
+# change order in C, in half the time of four slices and three concatenations (each delivery and each settlement
+# converts one): ``TAG_ORDER.pack(*UUID_ORDER.unpack(big_endian_bytes))`` is the tag, and the other way round.
+TAG_ORDER = struct.Struct("<IHH8s")
+UUID_ORDER = struct.Struct(">IHH8s")
+_tag_unpack = TAG_ORDER.unpack
+_uuid_pack = UUID_ORDER.pack
 
 
 def uuid_of_int(value: int) -> uuid.UUID:
@@ -101,7 +110,7 @@ def uuid_of_bytes_le(data: bytes) -> uuid.UUID:
     """``uuid.UUID(bytes_le=data)`` for 16 bytes (a delivery tag), see ``uuid_of_int`` (inlined: every
     settlement's token comes here)."""
     u = _new_uuid(uuid.UUID)
-    _set(u, "int", int.from_bytes(data[3::-1] + data[5:3:-1] + data[7:5:-1] + data[8:], "big"))
+    _set(u, "int", int.from_bytes(_uuid_pack(*_tag_unpack(data)), "big"))
     _set(u, "is_safe", _SAFE_UNKNOWN)
     return u
 
