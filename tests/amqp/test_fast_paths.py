@@ -360,3 +360,18 @@ def test_malformed_transfer_still_closes_the_connection(make_pair: Any, fields: 
     closed = [ev for ev in server.next_events() if isinstance(ev, E.ConnectionClosed)]
     assert closed and closed[0].error.condition == condition
     assert server.is_done
+
+
+@pytest.mark.parametrize("state", [Accepted(), Released()])
+def test_one_delivery_echo_writes_what_the_generic_encoder_writes(make_pair: Any, state: Any) -> None:
+    """``Connection.disposition``'s echo of one settled delivery (its head looked up by shape after the first):
+    byte for byte the generic disposition frame, for ids of each encoded length, the first time and again."""
+    server, _client, link = _linked(make_pair)
+    dids = [server.send_transfer(link, i.to_bytes(2, "big"), b"x") for i in range(300)]
+    server.data_to_send()
+    channel = link.session.local_channel
+    for did in (dids[0], dids[1], dids[2], dids[255], dids[256], dids[299]):
+        server.disposition(link, did, state=state)
+        perf = Disposition(role=link.role, first=did, last=None, settled=True, state=state)
+        assert server.data_to_send() == encode_frame(FRAME_AMQP, channel, perf.encode())
+        assert did not in link.session.outgoing_unsettled

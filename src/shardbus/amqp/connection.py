@@ -152,6 +152,10 @@ _EMPTY_STATE_BYTES: dict[type, bytes] = {Accepted: Accepted().encode(), Released
 # The fields after ``first`` of a settled disposition of one delivery with such a state: last null, settled true,
 # the state (``disposition`` writes every settlement echo from it).
 _SETTLED_ONE: dict[type, bytes] = {cls: b"\x40\x41" + encoded for cls, encoded in _EMPTY_STATE_BYTES.items()}
+# What comes before the delivery id in such an echo (frame header, performative and list header, role), by the
+# id's encoded length, the tail, the role and the channel: every echo of one shape has the same, so it is looked up
+# (``Connection.disposition``). Shared by all connections, and cleared once it holds 256 shapes.
+_ECHO_HEADS: dict[tuple[int, bytes, bool, int], bytes] = {}
 
 
 def _disposition_body(
@@ -831,11 +835,17 @@ class Connection:
             # One delivery settled with a fieldless state (an echo): ``_disposition_body``'s bytes, without its
             # general case
             u = _SMALL_UINTS[first] if first < 256 else _pBI(0x70, first)
-            n = 1 + len(u) + len(tail)
+            channel = session.local_channel
+            head = _ECHO_HEADS.get((len(u), tail, role, channel))
+            if head is None:  # the frame header, the performative's list header and the role: once per shape
+                n = 1 + len(u) + len(tail)
+                head = _frame_header(_HDR_LEN + 6 + n, 2, FRAME_AMQP, channel)
+                head += bytes((0x00, 0x53, 0x15, 0xC0, n + 1, 5, 0x41 if role else 0x42))
+                if len(_ECHO_HEADS) >= 256:
+                    _ECHO_HEADS.clear()
+                _ECHO_HEADS[len(u), tail, role, channel] = head
             out = self._pending_amqp if self._pending_amqp is not None else self._out
-            out += _frame_header(_HDR_LEN + 6 + n, 2, FRAME_AMQP, session.local_channel)
-            out += bytes((0x00, 0x53, 0x15, 0xC0, n + 1, 5))
-            out += b"\x41" if role else b"\x42"
+            out += head
             out += u
             out += tail
             return

@@ -807,7 +807,8 @@ _FAST_DECODERS: dict[int, Callable[[bytes], tuple[Any, int] | None]] = {
 # fieldless state (or none) are kept, and the values are those the generated decoder gave for the same bytes.
 _DISPOSITION_TAILS: dict[tuple[int, bytes], tuple[Any, Any, Any]] = {}  # (count, tail) -> settled, state, batchable
 _decode_disposition = _FAST_DECODERS[Disposition.CODE]
-_int_from_bytes = int.from_bytes
+_int_new = int.__new__
+_uint_at = codec._I
 _object_new = object.__new__
 
 
@@ -827,7 +828,7 @@ def _fast_disposition(b: bytes) -> tuple[Any, int] | None:
             if c == 0x52:
                 first, p = _UINTS[b[q + 1]], q + 2
             elif c == 0x70:
-                first, p = int.__new__(UInt, _int_from_bytes(b[q + 1 : q + 5], "big")), q + 5
+                first, p = _int_new(UInt, _uint_at(b, q + 1)[0]), q + 5  # no slice: every delivery id above 255
             else:
                 first, p = None, 0
             if first is not None and p <= end <= len(b):
