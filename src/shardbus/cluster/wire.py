@@ -213,10 +213,27 @@ APPLIED = 1
 MESSAGES = 2
 
 
+class Records:
+    """A reply's messages already made compact records (``record_of``): a worker's lock reply, its records made
+    under the partition's lock from the live messages, not from copies (``worker.WorkerConnection._lock_messages``).
+    It goes as a ``messages`` frame, as a list of messages does."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[list[Any]]) -> None:
+        self.records = records
+
+
+# A message's compact record (see above): a snapshot of its fields, to be packed before the message changes.
+record_of: Callable[[Message], list[Any]] = _record
+
+
 def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> bytes:
     """A reply's frame. A list of messages (a lock reply: the hot one) goes as a ``messages`` frame, its records
     in the frame itself rather than in one extension value: the packer writes them in place, and the reader reads
     them once, where a nested value was packed apart and copied in whole, then copied out and read again."""
+    if value.__class__ is Records:
+        return _pack([request_id, ok, value.records, health, MESSAGES])
     if type(value) is list and value and type(value[0]) is Message:
         record = _record
         return _pack([request_id, ok, [record(m) for m in value], health, MESSAGES])
