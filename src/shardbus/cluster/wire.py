@@ -4,9 +4,10 @@ The transport is a plain byte stream (TCP) between two processes we own, one con
 It opens with an HMAC challenge: the worker sends ``MAGIC`` and a random nonce, the front end answers ``MAGIC`` and
 HMAC-SHA256(cluster key, nonce), and the worker accepts (``ACCEPTED``) or closes (``handshake`` below); the key
 itself never travels. After that each side writes frames back to back, each one MessagePack array that names the
-call and carries its arguments (or answers one), and reads them with a streaming ``msgpack.Unpacker`` (a frame's
-own MessagePack encoding says where it ends, so no length prefix is needed). A side writes every frame that
-waits in one ``writelines`` per loop turn. There is no AMQP engine on this path: per request and reply
+call and carries its arguments (or answers one), after its length (``LENGTH`` bytes, big-endian): the reader
+(``stream.py``) knows where a frame ends before it reads it, so it unpacks each one where it lies in its receive
+buffer (``unpack_frame``) instead of copying every read into a streaming unpacker first. A side writes every
+frame that waits in one ``writelines`` per loop turn. There is no AMQP engine on this path: per request and reply
 the cost is the frame's packing and unpacking and the futures, and per loop turn one write and one read.
 
 MessagePack because the values are our own Python objects (messages with every broker field, settlements,
@@ -30,8 +31,8 @@ Frames (in order on each connection):
 ``now`` is the caller's clock (workers started with ``clock="caller"`` run on it, so tests can move time);
 ``health`` is None while the partition is healthy, else the reason it is not.
 
-Memory: a stream's reader holds at most one partial frame (``MAX_FRAME_BYTES``), and a reader that read a big one
-is replaced (``KEEP_READER_BELOW``).
+Memory: a stream's receive buffer holds at most one partial frame besides what one read brought
+(``MAX_FRAME_BYTES``), and one grown for a big frame goes back to its size after it (``KEEP_READER_BELOW``).
 """
 
 from __future__ import annotations
@@ -253,8 +254,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 
 # Opens both sides of the handshake: a peer that speaks something else is told apart at once. Its digit is the
 # frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
-# messages frame and an enqueue's items in the request itself.
-MAGIC = b"SBW3"
+# messages frame and an enqueue's items in the request itself; 4 each frame's length before it.
+MAGIC = b"SBW4"
+LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
 ANSWER_BYTES = len(MAGIC) + hashlib.sha256().digest_size  # front end -> worker
@@ -263,8 +265,8 @@ REFUSED = b"\x00"  # worker -> front end: the answer was wrong (then it closes)
 # The largest frame a reader buffers: an enqueue's batch (a send of up to 100 MB, as the premium tier allows, and
 # its records) with room to spare; a bigger one is a broken peer.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
-# A reader keeps its buffer at the largest frame it read: after a bigger frame than this the stream starts a new
-# one (``stream.py``), so one 100 MB message does not hold 100 MB for as long as the connection lasts.
+# A stream's receive buffer grows to the largest frame it receives: once past a bigger frame than this it goes back
+# to its usual size (``stream.py``), so one 100 MB message does not hold 100 MB for as long as the connection lasts.
 KEEP_READER_BELOW = records.KEEP_PACKER_BELOW
 
 
@@ -325,12 +327,18 @@ def _unpack(data: bytes) -> Any:
 
 
 def pack_frame(frame: list[Any]) -> bytes:
-    """One frame's bytes, as they go on the stream (``reader`` reads them back)."""
+    """One frame's bytes, as they go on the stream after their length (``unpack_frame`` reads them back)."""
     return _pack(frame)
 
 
+def unpack_frame(data: bytes | memoryview) -> list[Any]:
+    """One frame read back from its bytes (where they lie: a slice of the stream's receive buffer)."""
+    return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, raw=False)  # type: ignore[no-any-return]
+
+
 def reader() -> msgpack.Unpacker:
-    """A stream's frame reader: ``feed`` it the bytes received, iterate it for the frames complete so far."""
+    """Frames packed back to back without their lengths, read as a stream (tools and tests: ``feed`` it the bytes,
+    iterate it for the frames complete so far)."""
     return msgpack.Unpacker(
         ext_hook=_ext_hook, strict_map_key=False, raw=False, max_buffer_size=MAX_FRAME_BYTES, use_list=True
     )
