@@ -150,7 +150,8 @@ class Messages(list):  # type: ignore[type-arg]
 
 class Items(list):  # type: ignore[type-arg]
     """An ``enqueue``'s (or ``transact``'s) items, ``[(dedup id, [(slot, message), ...]), ...]``, their messages
-    as compact records: ``[[dedup id, [slot, record, slot, record, ...]], ...]`` in one extension value."""
+    as compact records: ``[[dedup id, [slot, record, slot, record, ...]], ...]`` in one extension value, an item
+    of one copy as ``[dedup id, slot, record]``."""
 
 
 class ItemsArg(list):  # type: ignore[type-arg]
@@ -168,10 +169,11 @@ COMPACT: dict[str, type] = {"items": ItemsArg, "tokens": Tokens}
 
 
 def _item_arrays(items: list[tuple[Any, list[tuple[int, Message]]]]) -> list[list[Any]]:
-    # An item of one copy (a send to a queue: nearly all of them) skips the flattening loop.
+    # An item of one copy (a send to a queue: nearly all of them) is one array, ``[dedup id, slot, record]``: no
+    # flattening loop, and one array fewer per message to pack and to read back.
     record = _record
     return [
-        [key, [copies[0][0], record(copies[0][1])]]
+        [key, copies[0][0], record(copies[0][1])]
         if len(copies) == 1
         else [key, [x for slot, m in copies for x in (slot, record(m))]]
         for key, copies in items
@@ -182,11 +184,15 @@ def items_of(arrays: list[list[Any]]) -> list[tuple[Any, list[tuple[int, Message
     """Items read back from their arrays (an ``ItemsArg`` request argument, an ``Items`` value)."""
     message = _from_record
     return [
-        (key, [(flat[0], message(flat[1]))])
-        if len(flat) == 2
-        else (key, [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)])
-        for key, flat in arrays
+        (item[0], [(item[1], message(item[2]))]) if len(item) == 3 else (item[0], _copies_of(item[1]))
+        for item in arrays
     ]
+
+
+def _copies_of(flat: list[Any]) -> list[tuple[int, Message]]:
+    """An item's copies from ``[slot, record, slot, record, ...]`` (a message sent to several slots: a topic's)."""
+    message = _from_record
+    return [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 def _unpack_tokens(data: bytes) -> list[uuid.UUID]:
