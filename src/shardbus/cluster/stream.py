@@ -212,8 +212,8 @@ class FrameStream(asyncio.BufferedProtocol):
         """At least ``room`` bytes free after the received ones: they move to the buffer's start, or to a bigger
         buffer (a frame longer than this one is being received)."""
         unread = self._end - self._start
-        if unread + room > len(self._buffer):
-            self._move_to(bytearray(max(2 * len(self._buffer), unread + room)))
+        if unread + room > len(self._buffer):  # doubling, as the unpacker did, up to the largest frame
+            self._move_to(bytearray(max(unread + room, min(2 * len(self._buffer), wire.MAX_FRAME_BYTES))))
         elif self._start:
             self._view[:unread] = self._view[self._start : self._end]
             self._start, self._end = 0, unread
