@@ -12,6 +12,9 @@ complete of 100):
     worker packs, the front end reads);
   - ``pack-complete`` / ``unpack-complete``: a ``complete`` request's frame, its lock tokens.
 
+A frame is read as the tree's stream reads it: from its bytes where they lie (``wire.unpack_frame``, since SBW4),
+or before that through a streaming ``msgpack.Unpacker`` fed the bytes.
+
 Each operation is counted in a process of its own, and so is one that only sets up (``--reps 0``); the difference
 over the messages is the operation's instructions per message.
 
@@ -68,9 +71,7 @@ def run_one(op: str, reps: int, batch: int, body_size: int) -> None:
         if inline is not None and what == "unpack":
             data = wire.pack_frame(frame)
             for _ in range(reps):
-                reader = wire.reader()
-                reader.feed(data)
-                for request in reader:
+                for request in _frames(wire, data):
                     wire.items_of(request[4][0])
             return
     elif name == "lock-reply":
@@ -82,9 +83,7 @@ def run_one(op: str, reps: int, batch: int, body_size: int) -> None:
                     wire.reply_frame(8, True, messages, None)
             else:
                 for _ in range(reps):
-                    reader = wire.reader()
-                    reader.feed(data)
-                    for frame in reader:
+                    for frame in _frames(wire, data):
                         wire.messages_of(frame[2])
             return
         frame = [8, True, wire.wrap_reply(messages), None]
@@ -97,10 +96,19 @@ def run_one(op: str, reps: int, batch: int, body_size: int) -> None:
             wire.pack_frame(frame)
     else:
         for _ in range(reps):
-            reader = wire.reader()
-            reader.feed(data)
-            for _ in reader:
+            for _ in _frames(wire, data):
                 pass
+
+
+def _frames(wire: Any, data: bytes) -> list[Any]:
+    """One frame read back as the tree's stream reads it: from its bytes where they lie (``unpack_frame``, wire
+    SBW4 on), else fed to a streaming unpacker (which copies them into its buffer first)."""
+    unpack = getattr(wire, "unpack_frame", None)
+    if unpack is not None:
+        return [unpack(memoryview(data))]
+    reader = wire.reader()
+    reader.feed(data)
+    return list(reader)
 
 
 def count(tree: Path, op: str, reps: int, batch: int, body: int) -> int:

@@ -128,12 +128,26 @@ def test_a_dropped_connection_fails_calls_in_flight_and_comes_back(worker) -> No
         client.close()
 
 
-def test_a_big_frame_leaves_no_big_reader_behind() -> None:
-    """A reader keeps its buffer at the biggest frame it read: after one over ``KEEP_READER_BELOW`` the stream
-    starts a new reader, and the frame that was only partly received continues on it."""
+def _receive(stream, data: bytes, read: int | None = None) -> None:
+    """What the transport does with received bytes: reads of at most ``read`` bytes into the stream's buffer."""
+    while data:
+        room = stream.get_buffer(-1)
+        n = min(len(room), len(data), read or len(data))
+        room[:n] = data[:n]
+        stream.buffer_updated(n)
+        data = data[n:]
+
+
+def _framed(*frames: bytes) -> bytes:
+    return b"".join(len(f).to_bytes(wire.LENGTH, "big") + f for f in frames)
+
+
+def test_a_big_frame_leaves_no_big_buffer_behind() -> None:
+    """The receive buffer grows to the biggest frame being received; after one over ``KEEP_READER_BELOW`` the
+    stream goes back to a small buffer, and the frame that was only partly received continues in it."""
     import asyncio
 
-    from shardbus.cluster.stream import FrameStream
+    from shardbus.cluster.stream import BUFFER_BYTES, FrameStream
 
     async def main() -> None:
         got: list[list] = []
@@ -141,14 +155,52 @@ def test_a_big_frame_leaves_no_big_reader_behind() -> None:
         stream._open()
         big = wire.pack_frame([1, True, b"x" * (2 * wire.KEEP_READER_BELOW), None])
         small = [wire.pack_frame([i, True, b"y" * 100, None]) for i in range(2, 6)]
-        data = small[0] + big + small[1] + small[2][:50]  # ends inside a frame
-        first = stream._reader
-        for i in range(0, len(data), 65536):
-            stream.data_received(data[i : i + 65536])
-        assert stream._reader is not first
-        stream.data_received(small[2][50:] + small[3])
+        data = _framed(small[0], big, small[1], small[2], small[3])
+        cut = len(data) - len(_framed(small[3])) - 50  # ends inside a frame
+        _receive(stream, data[:cut], read=65536)
+        assert len(stream._buffer) == BUFFER_BYTES
+        _receive(stream, data[cut:])
         assert [f[0] for f in got] == [2, 1, 3, 4, 5]
         assert got[1][2] == b"x" * (2 * wire.KEEP_READER_BELOW)
+        assert len(stream._buffer) == BUFFER_BYTES
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("read", [1, 3, 4, 5, 1000, 65536, 300_000])
+def test_frames_cut_anywhere_by_reads_come_out_whole_and_in_order(read: int) -> None:
+    """However reads cut the stream (inside a length, right after one, inside a frame, several frames in one
+    read), each frame comes out once, whole, in order; frames bigger than the buffer included."""
+    import asyncio
+
+    from shardbus.cluster.stream import BUFFER_BYTES, FrameStream
+
+    async def main() -> None:
+        got: list[list] = []
+        stream = FrameStream(KEY, server=False, on_frame=got.append)
+        stream._open()
+        sizes = [0, 10, 1000, BUFFER_BYTES, 5, 3 * BUFFER_BYTES, 70_000, 1]
+        frames = [wire.pack_frame([i + 1, True, bytes([i]) * n, None]) for i, n in enumerate(sizes)]
+        _receive(stream, _framed(*frames), read=read)
+        assert [(f[0], f[2]) for f in got] == [(i + 1, bytes([i]) * n) for i, n in enumerate(sizes)]
+        assert stream._start == stream._end == 0
+
+    asyncio.run(main())
+
+
+def test_a_frame_longer_than_the_limit_closes_the_stream() -> None:
+    import asyncio
+
+    from shardbus.cluster.stream import FrameStream
+
+    async def main() -> None:
+        got: list[list] = []
+        closed: list[bool] = []
+        stream = FrameStream(KEY, server=False, on_frame=got.append)
+        stream.close = lambda: closed.append(True)  # type: ignore[method-assign]
+        stream._open()
+        _receive(stream, (wire.MAX_FRAME_BYTES + 1).to_bytes(wire.LENGTH, "big") + b"\x90")
+        assert closed and not got
 
     asyncio.run(main())
 

@@ -75,10 +75,11 @@ def test_a_reply_of_messages_travels_as_a_messages_frame() -> None:
 
 
 def test_a_worker_of_the_previous_version_is_named_as_such() -> None:
-    """The messages frame is new in version 3: a version-2 worker is refused at connect, saying so."""
-    assert wire.MAGIC == b"SBW3"
-    with pytest.raises(ValueError, match="another version"):
-        wire.answer("k", b"SBW2" + bytes(wire.NONCE_BYTES))
+    """Frames carry their length from version 4 on: a version-3 worker is refused at connect, saying so."""
+    assert wire.MAGIC == b"SBW4"
+    for older in (b"SBW2", b"SBW3"):
+        with pytest.raises(ValueError, match="another version"):
+            wire.answer("k", older + bytes(wire.NONCE_BYTES))
 
 
 def test_an_enqueues_items_travel_in_the_request_and_the_worker_reads_them_back() -> None:

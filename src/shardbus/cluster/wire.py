@@ -4,9 +4,10 @@ The transport is a plain byte stream (TCP) between two processes we own, one con
 It opens with an HMAC challenge: the worker sends ``MAGIC`` and a random nonce, the front end answers ``MAGIC`` and
 HMAC-SHA256(cluster key, nonce), and the worker accepts (``ACCEPTED``) or closes (``handshake`` below); the key
 itself never travels. After that each side writes frames back to back, each one MessagePack array that names the
-call and carries its arguments (or answers one), and reads them with a streaming ``msgpack.Unpacker`` (a frame's
-own MessagePack encoding says where it ends, so no length prefix is needed). A side writes every frame that
-waits in one ``writelines`` per loop turn. There is no AMQP engine on this path: per request and reply
+call and carries its arguments (or answers one), after its length (``LENGTH`` bytes, big-endian): the reader
+(``stream.py``) knows where a frame ends before it reads it, so it unpacks each one where it lies in its receive
+buffer (``unpack_frame``) instead of copying every read into a streaming unpacker first. A side writes every
+frame that waits in one ``writelines`` per loop turn. There is no AMQP engine on this path: per request and reply
 the cost is the frame's packing and unpacking and the futures, and per loop turn one write and one read.
 
 MessagePack because the values are our own Python objects (messages with every broker field, settlements,
@@ -30,8 +31,8 @@ Frames (in order on each connection):
 ``now`` is the caller's clock (workers started with ``clock="caller"`` run on it, so tests can move time);
 ``health`` is None while the partition is healthy, else the reason it is not.
 
-Memory: a stream's reader holds at most one partial frame (``MAX_FRAME_BYTES``), and a reader that read a big one
-is replaced (``KEEP_READER_BELOW``).
+Memory: a stream's receive buffer holds at most one partial frame besides what one read brought
+(``MAX_FRAME_BYTES``), and one grown for a big frame goes back to its size after it (``KEEP_READER_BELOW``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ import dataclasses
 import hashlib
 import hmac
 import os
+import struct
+import types
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -88,16 +92,31 @@ _fill_message = _namespace["_fill_message"]
 # (application properties, a scheduled time) still go through ``_default``.
 _F = _MESSAGE_FIELDS
 _record_items = [f"m.{f}" for f in _F]
-_record_items[_F.index("body_type")] = "int(m.body_type)"
-_record_items[_F.index("state")] = "int(m.state)"
+# an IntEnum member as its plain int: ``+ 0`` is int's own addition, in C; ``int(member)`` a call that costs as
+# much again as the rest of the field's trip (an int given in its place comes out the same)
+_record_items[_F.index("body_type")] = "m.body_type + 0"
+_record_items[_F.index("state")] = "m.state + 0"
 _record_items[_F.index("lock_token")] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
 # A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
-# reply builds one per message, a complete one per token.
+# reply builds one per message, a complete one per token. The stores go through the slots' own setters:
+# ``object.__setattr__(u, "int", v)`` looks the name up in the type's dictionaries on every call (a quarter of a
+# token's cost); the slot's descriptor is that lookup done once.
 _new_uuid = uuid.UUID.__new__
 _set = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
+
+
+def _slot_setter(name: str) -> Callable[[uuid.UUID, Any], None]:
+    slot = uuid.UUID.__dict__.get(name)
+    if isinstance(slot, types.MemberDescriptorType):
+        return slot.__set__
+    return lambda u, value: _set(u, name, value)  # a UUID without slots (another Python): the general store
+
+
+_set_int = _slot_setter("int")
+_set_safe = _slot_setter("is_safe")
 _namespace.update(
     _new=Message.__new__,
     Message=Message,
@@ -105,7 +124,8 @@ _namespace.update(
     _ST=_STATES,
     _new_uuid=_new_uuid,
     _UUID=uuid.UUID,
-    _set=_set,
+    _set_int=_set_int,
+    _set_safe=_set_safe,
     _SAFE=_SAFE_UNKNOWN,
     _from_bytes=int.from_bytes,
 )
@@ -116,8 +136,8 @@ exec(
     "    token = m.lock_token\n"
     "    if token is not None:\n"
     "        u = m.lock_token = _new_uuid(_UUID)\n"
-    "        _set(u, 'int', _from_bytes(token, 'big'))\n"
-    "        _set(u, 'is_safe', _SAFE)\n"
+    "        _set_int(u, _from_bytes(token, 'big'))\n"
+    "        _set_safe(u, _SAFE)\n"
     "    return m\n",
     _namespace,
 )
@@ -132,7 +152,8 @@ class Messages(list):  # type: ignore[type-arg]
 
 class Items(list):  # type: ignore[type-arg]
     """An ``enqueue``'s (or ``transact``'s) items, ``[(dedup id, [(slot, message), ...]), ...]``, their messages
-    as compact records: ``[[dedup id, [slot, record, slot, record, ...]], ...]`` in one extension value."""
+    as compact records: ``[[dedup id, [slot, record, slot, record, ...]], ...]`` in one extension value, an item
+    of one copy as ``[dedup id, slot, record]``."""
 
 
 class ItemsArg(list):  # type: ignore[type-arg]
@@ -150,10 +171,11 @@ COMPACT: dict[str, type] = {"items": ItemsArg, "tokens": Tokens}
 
 
 def _item_arrays(items: list[tuple[Any, list[tuple[int, Message]]]]) -> list[list[Any]]:
-    # An item of one copy (a send to a queue: nearly all of them) skips the flattening loop.
+    # An item of one copy (a send to a queue: nearly all of them) is one array, ``[dedup id, slot, record]``: no
+    # flattening loop, and one array fewer per message to pack and to read back.
     record = _record
     return [
-        [key, [copies[0][0], record(copies[0][1])]]
+        [key, copies[0][0], record(copies[0][1])]
         if len(copies) == 1
         else [key, [x for slot, m in copies for x in (slot, record(m))]]
         for key, copies in items
@@ -164,20 +186,26 @@ def items_of(arrays: list[list[Any]]) -> list[tuple[Any, list[tuple[int, Message
     """Items read back from their arrays (an ``ItemsArg`` request argument, an ``Items`` value)."""
     message = _from_record
     return [
-        (key, [(flat[0], message(flat[1]))])
-        if len(flat) == 2
-        else (key, [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)])
-        for key, flat in arrays
+        (item[0], [(item[1], message(item[2]))]) if len(item) == 3 else (item[0], _copies_of(item[1]))
+        for item in arrays
     ]
 
 
+def _copies_of(flat: list[Any]) -> list[tuple[int, Message]]:
+    """An item's copies from ``[slot, record, slot, record, ...]`` (a message sent to several slots: a topic's)."""
+    message = _from_record
+    return [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
 def _unpack_tokens(data: bytes) -> list[uuid.UUID]:
-    new, cls, set_, safe, from_bytes = _new_uuid, uuid.UUID, _set, _SAFE_UNKNOWN, int.from_bytes
+    new, cls, set_int, set_safe, safe = _new_uuid, uuid.UUID, _set_int, _set_safe, _SAFE_UNKNOWN
+    # every token's two 64-bit halves in one call: a slice and an ``int.from_bytes`` per token cost twice as much
+    words = iter(struct.unpack(f">{len(data) >> 3}Q", data))
     out = []
-    for i in range(0, len(data), 16):  # ``uuid_of_int`` in line: a complete brings ~100 tokens
+    for high, low in zip(words, words, strict=True):  # ``uuid_of_int`` in line: a complete brings ~100
         u = new(cls)
-        set_(u, "int", from_bytes(data[i : i + 16], "big"))
-        set_(u, "is_safe", safe)
+        set_int(u, high << 64 | low)
+        set_safe(u, safe)
         out.append(u)
     return out
 
@@ -194,10 +222,27 @@ APPLIED = 1
 MESSAGES = 2
 
 
+class Records:
+    """A reply's messages already made compact records (``record_of``): a worker's lock reply, its records made
+    under the partition's lock from the live messages, not from copies (``worker.WorkerConnection._lock_messages``).
+    It goes as a ``messages`` frame, as a list of messages does."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[list[Any]]) -> None:
+        self.records = records
+
+
+# A message's compact record (see above): a snapshot of its fields, to be packed before the message changes.
+record_of: Callable[[Message], list[Any]] = _record
+
+
 def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> bytes:
     """A reply's frame. A list of messages (a lock reply: the hot one) goes as a ``messages`` frame, its records
     in the frame itself rather than in one extension value: the packer writes them in place, and the reader reads
     them once, where a nested value was packed apart and copied in whole, then copied out and read again."""
+    if value.__class__ is Records:
+        return _pack([request_id, ok, value.records, health, MESSAGES])
     if type(value) is list and value and type(value[0]) is Message:
         record = _record
         return _pack([request_id, ok, [record(m) for m in value], health, MESSAGES])
@@ -217,8 +262,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 
 # Opens both sides of the handshake: a peer that speaks something else is told apart at once. Its digit is the
 # frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
-# messages frame and an enqueue's items in the request itself.
-MAGIC = b"SBW3"
+# messages frame and an enqueue's items in the request itself; 4 each frame's length before it.
+MAGIC = b"SBW4"
+LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
 ANSWER_BYTES = len(MAGIC) + hashlib.sha256().digest_size  # front end -> worker
@@ -227,8 +273,8 @@ REFUSED = b"\x00"  # worker -> front end: the answer was wrong (then it closes)
 # The largest frame a reader buffers: an enqueue's batch (a send of up to 100 MB, as the premium tier allows, and
 # its records) with room to spare; a bigger one is a broken peer.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
-# A reader keeps its buffer at the largest frame it read: after a bigger frame than this the stream starts a new
-# one (``stream.py``), so one 100 MB message does not hold 100 MB for as long as the connection lasts.
+# A stream's receive buffer grows to the largest frame it receives: once past a bigger frame than this it goes back
+# to its usual size (``stream.py``), so one 100 MB message does not hold 100 MB for as long as the connection lasts.
 KEEP_READER_BELOW = records.KEEP_PACKER_BELOW
 
 
@@ -289,12 +335,18 @@ def _unpack(data: bytes) -> Any:
 
 
 def pack_frame(frame: list[Any]) -> bytes:
-    """One frame's bytes, as they go on the stream (``reader`` reads them back)."""
+    """One frame's bytes, as they go on the stream after their length (``unpack_frame`` reads them back)."""
     return _pack(frame)
 
 
+def unpack_frame(data: bytes | memoryview) -> list[Any]:
+    """One frame read back from its bytes (where they lie: a slice of the stream's receive buffer)."""
+    return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False, raw=False)  # type: ignore[no-any-return]
+
+
 def reader() -> msgpack.Unpacker:
-    """A stream's frame reader: ``feed`` it the bytes received, iterate it for the frames complete so far."""
+    """Frames packed back to back without their lengths, read as a stream (tools and tests: ``feed`` it the bytes,
+    iterate it for the frames complete so far)."""
     return msgpack.Unpacker(
         ext_hook=_ext_hook, strict_map_key=False, raw=False, max_buffer_size=MAX_FRAME_BYTES, use_list=True
     )

@@ -366,6 +366,11 @@ class WorkerConnection:
     def _health(self, _key: str) -> dict[str, str | None]:
         return self.host.health()
 
+    def _lock_messages(self, key: str, slot: int, queue: int, max_count: int) -> wire.Records:
+        """The partition interface's ``lock_messages``, each locked message made its wire record at once: the
+        broker's copy of it would only be read into the record (``PartitionBroker.lock_messages_as``)."""
+        return wire.Records(self.host.get(key).lock_messages_as(slot, queue, max_count, wire.record_of))
+
 
 def _settle_with(answer: Future, done: Future, value: Callable[[], Any]) -> None:
     """Complete ``answer`` as ``done`` ended: its exception, or else ``value()`` read now (on the loop)."""
@@ -388,6 +393,7 @@ HANDLERS: dict[str, Handler] = {
     "tick_all": WorkerConnection._tick,
     "health": WorkerConnection._health,
     "hurry": WorkerConnection._hurry,
+    "lock_messages": WorkerConnection._lock_messages,  # a broker call, answered as records (no copy first)
 }
 
 

@@ -972,6 +972,14 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
     # ------------------------------------------------------------------------------------------------------
     def lock_messages(self, slot: int, queue: int, max_count: int) -> list[Message]:
         """Lock up to ``max_count`` of the oldest active messages; return copies carrying their lock tokens."""
+        return self.lock_messages_as(slot, queue, max_count, None)
+
+    def lock_messages_as(
+        self, slot: int, queue: int, max_count: int, give: Callable[[Message], Any] | None
+    ) -> list[Any]:
+        """``lock_messages``, each locked message given out as ``give(message)`` (under the lock) instead of as a
+        copy: a worker's wire record (cluster/worker.py), packed before its loop runs anything else, so a copy
+        would be made only to be read once (a sixth of the hop's instructions per received message)."""
         with self._lock:
             self._check()
             now = _ms(self._clock)
@@ -1018,6 +1026,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 msg.delivery_count += 1
                 locks[token.int] = entry
                 push(lock_heap, (until, entry.seq, token))
+                if give is not None:
+                    out.append(give(msg))
+                    continue
                 copy = _copy_message(msg)  # ``msg.copy()``, inlined
                 if copy.application_properties is not None:
                     copy.application_properties = dict(copy.application_properties)
