@@ -122,6 +122,7 @@ class GroupCommitter:
         # Batches stored so far (counted before their callbacks run): a reader outside its owner's lock that
         # saw the same count before and after knows no write changed the store under it (the partition's upkeep).
         self.stored = 0
+        self._queued_at = -1.0  # (``stalltrace.SENDS``) when the running drain was handed to the pool
 
     @property
     def refusing(self) -> bool:
@@ -166,8 +167,14 @@ class GroupCommitter:
                 return future
             if not self._start_if_due():
                 return future
-        self._executor.submit(self._drain)
+        self._start_drain()
         return future
+
+    def _start_drain(self) -> None:
+        """Hand a drain to the commit pool (the caller set ``_running``)."""
+        if stalltrace.SENDS:
+            self._queued_at = time.monotonic()
+        self._executor.submit(self._drain)
 
     def _linger(self) -> None:
         """(Lock held, not running, pending not urgent.) Start a drain at ``_write_by``: a deadline in
@@ -187,7 +194,7 @@ class GroupCommitter:
                 return
             if not self._start_if_due():
                 return
-        self._executor.submit(self._drain)
+        self._start_drain()
 
     def _start_if_due(self) -> bool:
         """(Lock held, not running.) Whether to start a drain now: not while a full store's retry is not due."""
@@ -210,9 +217,10 @@ class GroupCommitter:
                 return
             if not self._start_if_due():
                 return
-        self._executor.submit(self._drain)
+        self._start_drain()
 
     def _drain(self) -> None:
+        queued = self._queued_at
         while True:
             with self._lock:
                 batch = self._pending
@@ -232,10 +240,14 @@ class GroupCommitter:
             for item in batch:
                 ops.extend(item[0])
             started = time.monotonic() if stalltrace.ON else 0.0
+            cpu = time.thread_time() if stalltrace.SENDS else 0.0
             try:
                 if ops:
                     self.store.apply(ops, sync)
                     self.stored += 1
+                if stalltrace.SENDS:
+                    stalltrace.set_commit_times(queued, started, time.monotonic(), time.thread_time() - cpu)
+                    queued = -1.0  # the next batch follows this one on this thread
             except StoreFull as exc:
                 if self._keep(batch, exc):
                     return
@@ -314,7 +326,7 @@ class GroupCommitter:
             self._urgent = True
             if self._running or not self._start_if_due():
                 return
-        self._executor.submit(self._drain)
+        self._start_drain()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted so far is written (used when closing): lingering ends now, and
@@ -323,6 +335,6 @@ class GroupCommitter:
             self._closing = True
             start = not self._running and bool(self._pending) and self._start_if_due()
         if start:
-            self._executor.submit(self._drain)
+            self._start_drain()
         self.hurry()
         return self._idle.wait(timeout)
