@@ -300,7 +300,8 @@ def report_commits(trace: Path, start: float, end: float) -> None:
 
 
 _STAGES = (  # (label, from, to) over a "send" trace line's offsets (stalltrace.sends_written)
-    ("read: first transfer -> handed to store", "read", "flushed"),
+    ("socket read came -> first transfer decoded", "arrived", "read"),
+    ("first transfer decoded -> handed to store", "read", "flushed"),
     ("handed -> commit thread took it", "flushed", "picked"),
     ("  staged (enqueue), or behind the store's batch", "flushed", "behind"),
     ("  the pool asked -> its thread ran", "queued", "picked"),
@@ -310,7 +311,7 @@ _STAGES = (  # (label, from, to) over a "send" trace line's offsets (stalltrace.
     ("callback -> event loop ran it", "resolved", "loop"),
     ("loop: dispositions made", "loop", "acked"),
     ("made -> written to the socket", "acked", "written"),
-    ("total: first transfer -> written", "read", "written"),
+    ("total: socket read -> dispositions written", "arrived", "written"),
 )
 
 

@@ -19,7 +19,8 @@ With ``SHARDBUS_STALL_TRACE_SENDS=1`` every group of sends (one socket read's se
 records its life in the broker, as offsets in ms from the moment the group was handed to its store
 (bench/pace.py reads them):
 
-    <start> <total ms> send n=<sends> read=<first transfer decoded, before> queued=<the commit pool was asked
+    <start> <total ms> send n=<sends> arrived=<the socket read came, before> read=<its first transfer
+        decoded, before> queued=<the commit pool was asked
         for a thread> picked=<a commit thread took the batch> stored=<written and synced> resolved=<the
         group's callback ran> loop=<the event loop ran the answer> written=<the dispositions went to the socket>
         cpu=<the commit thread's CPU from picked to stored, ms>
@@ -86,8 +87,8 @@ def commit_times() -> tuple[float, float, float, float]:
 
 
 def send_acknowledged(times: tuple[float, ...]) -> None:
-    """(The event loop, ``SENDS``.) A group of sends is answered: ``times`` are (count, read, flushed, queued,
-    picked, stored, the commit's CPU, resolved, loop, acknowledged); its line is written by ``sends_written``."""
+    """(The event loop, ``SENDS``.) A group of sends is answered: ``times`` are (count, arrived, read, flushed,
+    queued, picked, stored, the commit's CPU, resolved, loop, acknowledged); ``sends_written`` writes its line."""
     _acknowledged.append(times)
 
 
@@ -96,11 +97,15 @@ def sends_written() -> None:
     if not _acknowledged:
         return
     now = time.monotonic()
-    for n, read, flushed, queued, picked, stored, cpu, resolved, loop, acked in _acknowledged:
-        ms = [f"{(t - flushed) * 1000:.3f}" for t in (read, queued, picked, stored, resolved, loop, acked, now)]
+    for n, arrived, read, flushed, queued, picked, stored, cpu, resolved, loop, acked in _acknowledged:
+        stages = (arrived, read, queued, picked, stored, resolved, loop, acked, now)
+        ms = [f"{(t - flushed) * 1000:.3f}" for t in stages]
         if queued < 0:
-            ms[1] = "-1"
-        detail = "n={:.0f} read={} queued={} picked={} stored={} resolved={} loop={} acked={} written={} cpu={:.3f}"
+            ms[2] = "-1"
+        detail = (
+            "n={:.0f} arrived={} read={} queued={} picked={} stored={} resolved={} loop={} acked={} written={} "
+            "cpu={:.3f}"
+        )
         record("send", flushed, now - flushed, detail.format(n, *ms, cpu * 1000), True)
     _acknowledged.clear()
 

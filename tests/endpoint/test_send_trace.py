@@ -12,7 +12,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from serve_process import ServeProcess
 
-STAGES = ("read", "flushed", "picked", "stored", "resolved", "loop", "acked", "written")
+STAGES = ("arrived", "read", "flushed", "picked", "stored", "resolved", "loop", "acked", "written")
 
 
 def test_every_send_is_traced_through_its_stages_in_order(tmp_path):

@@ -119,7 +119,7 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
         self._pending_sends: list[tuple[Any, ev.DeliveryReceived, list[Message]]] = []
-        self._sends_read_at = 0.0  # (``stalltrace.SENDS``) when the read's first send was decoded
+        self._sends_read_at = (0.0, 0.0)  # (``stalltrace.SENDS``) when the read came and its first send was decoded
         self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
         self._watched: Future | None = None  # the settlement write ``_log_failure_of`` saw last
         self._coordinators: set[Any] = set()

@@ -66,7 +66,9 @@ class SendLinks:
         # it too (a 100 MB message would otherwise be held twice while it is written).
         e.payload = b""
         if stalltrace.SENDS and not self._pending_sends:
-            self._sends_read_at = time.monotonic()  # the read's first send (the group's "read" in its trace line)
+            # the read's arrival (the engine notes it before parsing the read's frames; 0 if it no longer does)
+            # and its first send decoded: the group's "arrived" and "read" in its trace line
+            self._sends_read_at = (getattr(self.amqp, "_last_received", 0.0), time.monotonic())
         self._pending_sends.append((entity, e, messages))  # stored in ``events_done``
 
     def _flush_sends(self) -> None:
@@ -87,7 +89,7 @@ class SendLinks:
                 settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
                 _observe_repeated(SEND_SECONDS, time.monotonic() - started, len(indices))
                 if stalltrace.SENDS:
-                    times = (read_at, started, *stalltrace.commit_times(), time.monotonic())
+                    times = (*read_at, started, *stalltrace.commit_times(), time.monotonic())
                     self._later(partial(self._acknowledge_traced, settled, times))
                     return
                 self._later(lambda: self._acknowledge(settled))
@@ -97,8 +99,8 @@ class SendLinks:
     def _acknowledge_traced(
         self, results: list[tuple[ev.DeliveryReceived, BaseException | None]], times: tuple[float, ...]
     ) -> None:
-        """``_acknowledge`` noting the group's life for ``stalltrace.SENDS`` (``times``: read, flushed, the
-        commit's queued, picked and stored, and when the group's callback ran)."""
+        """``_acknowledge`` noting the group's life for ``stalltrace.SENDS`` (``times``: arrived, read, flushed,
+        the commit's queued, picked, stored and CPU, and when the group's callback ran)."""
         loop = time.monotonic()
         self._acknowledge(results)
         stalltrace.send_acknowledged((len(results), *times, loop, time.monotonic()))
