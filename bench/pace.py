@@ -404,7 +404,12 @@ def main() -> None:
         for phase in ("receive", "both"):
             if phase == "receive":
                 snd.command(f"send {n} pre")
-                snd.result()
+                pre = snd.result()
+                if serve is not None:  # the same sends with no receiver beside them: what "both" adds to them
+                    print(f"send alone: {n / (pre['end'] - pre['start']):,.0f} msg/s")
+                    report_sends(read_timeline(folder / "send.timeline"), pre["start"], pre["end"])
+                    time.sleep(1.2)  # the trace is flushed about every second
+                    report_send_life(trace, pre["start"], pre["end"])
             before = {name: thread_cpu(p) for name, p in procs.items()}
             t0 = time.perf_counter()
             rcv.command(f"recv {n}")
