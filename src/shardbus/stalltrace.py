@@ -20,10 +20,10 @@ records its life in the broker, as offsets in ms from the moment the group was h
 (bench/pace.py reads them):
 
     <start> <total ms> send n=<sends> arrived=<the socket read came, before> read=<its first transfer
-        decoded, before> queued=<the commit pool was asked
-        for a thread> picked=<a commit thread took the batch> stored=<written and synced> resolved=<the
-        group's callback ran> loop=<the event loop ran the answer> written=<the dispositions went to the socket>
-        cpu=<the commit thread's CPU from picked to stored, ms>
+        decoded, before> queued=<the commit pool was asked for a thread> picked=<a commit thread took the
+        batch> stored=<written and synced> resolved=<the group's callback ran> loop=<the event loop ran the
+        answer> acked=<the dispositions were made> written=<they went to the socket> cpu=<the commit thread's
+        CPU from picked to stored, ms>
 
 ``queued`` is -1 when the batch formed while an earlier batch of the same store was being written (it follows
 it on the same thread, not through the pool).
@@ -82,7 +82,8 @@ def set_commit_times(queued: float, picked: float, stored: float, cpu: float) ->
 
 
 def commit_times() -> tuple[float, float, float, float]:
-    """(The callbacks of a batch, on its commit thread.) What ``set_commit_times`` said (zeros outside one)."""
+    """(The callbacks of a batch, on its commit thread.) What ``set_commit_times`` said last on this thread (a
+    batch that failed leaves the times of the one before it)."""
     return getattr(_commit, "times", (0.0, 0.0, 0.0, 0.0))
 
 
