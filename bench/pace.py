@@ -11,6 +11,9 @@ credit 100), and per phase:
     sends       the sender's window: transfers in flight over time (median), and a send's latency (transfer to
                 ``accepted``) by percentile
     commits     the broker's group commits (``SHARDBUS_STALL_TRACE``): how many, how long, how many ops each
+    send life   a send's stages inside the broker (``SHARDBUS_STALL_TRACE_SENDS``, stalltrace.py), per send:
+                from its read's first transfer to the dispositions' write, where the time between the transfer
+                and ``accepted`` goes (the rest of the client's latency is the client and the sockets)
     receives    per receive call of the receiver: flow (grant) -> first delivery, first -> last delivery, the
                 call's return -> the next call's flow (the caller's own work between calls), and the ranged
                 complete's disposition -> the last echo
@@ -296,6 +299,57 @@ def report_commits(trace: Path, start: float, end: float) -> None:
         )
 
 
+_STAGES = (  # (label, from, to) over a "send" trace line's offsets (stalltrace.sends_written)
+    ("socket read came -> first transfer decoded", "arrived", "read"),
+    ("first transfer decoded -> handed to store", "read", "flushed"),
+    ("handed -> commit thread took it", "flushed", "picked"),
+    ("  staged (enqueue), or behind the store's batch", "flushed", "behind"),
+    ("  the pool asked -> its thread ran", "queued", "picked"),
+    ("commit (write + sync)", "picked", "stored"),
+    ("  of which its thread on a CPU", "zero", "cpu"),
+    ("stored -> callback ran (visible)", "stored", "resolved"),
+    ("callback -> event loop ran it", "resolved", "loop"),
+    ("loop: dispositions made", "loop", "acked"),
+    ("made -> written to the socket", "acked", "written"),
+    ("total: socket read -> dispositions written", "arrived", "written"),
+)
+
+
+def report_send_life(trace: Path, start: float, end: float) -> None:
+    """The broker's ``send`` lines (stalltrace.py) in the phase: each stage's ms p50/p90 over sends (a group of
+    n sends counts n times)."""
+    stages: dict[str, list[float]] = {label: [] for label, _, _ in _STAGES}
+    behind = groups = sends = 0
+    for line in trace.read_text().splitlines() if trace.exists() else []:
+        parts = line.split()
+        if len(parts) < 4 or parts[2] != "send" or not start <= float(parts[0]) <= end:
+            continue
+        t = {k: float(v) for k, v in (f.split("=") for f in parts[3:])}
+        t["flushed"] = t["zero"] = 0.0
+        n = int(t["n"])
+        groups += 1
+        sends += n
+        if t["queued"] == -1:  # formed while the store's previous batch was written
+            behind += n
+            t["behind"] = t["picked"]
+            t["queued"] = float("nan")
+        else:
+            t["behind"] = t["queued"]
+        for label, a, b in _STAGES:
+            d = t[b] - t[a]
+            if d == d:  # not NaN
+                stages[label].extend([d / 1e3] * n)
+    if not groups:
+        print("  send life: no trace (SHARDBUS_STALL_TRACE_SENDS)")
+        return
+    print(
+        f"  send life in the broker: {groups} groups, {sends / groups:.1f} sends each; {behind / sends:.0%} of sends "
+        f"waited behind their store's previous batch; ms p10/p50/p90/p99 per send:"
+    )
+    for label, values in stages.items():
+        print(f"    {label:<42} {_ms(values)}")
+
+
 def busy(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall: float) -> str:
     cells = []
     for proc, threads in after.items():
@@ -338,8 +392,9 @@ def main() -> None:
     else:
         os.environ["SHARDBUS_STALL_TRACE"] = str(trace)
         os.environ["SHARDBUS_STALL_TRACE_MS"] = "0"  # every commit, however short
+        os.environ["SHARDBUS_STALL_TRACE_SENDS"] = "1"  # and every send's life (a tree without it ignores it)
         serve = scale.ShardbusServe(folder / "serve", [], tree=args.tree)
-        del os.environ["SHARDBUS_STALL_TRACE"]
+        del os.environ["SHARDBUS_STALL_TRACE"], os.environ["SHARDBUS_STALL_TRACE_SENDS"]
         url, entity, pid = serve.url, scale.QUEUE, serve.proc.pid
     snd = PacedRole("send", url, entity, args.window, folder / "send.timeline")
     rcv = PacedRole("recv", url, entity, args.credit, folder / "recv.timeline")
@@ -349,7 +404,12 @@ def main() -> None:
         for phase in ("receive", "both"):
             if phase == "receive":
                 snd.command(f"send {n} pre")
-                snd.result()
+                pre = snd.result()
+                if serve is not None:  # the same sends with no receiver beside them: what "both" adds to them
+                    print(f"send alone: {n / (pre['end'] - pre['start']):,.0f} msg/s")
+                    report_sends(read_timeline(folder / "send.timeline"), pre["start"], pre["end"])
+                    time.sleep(1.2)  # the trace is flushed about every second
+                    report_send_life(trace, pre["start"], pre["end"])
             before = {name: thread_cpu(p) for name, p in procs.items()}
             t0 = time.perf_counter()
             rcv.command(f"recv {n}")
@@ -368,6 +428,8 @@ def main() -> None:
             if serve is not None:
                 time.sleep(1.2)  # the trace is flushed about every second
                 report_commits(trace, start, r["end"])
+                if phase == "both":
+                    report_send_life(trace, start, r["end"])
     finally:
         snd.stop()
         rcv.stop()

@@ -11,7 +11,22 @@ The start is ``time.monotonic()``, the system's CLOCK_MONOTONIC, which every pro
 client (bench/soak.py) matches its own slow requests against these lines without converting clocks.
 
 Off, it costs callers one test of the module-level ``ON``. On, lines are written through one buffered file under a
-lock (flushed about every second) and nothing is kept in memory but that buffer.
+lock (flushed about every second) and nothing is kept in memory but that buffer, the times of the batch whose
+callbacks a commit thread runs now (``commit_times``) and the event loop's sends answered but not yet written
+(``send_acknowledged``, emptied at the end of the same loop callback).
+
+With ``SHARDBUS_STALL_TRACE_SENDS=1`` every group of sends (one socket read's sends bound for one partition) also
+records its life in the broker, as offsets in ms from the moment the group was handed to its store
+(bench/pace.py reads them):
+
+    <start> <total ms> send n=<sends> arrived=<the socket read came, before> read=<its first transfer
+        decoded, before> queued=<the commit pool was asked for a thread> picked=<a commit thread took the
+        batch> stored=<written and synced> resolved=<the group's callback ran> loop=<the event loop ran the
+        answer> acked=<the dispositions were made> written=<they went to the socket> cpu=<the commit thread's
+        CPU from picked to stored, ms>
+
+``queued`` is -1 when the batch formed while an earlier batch of the same store was being written (it follows
+it on the same thread, not through the pool).
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from typing import Any
 
 PATH = os.environ.get("SHARDBUS_STALL_TRACE") or None
 ON = PATH is not None
+SENDS = ON and os.environ.get("SHARDBUS_STALL_TRACE_SENDS") == "1"
 THRESHOLD = float(os.environ.get("SHARDBUS_STALL_TRACE_MS", "1")) / 1000  # seconds
 LOOP_PERIOD = 0.005  # the event-loop lag probe posts a callback this often (seconds)
 GARBAGE = ON and os.environ.get("SHARDBUS_STALL_TRACE_GARBAGE") == "1"
@@ -52,6 +68,47 @@ def record(kind: str, started: float, elapsed: float, detail: str = "", every: b
         if now - _flushed > 1.0:
             _flushed = now
             _file.flush()
+
+
+_commit = threading.local()  # (a commit thread) .times: ``set_commit_times``' of the batch it answers now
+_acknowledged: list[tuple[float, ...]] = []  # (the event loop) answered sends whose dispositions wait for the write
+
+
+def set_commit_times(queued: float, picked: float, stored: float, cpu: float) -> None:
+    """(A commit thread, ``SENDS``.) The batch whose callbacks run next was asked for at ``queued`` (-1: it
+    followed the previous batch), taken at ``picked`` and stored at ``stored``, using ``cpu`` seconds of its
+    thread's CPU between the two (the rest of that time it waited: for the disk, a core or the GIL)."""
+    _commit.times = (queued, picked, stored, cpu)
+
+
+def commit_times() -> tuple[float, float, float, float]:
+    """(The callbacks of a batch, on its commit thread.) What ``set_commit_times`` said last on this thread (a
+    batch that failed leaves the times of the one before it)."""
+    return getattr(_commit, "times", (0.0, 0.0, 0.0, 0.0))
+
+
+def send_acknowledged(times: tuple[float, ...]) -> None:
+    """(The event loop, ``SENDS``.) A group of sends is answered: ``times`` are (count, arrived, read, flushed,
+    queued, picked, stored, the commit's CPU, resolved, loop, acknowledged); ``sends_written`` writes its line."""
+    _acknowledged.append(times)
+
+
+def sends_written() -> None:
+    """(The event loop, ``SENDS``.) The answers of the groups ``send_acknowledged`` noted went to the socket."""
+    if not _acknowledged:
+        return
+    now = time.monotonic()
+    for n, arrived, read, flushed, queued, picked, stored, cpu, resolved, loop, acked in _acknowledged:
+        stages = (arrived, read, queued, picked, stored, resolved, loop, acked, now)
+        ms = [f"{(t - flushed) * 1000:.3f}" for t in stages]
+        if queued < 0:
+            ms[2] = "-1"
+        detail = (
+            "n={:.0f} arrived={} read={} queued={} picked={} stored={} resolved={} loop={} acked={} written={} "
+            "cpu={:.3f}"
+        )
+        record("send", flushed, now - flushed, detail.format(n, *ms, cpu * 1000), True)
+    _acknowledged.clear()
 
 
 def flush() -> None:

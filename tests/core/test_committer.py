@@ -268,3 +268,37 @@ def _eventually(check: Any, limit: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return check()
+
+
+def test_after_answers_runs_once_every_future_of_its_batch_resolved() -> None:
+    """What an ``on_commit`` defers with ``after_answers`` (a partition waking its receivers) runs after the whole
+    batch's callers are answered, so their answers reach the event loop first; a failing one stops nothing."""
+    store = RecordingStore()
+    gate = threading.Event()
+    committer = GroupCommitter(
+        store,  # type: ignore[arg-type]
+        lambda exc: RuntimeError(str(exc)),
+        executor=ThreadPoolExecutor(1),
+    )
+    blocker = committer.submit([("put", 0, [0])], on_commit=gate.wait)  # holds the drain: the next two batch up
+    seen: list[tuple[str, list[bool]]] = []
+    futures: list[Any] = []
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a listener")
+
+    def visible(name: str) -> str:
+        committer.after_answers(broken)
+        committer.after_answers(lambda: seen.append((name, [f.done() for f in futures])))
+        return name
+
+    futures.append(committer.submit([("put", 0, [1])], on_commit=lambda: visible("a")))
+    futures.append(committer.submit([("put", 0, [2])], on_commit=lambda: visible("b")))
+    gate.set()
+    assert blocker.result(5) is True
+    assert [f.result(5) for f in futures] == ["a", "b"]
+    assert committer.wait_idle(5)
+    assert seen == [("a", [True, True]), ("b", [True, True])]  # both answered before either ran
+    later = committer.submit([("put", 0, [3])], on_commit=lambda: visible("c"))
+    assert later.result(5) == "c" and committer.wait_idle(5)
+    assert seen[-1][0] == "c"  # the failing one did not stop the drain

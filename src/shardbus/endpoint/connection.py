@@ -57,6 +57,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from .. import stalltrace
 from ..access import sas
 from ..access.authority import LISTEN, SEND, Authority, missing_right
 from ..access.directory import NamespaceDirectory
@@ -118,6 +119,7 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
         self._pending_sends: list[tuple[Any, ev.DeliveryReceived, list[Message]]] = []
+        self._sends_read_at = (0.0, 0.0)  # (``stalltrace.SENDS``) when the read came and its first send was decoded
         self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
         self._watched: Future | None = None  # the settlement write ``_log_failure_of`` saw last
         self._coordinators: set[Any] = set()
@@ -199,6 +201,8 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
                 self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
         if self.protocol is not None:
             self.protocol.flush_now()  # a burst's callback already: no need to wait for another loop turn
+        if stalltrace.SENDS:
+            stalltrace.sends_written()
 
     # ------------------------------------------------------------------------------------------------------
     # connection, SASL, sessions

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import bisect
 import time
+from functools import partial
 from typing import Any
 
+from .. import stalltrace
 from ..amqp import events as ev
 from ..amqp.codec import DecodeError
 from ..amqp.message import BATCH_MESSAGE_FORMAT
@@ -63,6 +65,10 @@ class SendLinks:
         # The messages have what they need of the payload: the event, kept until the store answers, need not keep
         # it too (a 100 MB message would otherwise be held twice while it is written).
         e.payload = b""
+        if stalltrace.SENDS and not self._pending_sends:
+            # the read's arrival (the engine notes it before parsing the read's frames; 0 if it no longer does)
+            # and its first send decoded: the group's "arrived" and "read" in its trace line
+            self._sends_read_at = (getattr(self.amqp, "_last_received", 0.0), time.monotonic())
         self._pending_sends.append((entity, e, messages))  # stored in ``events_done``
 
     def _flush_sends(self) -> None:
@@ -76,14 +82,28 @@ class SendLinks:
             group[1].append(event)
             group[2].append(messages)
         started = time.monotonic()
+        read_at = self._sends_read_at  # (``stalltrace.SENDS``)
         for entity, events, batches in by_entity.values():
 
             def done(indices: list[int], outcomes: list[Any], events: list[ev.DeliveryReceived] = events) -> None:
                 settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
                 _observe_repeated(SEND_SECONDS, time.monotonic() - started, len(indices))
+                if stalltrace.SENDS:
+                    times = (*read_at, started, *stalltrace.commit_times(), time.monotonic())
+                    self._later(partial(self._acknowledge_traced, settled, times))
+                    return
                 self._later(lambda: self._acknowledge(settled))
 
             entity.submit_many(batches, done, owned=True)  # decoded here, for this send alone
+
+    def _acknowledge_traced(
+        self, results: list[tuple[ev.DeliveryReceived, BaseException | None]], times: tuple[float, ...]
+    ) -> None:
+        """``_acknowledge`` noting the group's life for ``stalltrace.SENDS`` (``times``: arrived, read, flushed,
+        the commit's queued, picked, stored and CPU, and when the group's callback ran)."""
+        loop = time.monotonic()
+        self._acknowledge(results)
+        stalltrace.send_acknowledged((len(results), *times, loop, time.monotonic()))
 
     def _acknowledge(self, results: list[tuple[ev.DeliveryReceived, BaseException | None]]) -> None:
         """Settle stored sends: consecutive accepted deliveries of one link share a range disposition."""

@@ -778,6 +778,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         if dedup_new:
             ops.append(("dedup", dedup_new))
 
+        committer = self._committer  # the one whose drain runs ``make_visible`` (a reload makes another)
+        assert committer is not None
+
         def make_visible() -> list[int | None]:
             with self._lock:
                 for slot, rows in rows_by_slot.items():
@@ -795,7 +798,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     self._visible_next = max(self._visible_next, seq)
                 else:
                     touched = set()
-            self._notify(touched)
+            if touched:
+                # receivers are woken once the senders are answered (store/committer.py's ``after_answers``)
+                committer.after_answers(partial(self._notify, touched))
             return results
 
         return ops, make_visible
