@@ -138,3 +138,31 @@ def test_sdk_sync_sender_mixed_sizes_duplicates_and_single_sends(conn_str, ns, q
         (5 * KB, "c"),
         (7, "d"),
     ]
+
+
+def test_sends_to_two_queues_interleaved_in_one_read_are_each_stored_in_order(root_client, ns, queue, grouped):
+    """One connection, a sender link to each of two queues, their sends alternating in one write: each queue's
+    sends are gathered apart (one ``submit_many`` each) and stored in the order they came, all accepted."""
+    first, second = queue(), queue()
+
+    async def run() -> list[Any]:
+        client = await root_client()
+        try:
+            session = await client.session()
+            a = await session.sender(first)
+            b = await session.sender(second)
+            sends = [(a if i % 2 == 0 else b).send(_message(f"m{i}".encode())) for i in range(40)]
+            return await asyncio.gather(*sends)
+        finally:
+            await client.close()
+
+    outcomes = asyncio.run(run())
+    assert all(isinstance(o, Accepted) for o in outcomes)
+    assert sum(grouped) == 40 and max(grouped) > 1  # gathered per queue, several to a call
+    for name, sent in ((first, range(0, 40, 2)), (second, range(1, 40, 2))):
+        stored = ns.browse(name)
+        assert sorted(int(m.body[1:]) for m in stored) == list(sent)
+        by_partition: dict[int, list[int]] = {}
+        for m in stored:  # a read's keyless sends share a partition; each partition keeps the order they came in
+            by_partition.setdefault(decode_sequence_number(m.sequence_number)[0], []).append(int(m.body[1:]))
+        assert all(numbers == sorted(numbers) for numbers in by_partition.values())

@@ -118,7 +118,8 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         self._mgmt_out: dict[tuple[Any, str], Any] = {}  # (session, node) -> our sending management link
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
-        self._pending_sends: list[tuple[Any, ev.DeliveryReceived, list[Message]]] = []
+        # a read's sends by entity (``id``), in arrival order: (entity, events, their messages)
+        self._pending_sends: dict[int, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
         self._sends_read_at = (0.0, 0.0)  # (``stalltrace.SENDS``) when the read came and its first send was decoded
         self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
         self._watched: Future | None = None  # the settlement write ``_log_failure_of`` saw last

@@ -22,7 +22,6 @@ from ..amqp.performatives import Error, Rejected
 from ..amqp.types import Symbol
 from ..entity.entity import QueueEntity, TopicEntity
 from ..metrics import SEND_SECONDS
-from ..model.message import Message
 from .links import _ACCEPTED, _SENDER_CREDIT_LOW, SENDER_CREDIT, _error, log
 from .mapping import _decode_plain, decode_batch_to_messages, decode_to_message
 
@@ -69,25 +68,27 @@ class SendLinks:
             # the read's arrival (the engine notes it before parsing the read's frames; 0 if it no longer does)
             # and its first send decoded: the group's "arrived" and "read" in its trace line
             self._sends_read_at = (getattr(self.amqp, "_last_received", 0.0), time.monotonic())
-        self._pending_sends.append((entity, e, messages))  # stored in ``events_done``
+        # stored in ``events_done``, grouped by entity as they come (no tuple per send, no regrouping there)
+        group = self._pending_sends.get(id(entity))
+        if group is None:
+            group = self._pending_sends[id(entity)] = (entity, [], [])
+        group[1].append(e)
+        group[2].append(messages)
 
     def _flush_sends(self) -> None:
         """Hand all pending sends to the core at once: one store operation per partition, one callback each."""
-        pending, self._pending_sends = self._pending_sends, []
-        by_entity: dict[int, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
-        for entity, event, messages in pending:
-            group = by_entity.get(id(entity))
-            if group is None:
-                group = by_entity[id(entity)] = (entity, [], [])
-            group[1].append(event)
-            group[2].append(messages)
+        pending, self._pending_sends = self._pending_sends, {}
         started = time.monotonic()
         read_at = self._sends_read_at  # (``stalltrace.SENDS``)
-        for entity, events, batches in by_entity.values():
+        for entity, events, batches in pending.values():
 
             def done(indices: list[int], outcomes: list[Any], events: list[ev.DeliveryReceived] = events) -> None:
-                settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
                 _observe_repeated(SEND_SECONDS, time.monotonic() - started, len(indices))
+                if not stalltrace.SENDS and len(indices) == len(events) and outcomes.count(None) == len(outcomes):
+                    # the usual answer: every send of the group stored, ``indices`` all of them in order
+                    self._later(partial(self._accept, events))
+                    return
+                settled = [(events[i], outcome) for i, outcome in zip(indices, outcomes, strict=True)]
                 if stalltrace.SENDS:
                     times = (*read_at, started, *stalltrace.commit_times(), time.monotonic())
                     self._later(partial(self._acknowledge_traced, settled, times))
@@ -104,6 +105,22 @@ class SendLinks:
         loop = time.monotonic()
         self._acknowledge(results)
         stalltrace.send_acknowledged((len(results), *times, loop, time.monotonic()))
+
+    def _accept(self, events: list[ev.DeliveryReceived]) -> None:
+        """``_acknowledge`` of sends that were all stored, without an (event, outcome) pair made per send."""
+        link: Any = None  # the link of the run of deliveries, and its first and last delivery ids
+        first = last = 0
+        for e in events:
+            if e.settled:
+                continue
+            if e.link is link and e.delivery_id == last + 1:
+                last = e.delivery_id  # the run goes on
+                continue
+            if link is not None:
+                self.amqp.disposition(link, first, last, state=_ACCEPTED)
+            link, first, last = e.link, e.delivery_id, e.delivery_id
+        if link is not None:
+            self.amqp.disposition(link, first, last, state=_ACCEPTED)
 
     def _acknowledge(self, results: list[tuple[ev.DeliveryReceived, BaseException | None]]) -> None:
         """Settle stored sends: consecutive accepted deliveries of one link share a range disposition."""
