@@ -69,3 +69,33 @@ def _done() -> Future:
     f: Future = Future()
     f.set_result([])
     return f
+
+
+def test_a_group_refused_by_its_partition_is_sent_again_batch_by_batch(ns):
+    """``submit_many`` hands a partition one list of every item of its batches; when the partition refuses it (here
+    a message over the size limit), each batch is sent again alone with its own items: the others are stored whole,
+    the large one alone is refused, and every batch gets exactly one outcome."""
+    ns.create_queue("g", enable_partitioning=True)
+    queue = ns.resolve("g")[0]
+    big = Message(b"x" * (queue.partitions[0].config.max_message_size_bytes + 1), message_id="big")
+    batches = [
+        [Message(b"a", message_id="a")],
+        [Message(b"b1", message_id="b1"), Message(b"b2", message_id="b2")],  # a batch: routed by ``_route``
+        [big],
+        [Message(b"c", message_id="c")],
+    ]
+    outcomes: dict[int, object] = {}
+    finished = Future()
+
+    def on_done(indices: list[int], results: list[object]) -> None:
+        for i, result in zip(indices, results, strict=True):
+            assert i not in outcomes
+            outcomes[i] = result
+        if len(outcomes) == len(batches):
+            finished.set_result(None)
+
+    queue.submit_many(batches, on_done, owned=True)
+    finished.result(timeout=10)
+    assert [outcomes[i] is None for i in range(4)] == [True, True, False, True]
+    assert isinstance(outcomes[2], ShardbusError)
+    assert sorted(m.body for m in ns.browse("g")) == [b"a", b"b1", b"b2", b"c"]

@@ -53,6 +53,14 @@ from ..partition.handle import PartitionHandle
 QUEUE_SLOT = 0
 
 
+def _per_batch(flat: list[Any], counts: list[int]) -> Iterator[list[Any]]:
+    """Each batch's items again, from a group's one list of them and how many each batch has there, in order."""
+    start = 0
+    for count in counts:
+        yield flat[start : start + count]
+        start += count
+
+
 def _dedup_id(message: Message) -> str | None:
     """What duplicate detection keys a message by: a forwarding transfer id first, else its MessageId."""
     if message.transfer_id is not None:
@@ -296,7 +304,9 @@ class _Sender:
         outcomes)`` reports each batch's outcome (None when stored, else the exception), once per group and from
         whichever thread finished it. Keyless batches of one call go to one partition, chosen round-robin.
         ``owned``: the messages are handed over (the caller never touches them again), so they are not copied."""
-        groups: dict[int, tuple[list[int], list[list[Any]], list[str | None]]] = {}
+        # per partition: the batches' indices, their items in one list (what ``enqueue`` takes), how many items
+        # each batch has there, and their keys
+        groups: dict[int, tuple[list[int], list[Any], list[int], list[str | None]]] = {}
         keyless_partition: int | None = None
         n = len(self.partitions)
         try:
@@ -319,7 +329,8 @@ class _Sender:
                     dedup_id = m.message_id
                     if dedup_id is not None and type(dedup_id) is not str:
                         dedup_id = str(dedup_id)
-                items = [(dedup_id, [(QUEUE_SLOT, m)])]
+                items = None
+                item = (dedup_id, [(QUEUE_SLOT, m)])  # the batch's one item, straight into its group's list
             else:
                 try:
                     key, items = self._route(messages, owned, duplicate_detection, sessions)
@@ -336,21 +347,26 @@ class _Sender:
                 pid = keyless_partition
             group = groups.get(pid)
             if group is None:
-                group = groups[pid] = ([], [], [])
-            indices, item_lists, keys = group
+                group = groups[pid] = ([], [], [], [])
+            indices, flat, counts, keys = group
             indices.append(i)
-            item_lists.append(items)
+            if items is None:
+                flat.append(item)
+                counts.append(1)
+            else:
+                flat += items
+                counts.append(len(items))
             keys.append(key)
-        for pid, (indices, item_lists, keys) in groups.items():
+        for pid, (indices, flat, counts, keys) in groups.items():
             try:
-                future = self.partitions[pid].enqueue([item for items in item_lists for item in items])
+                future = self.partitions[pid].enqueue(flat)
             except ShardbusError:
                 # Something in the group is refused (a message too large, a quota, a partition down): send
                 # the batches one by one, so each gets its own outcome and keyless ones can fail over.
-                for i, items, key in zip(indices, item_lists, keys, strict=True):
+                for i, items, key in zip(indices, _per_batch(flat, counts), keys, strict=True):
                     self._submit_one(i, key, items, on_done)
                 continue
-            future.add_done_callback(partial(self._group_done, indices, item_lists, keys, on_done))
+            future.add_done_callback(partial(self._group_done, indices, flat, counts, keys, on_done))
 
     def _submit_one(self, index: int, key: str | None, items: list[Any], on_done: Callable[..., None]) -> None:
         try:
@@ -363,7 +379,8 @@ class _Sender:
     def _group_done(
         self,
         indices: list[int],
-        item_lists: list[list[Any]],
+        flat: list[Any],
+        counts: list[int],
         keys: list[str | None],
         on_done: Callable[..., None],
         future: Future,
@@ -372,7 +389,7 @@ class _Sender:
         if exc is None:
             on_done(indices, [None] * len(indices))
         elif isinstance(exc, PartitionUnavailable):  # failed mid-write (taken back if it landed): keyless go elsewhere
-            for i, items, key in zip(indices, item_lists, keys, strict=True):
+            for i, items, key in zip(indices, _per_batch(flat, counts), keys, strict=True):
                 if key is None:
                     self._submit_one(i, None, items, on_done)
                 else:

@@ -678,6 +678,10 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         new_entry = self._new_entry
         pid = self.id
         max_size = cfg.max_message_size_bytes
+        last_slot: int | None = None  # the slot of the last copy, and its lists and TTL floor (below)
+        slot_rows: list[Row] = []
+        slot_entries: list[Entry] = []
+        floor: int | None = None
         try:
             for dedup_id, copies in items:
                 if dedup_id is not None and (check_all_ids or dedup_id.startswith(TRANSFER_ID_PREFIX)):
@@ -689,11 +693,13 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     dedup_new.append((dedup_id, now))
                 results.append(partition_bits | seq)
                 for slot, msg in copies:
-                    floor = ttl_floors.get(slot, _UNSET)
-                    if floor is _UNSET:
-                        floor = ttl_floors[slot] = self._ttl_floor(slot)
-                        rows_by_slot[slot] = []
-                        visible[slot] = []
+                    if slot != last_slot:  # a queue's sends are all slot 0: its lists looked up once
+                        floor = ttl_floors.get(slot, _UNSET)
+                        if floor is _UNSET:
+                            floor = ttl_floors[slot] = self._ttl_floor(slot)
+                            rows_by_slot[slot] = []
+                            visible[slot] = []
+                        slot_rows, slot_entries, last_slot = rows_by_slot[slot], visible[slot], slot
                     if (
                         (floor is None or floor >= FAR_TTL_MS)
                         and msg.time_to_live is None
@@ -716,7 +722,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                         size = len(data)
                         if size > max_size:
                             raise _too_large(size, max_size)
-                        row = _new_tuple(Row, (seq, 0, 0, 0, None, data, None))
+                        # a plain tuple in ``Row``'s order (the stores read rows by position): one tuple made,
+                        # not two and a call
+                        row = (seq, 0, 0, 0, None, data, None)
                         entry = _new_entry_object(Entry)
                         entry.msg = msg
                         entry.slot = slot
@@ -727,8 +735,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                         entry, row = new_entry(slot, seq, msg, now, floor)
                         size = entry.size
                     added_size += size
-                    rows_by_slot[slot].append(row)
-                    visible[slot].append(entry)
+                    slot_rows.append(row)
+                    slot_entries.append(entry)
                 seq += 1
             if self._size + added_size > cfg.max_size_bytes:
                 raise QuotaExceeded(

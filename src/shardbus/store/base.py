@@ -43,7 +43,7 @@ class Update(NamedTuple):
 
 
 # Operations a batch may hold. Each is a tuple whose first item names it; adapters dispatch on that name.
-#   ("put", slot, [Row, ...])                 insert (or replace) rows
+#   ("put", slot, [Row, ...])                 insert (or replace) rows (plain tuples in ``Row``'s order too)
 #   ("delete", slot, [seq, ...])              remove rows
 #   ("update", slot, [Update, ...])           change mutable columns
 #   ("create_slot", slot) / ("drop_slot", slot)
