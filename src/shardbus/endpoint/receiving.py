@@ -120,7 +120,9 @@ class ReceiveLinks:
         settled = attach.snd_settle_mode == SndSettleMode.SETTLED
         mode = ReceiveMode.RECEIVE_AND_DELETE if settled else ReceiveMode.PEEK_LOCK
         if SESSION_FILTER not in filters:
-            self._reply_receiver(link, attach, Receiver(target, mode, sub_queue, self._ns._clock))
+            # ``lend``: deliveries are only encoded and their tokens read, so the partitions' own messages do
+            receiver = Receiver(target, mode, sub_queue, self._ns._clock, lend=True)
+            self._reply_receiver(link, attach, receiver)
             return
         session_id = _session_filter(filters[SESSION_FILTER])
         if session_id is not None:

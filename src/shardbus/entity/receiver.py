@@ -123,7 +123,11 @@ class Receiver(Settling):
         mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
         sub_queue: SubQueue = SubQueue.MAIN,
         clock: Callable[[], float] = time.time,
+        lend: bool = False,
     ) -> None:
+        """``lend``: ``take`` may give a local partition's own locked messages, not copies
+        (``submit_lock_messages``), for a caller that only reads them (a front end encoding deliveries); what
+        ``receive`` and ``try_receive`` give is still the caller's own copy."""
         # Dead-letter sub-queues of session entities are read without sessions, as in the service.
         self._sessionless_ok = sub_queue is not SubQueue.MAIN
         target.check_receive(session=self._sessionless_ok)
@@ -149,12 +153,15 @@ class Receiver(Settling):
         self._taking = False
         self._error: BaseException | None = None
         self._sweep_due: float | None = None
+        self._lend = lend
 
     # --- receiving -----------------------------------------------------------------------------------------
     def try_receive(self, max_count: int = 1) -> list[Message]:
         """Whatever is available now, up to ``max_count``, without waiting for new messages (peek-lock: waits
         only for the partitions' answers; receive-and-delete: also for the deletes)."""
         out = self.take(max_count)
+        if self._lend:
+            out = [m.copy() for m in out]  # the caller may change them: never a partition's own
         if self.mode is _RECEIVE_AND_DELETE and out:
             return self._delete_taken(out)
         return out
@@ -276,10 +283,10 @@ class Receiver(Settling):
         return [(pid, each, self._epoch[pid]) for pid in chosen]
 
     def _send(self, requests: list[tuple[int, int, int]]) -> None:
-        partitions, slot, queue = self.target.partitions, self.target.slot, self.sub_queue
+        partitions, slot, queue, lend = self.target.partitions, self.target.slot, self.sub_queue, self._lend
         for pid, count, epoch in requests:
             try:
-                future = partitions[pid].submit_lock_messages(slot, queue, count)
+                future = partitions[pid].submit_lock_messages(slot, queue, count, lend)
             except Exception as exc:  # a partition that cannot even take the request answers "unavailable"
                 future = Future()
                 future.set_exception(exc)
