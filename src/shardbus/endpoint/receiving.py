@@ -31,7 +31,7 @@ from ..entity.sessions import SessionReceiver, accept_session
 from ..metrics import RECEIVE_SECONDS
 from ..model.errors import ArgumentError, OperationTimeout, ShardbusError
 from ..model.message import Message, ReceiveMode
-from ..model.routing import TAG_ORDER, UUID_ORDER, uuid_of_bytes_le
+from ..model.routing import SET_UUID_INT, SET_UUID_SAFE, TAG_ORDER, UUID_ORDER, uuid_of_bytes_le
 from ..namespace import RemoteVerdict
 from .links import _ACCEPTED, _error
 from .mapping import encode_deliveries
@@ -42,7 +42,6 @@ DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
 _LINK_ATTACHED = LinkState.ATTACHED
 _new_uuid = uuid.UUID.__new__  # as model/routing.py builds a lock token from a delivery tag
-_set = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 _from_bytes = int.from_bytes
 _tag_pack, _tag_unpack = TAG_ORDER.pack, TAG_ORDER.unpack  # a lock token's delivery tag and back
@@ -283,6 +282,7 @@ class ReceiveLinks:
             return  # the client settling what it sent: nothing to do
         if type(e.state) is Accepted:  # completes, gathered for ``_flush_completes`` (see ``events_done``)
             pending, receivers, settled = self._pending_completes, self._receivers, e.settled
+            set_int, set_safe = SET_UUID_INT, SET_UUID_SAFE
             link = receiver = None
             for ref in e.deliveries:  # a range's deliveries are mostly of one link: its receiver is looked up once
                 if ref.link is not link:
@@ -293,8 +293,8 @@ class ReceiveLinks:
                 if receiver is None or len(tag) != 16:
                     continue
                 token = _new_uuid(uuid.UUID)  # ``uuid_of_bytes_le``, inlined: every settled delivery comes here
-                _set(token, "int", _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
-                _set(token, "is_safe", _SAFE_UNKNOWN)
+                set_int(token, _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
+                set_safe(token, _SAFE_UNKNOWN)
                 pending.append((ref, receiver, token, settled))
             return
         for ref in e.deliveries:

@@ -169,6 +169,8 @@ from ..model.message import Message, MessageState, SubQueue, _copy_message
 from ..model.routing import (
     PARTITION_BITS,
     PARTITION_SHIFT,
+    SET_UUID_INT,
+    SET_UUID_SAFE,
     encode_sequence_number,
     lock_token_bases,
     new_lock_token,
@@ -264,7 +266,6 @@ _new_tuple = tuple.__new__
 _new_entry_object = object.__new__
 _UUID = uuid.UUID
 _new_uuid = uuid.UUID.__new__
-_set_attr = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 
@@ -1021,6 +1022,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             bases = lock_token_bases(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
             locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
+            set_int, set_safe = SET_UUID_INT, SET_UUID_SAFE
             while len(out) < max_count:
                 if ready and q.disk_from is None:  # ``_next_lockable``'s usual case, inlined (nothing on disk)
                     entry = entries.get(pop(ready))
@@ -1041,8 +1043,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 # tokens are random, so which end they are taken from does not matter)
                 if bases:  # ``uuid_of_int``, inlined: one per delivery
                     token = _new_uuid(_UUID)
-                    _set_attr(token, "int", bases.pop() | (entry.seq << PARTITION_BITS))
-                    _set_attr(token, "is_safe", _SAFE_UNKNOWN)
+                    set_int(token, bases.pop() | (entry.seq << PARTITION_BITS))
+                    set_safe(token, _SAFE_UNKNOWN)
                 else:
                     token = new_lock_token(self.id, entry.seq)
                 msg.lock_token = token
