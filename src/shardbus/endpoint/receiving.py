@@ -335,13 +335,19 @@ class ReceiveLinks:
             return
         # (receiver, partition) -> the receiver, the partition, its items (receivers hash by identity)
         by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        last_receiver: Any = None
+        last_pid = -1
+        items: list[tuple[Any, Any, uuid.UUID, bool]] = []
         for item in pending:
             receiver = item[1]
             pid = item[2].int & 0xFFFF  # ``partition_of_lock_token``, inlined
-            group = by_key.get((receiver, pid))
-            if group is None:
-                group = by_key[(receiver, pid)] = (receiver, pid, [])
-            group[2].append(item)
+            if pid != last_pid or receiver is not last_receiver:  # a range's deliveries come in runs of one
+                last_receiver, last_pid = receiver, pid  # partition (a take's chunk is its answers, one by one)
+                group = by_key.get((receiver, pid))
+                if group is None:
+                    group = by_key[(receiver, pid)] = (receiver, pid, [])
+                items = group[2]
+            items.append(item)
         groups = by_key.values()
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
         for receiver, pid, items in groups:

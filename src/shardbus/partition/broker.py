@@ -1345,10 +1345,16 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             size = 0
             queues = self._queues
             dirty = self._dirty
+            queue: Any = None
+            q: Any = None
             for entry in entries:
-                q = queues[(slot, entry.queue)]
+                if entry.queue is not queue:  # a group is mostly of one sub-queue: looked up once a run
+                    queue = entry.queue
+                    q = queues[(slot, queue)]
+                    dirty.add(q)
                 msg = entry.msg
                 seq = entry.seq
+                entry_size = entry.size
                 if q.sessions is None:  # ``_forget_lock`` inlined for a message without a session
                     locks.pop(msg.lock_token.int, None)  # (the message itself is left as it is: it may be lent)
                     if q.disk_from is not None and seq >= q.disk_from:
@@ -1358,15 +1364,16 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                     self._left_held(entry)  # see _remove
                 del q.entries[seq]
                 q.count -= 1
-                q.bytes -= entry.size
-                dirty.add(q)
-                if entry.msg.state is _DEFERRED:
+                q.bytes -= entry_size
+                if msg.state is _DEFERRED:
                     self._left_held(entry)
-                size += entry.size
+                size += entry_size
                 seqs.append(seq)
             self._size -= size
             self._resident -= size  # ``_hold``, inlined
-            RESIDENT.add(-size)
+            resident = RESIDENT
+            with resident.lock:  # ``RESIDENT.add``, inlined
+                resident.bytes -= size
             # ``_write``, inlined: the delete and the counts of the sub-queues changed since the last write
             ops: list[Op] = [("delete", slot, seqs)]
             for q in dirty:
