@@ -179,12 +179,10 @@ def lock_token_bases(partition_id: int, count: int) -> list[int]:
     message's ``local_seq << PARTITION_BITS`` to make its token (``uuid_of_int``), as ``new_lock_token`` does."""
     if count <= 0:
         return []
-    randoms = _random_bytes(_TOKEN_BYTES * count)
-    from_bytes, shift = int.from_bytes, _TOKEN_SHIFT
-    return [
-        (from_bytes(randoms[i : i + _TOKEN_BYTES], "big") << shift) | partition_id
-        for i in range(0, _TOKEN_BYTES * count, _TOKEN_BYTES)
-    ]
+    # each 8 bytes as a big-endian int, all in one C call (not a slice and an int.from_bytes per token)
+    randoms = struct.unpack(f">{count}Q", _random_bytes(_TOKEN_BYTES * count))
+    shift = _TOKEN_SHIFT
+    return [(r << shift) | partition_id for r in randoms]
 
 
 def new_lock_tokens(partition_id: int, count: int) -> list[uuid.UUID]:
