@@ -15,7 +15,10 @@ sub-queue of one slot, in one of these states:
     SCHEDULED ──cancel──▶ (gone)
 
 A lock on a DEFERRED message returns it to DEFERRED, not ACTIVE, when released. Every transition is a method of
-``PartitionBroker`` below and nothing else changes a message's state.
+``PartitionBroker`` below and nothing else changes a message's state. A locked message is never changed in place:
+it may be lent to the front end that delivers it (``lock_messages_as``, ``LEND``: read there, not copied), so a
+lock's end or renewal changes a copy that takes its place in the entry (``_drop_lock``), and a removal only forgets
+its lock (``_forget_lock``).
 
 This module is the one place where message states change: every transition above (and the session lock's, which
 locks and frees messages) is a method here. ``PartitionBroker`` is split by concern into parts that own no state
