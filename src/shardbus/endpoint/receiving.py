@@ -82,6 +82,12 @@ def _observe_all(histogram: Any, values: list[float]) -> None:
     if not values:
         return
     bounds = histogram._upper_bounds
+    bisect_left = bisect.bisect_left
+    first = bisect_left(bounds, min(values))
+    if first == bisect_left(bounds, max(values)):  # the usual chunk: all in one bucket (they are decades apart)
+        histogram._sum.inc(sum(values))
+        histogram._buckets[first].inc(len(values))
+        return
     counts: dict[int, int] = {}
     for v in values:
         i = bisect.bisect_left(bounds, v)  # the first bound >= v, as ``observe`` picks it
