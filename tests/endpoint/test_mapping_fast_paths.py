@@ -227,9 +227,11 @@ def test_observing_many_values_at_once_matches_observe() -> None:
     one, many = CollectorRegistry(), CollectorRegistry()
     a = Histogram("h", "h", buckets=buckets, registry=one)
     b = Histogram("h", "h", buckets=buckets, registry=many)
-    for v in values:
+    same = [0.03, 0.04, 0.035]  # all in one bucket: its shortcut
+    for v in values + same:
         a.observe(v)
     _observe_all(b, values)
+    _observe_all(b, same)
     _observe_all(b, [])
 
     def exposition(registry: CollectorRegistry) -> list[str]:

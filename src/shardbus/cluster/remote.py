@@ -699,8 +699,9 @@ class RemotePartition:
         future.add_done_callback(partial(self._note_in_doubt, batch_id))
         return future
 
-    def submit_lock_messages(self, slot: int, queue: int, max_count: int) -> Future:
-        """``lock_messages`` without waiting: the future completes (on the cluster loop) with the reply."""
+    def submit_lock_messages(self, slot: int, queue: int, max_count: int, lend: bool = False) -> Future:
+        """``lock_messages`` without waiting: the future completes (on the cluster loop) with the reply (messages
+        made from its records: the caller's own, whatever ``lend`` says)."""
         return self._call("lock_messages", slot, queue, max_count)
 
     def tick(self) -> None:

@@ -447,7 +447,9 @@ def encode_deliveries(messages: list[Message]) -> list[bytes]:
     for m in items:
         sections = m.wire_sections
         if sections is None and m.body_type is data_body:  # read back from the store: no sender's encoding kept
-            sections = m.wire_sections = stored_sections(m)  # (a receiver's copy: for encode_delivery too)
+            # kept on the message (for encode_delivery too; a lent one keeps it for its next delivery: the same
+            # bytes, made from fields that never change)
+            sections = m.wire_sections = stored_sections(m)
         if (
             sections is None
             or m.annotations

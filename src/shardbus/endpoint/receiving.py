@@ -31,7 +31,7 @@ from ..entity.sessions import SessionReceiver, accept_session
 from ..metrics import RECEIVE_SECONDS
 from ..model.errors import ArgumentError, OperationTimeout, ShardbusError
 from ..model.message import Message, ReceiveMode
-from ..model.routing import TAG_ORDER, UUID_ORDER, uuid_of_bytes_le
+from ..model.routing import SET_UUID_INT, SET_UUID_SAFE, TAG_ORDER, UUID_ORDER, uuid_of_bytes_le
 from ..namespace import RemoteVerdict
 from .links import _ACCEPTED, _error
 from .mapping import encode_deliveries
@@ -42,7 +42,6 @@ DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
 _LINK_ATTACHED = LinkState.ATTACHED
 _new_uuid = uuid.UUID.__new__  # as model/routing.py builds a lock token from a delivery tag
-_set = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 _from_bytes = int.from_bytes
 _tag_pack, _tag_unpack = TAG_ORDER.pack, TAG_ORDER.unpack  # a lock token's delivery tag and back
@@ -83,6 +82,12 @@ def _observe_all(histogram: Any, values: list[float]) -> None:
     if not values:
         return
     bounds = histogram._upper_bounds
+    bisect_left = bisect.bisect_left
+    first = bisect_left(bounds, min(values))
+    if first == bisect_left(bounds, max(values)):  # the usual chunk: all in one bucket (they are decades apart)
+        histogram._sum.inc(sum(values))
+        histogram._buckets[first].inc(len(values))
+        return
     counts: dict[int, int] = {}
     for v in values:
         i = bisect.bisect_left(bounds, v)  # the first bound >= v, as ``observe`` picks it
@@ -120,7 +125,9 @@ class ReceiveLinks:
         settled = attach.snd_settle_mode == SndSettleMode.SETTLED
         mode = ReceiveMode.RECEIVE_AND_DELETE if settled else ReceiveMode.PEEK_LOCK
         if SESSION_FILTER not in filters:
-            self._reply_receiver(link, attach, Receiver(target, mode, sub_queue, self._ns._clock))
+            # ``lend``: deliveries are only encoded and their tokens read, so the partitions' own messages do
+            receiver = Receiver(target, mode, sub_queue, self._ns._clock, lend=True)
+            self._reply_receiver(link, attach, receiver)
             return
         session_id = _session_filter(filters[SESSION_FILTER])
         if session_id is not None:
@@ -281,6 +288,7 @@ class ReceiveLinks:
             return  # the client settling what it sent: nothing to do
         if type(e.state) is Accepted:  # completes, gathered for ``_flush_completes`` (see ``events_done``)
             pending, receivers, settled = self._pending_completes, self._receivers, e.settled
+            set_int, set_safe = SET_UUID_INT, SET_UUID_SAFE
             link = receiver = None
             for ref in e.deliveries:  # a range's deliveries are mostly of one link: its receiver is looked up once
                 if ref.link is not link:
@@ -291,8 +299,8 @@ class ReceiveLinks:
                 if receiver is None or len(tag) != 16:
                     continue
                 token = _new_uuid(uuid.UUID)  # ``uuid_of_bytes_le``, inlined: every settled delivery comes here
-                _set(token, "int", _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
-                _set(token, "is_safe", _SAFE_UNKNOWN)
+                set_int(token, _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
+                set_safe(token, _SAFE_UNKNOWN)
                 pending.append((ref, receiver, token, settled))
             return
         for ref in e.deliveries:
@@ -333,13 +341,19 @@ class ReceiveLinks:
             return
         # (receiver, partition) -> the receiver, the partition, its items (receivers hash by identity)
         by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        last_receiver: Any = None
+        last_pid = -1
+        items: list[tuple[Any, Any, uuid.UUID, bool]] = []
         for item in pending:
             receiver = item[1]
             pid = item[2].int & 0xFFFF  # ``partition_of_lock_token``, inlined
-            group = by_key.get((receiver, pid))
-            if group is None:
-                group = by_key[(receiver, pid)] = (receiver, pid, [])
-            group[2].append(item)
+            if pid != last_pid or receiver is not last_receiver:  # a range's deliveries come in runs of one
+                last_receiver, last_pid = receiver, pid  # partition (a take's chunk is its answers, one by one)
+                group = by_key.get((receiver, pid))
+                if group is None:
+                    group = by_key[(receiver, pid)] = (receiver, pid, [])
+                items = group[2]
+            items.append(item)
         groups = by_key.values()
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
         for receiver, pid, items in groups:

@@ -123,7 +123,11 @@ class Receiver(Settling):
         mode: ReceiveMode = ReceiveMode.PEEK_LOCK,
         sub_queue: SubQueue = SubQueue.MAIN,
         clock: Callable[[], float] = time.time,
+        lend: bool = False,
     ) -> None:
+        """``lend``: ``take`` may give a local partition's own locked messages, not copies
+        (``submit_lock_messages``), for a caller that only reads them (a front end encoding deliveries); what
+        ``receive`` and ``try_receive`` give is still the caller's own copy."""
         # Dead-letter sub-queues of session entities are read without sessions, as in the service.
         self._sessionless_ok = sub_queue is not SubQueue.MAIN
         target.check_receive(session=self._sessionless_ok)
@@ -149,12 +153,15 @@ class Receiver(Settling):
         self._taking = False
         self._error: BaseException | None = None
         self._sweep_due: float | None = None
+        self._lend = lend
 
     # --- receiving -----------------------------------------------------------------------------------------
     def try_receive(self, max_count: int = 1) -> list[Message]:
         """Whatever is available now, up to ``max_count``, without waiting for new messages (peek-lock: waits
         only for the partitions' answers; receive-and-delete: also for the deletes)."""
         out = self.take(max_count)
+        if self._lend:
+            out = [m.copy() for m in out]  # the caller may change them: never a partition's own
         if self.mode is _RECEIVE_AND_DELETE and out:
             return self._delete_taken(out)
         return out
@@ -227,10 +234,15 @@ class Receiver(Settling):
         if not cache:
             return
         now_ms = int(self._clock() * 1000)
-        while cache and len(out) < max_count:
-            m = cache.popleft()[0]
-            if m.locked_until_ms is not None and m.locked_until_ms > now_ms:
-                out.append(m)
+        while cache and len(out) < max_count:  # taken a run at a time (comprehensions: no loop of calls each)
+            room = max_count - len(out)
+            if len(cache) <= room:
+                taken = [m for m, _ in cache]
+                cache.clear()
+            else:
+                popleft = cache.popleft
+                taken = [popleft()[0] for _ in range(room)]
+            out += [m for m in taken if m.locked_until_ms is not None and m.locked_until_ms > now_ms]
 
     def _plan(self, max_count: int, need: int, among: set[int] | None = None) -> list[tuple[int, int, int]]:
         """Which partitions (of ``among``) to ask for how many: (partition, count, epoch) (under the lock; marks
@@ -276,10 +288,10 @@ class Receiver(Settling):
         return [(pid, each, self._epoch[pid]) for pid in chosen]
 
     def _send(self, requests: list[tuple[int, int, int]]) -> None:
-        partitions, slot, queue = self.target.partitions, self.target.slot, self.sub_queue
+        partitions, slot, queue, lend = self.target.partitions, self.target.slot, self.sub_queue, self._lend
         for pid, count, epoch in requests:
             try:
-                future = partitions[pid].submit_lock_messages(slot, queue, count)
+                future = partitions[pid].submit_lock_messages(slot, queue, count, lend)
             except Exception as exc:  # a partition that cannot even take the request answers "unavailable"
                 future = Future()
                 future.set_exception(exc)

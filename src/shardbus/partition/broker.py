@@ -15,7 +15,10 @@ sub-queue of one slot, in one of these states:
     SCHEDULED ──cancel──▶ (gone)
 
 A lock on a DEFERRED message returns it to DEFERRED, not ACTIVE, when released. Every transition is a method of
-``PartitionBroker`` below and nothing else changes a message's state.
+``PartitionBroker`` below and nothing else changes a message's state. A locked message is never changed in place:
+it may be lent to the front end that delivers it (``lock_messages_as``, ``LEND``: read there, not copied), so a
+lock's end or renewal changes a copy that takes its place in the entry (``_drop_lock``), and a removal only forgets
+its lock (``_forget_lock``).
 
 This module is the one place where message states change: every transition above (and the session lock's, which
 locks and frees messages) is a method here. ``PartitionBroker`` is split by concern into parts that own no state
@@ -169,6 +172,8 @@ from ..model.message import Message, MessageState, SubQueue, _copy_message
 from ..model.routing import (
     PARTITION_BITS,
     PARTITION_SHIFT,
+    SET_UUID_INT,
+    SET_UUID_SAFE,
     encode_sequence_number,
     lock_token_bases,
     new_lock_token,
@@ -258,11 +263,12 @@ MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
 
 
 _UNSET = object()
+# ``lock_messages_as``'s ``give`` that lends the locked messages themselves instead of copies
+_LEND: Callable[[Message], Any] = lambda m: m  # noqa: E731 (compared by identity, never called)
 _new_tuple = tuple.__new__
 _new_entry_object = object.__new__
 _UUID = uuid.UUID
 _new_uuid = uuid.UUID.__new__
-_set_attr = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 
@@ -463,8 +469,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         else:
             heapq.heappush(q.ready, entry.seq)
 
-    def _drop_lock(self, q: MessageQueue, entry: Entry) -> None:
-        """Forget a message's lock (whatever ends it)."""
+    def _forget_lock(self, q: MessageQueue, entry: Entry) -> None:
+        """Forget a message's lock in the lock table (and its session's), leaving the message as it is: for a
+        message that leaves its sub-queue with it (complete, a revoked send, complete_below)."""
         msg = entry.msg
         token = msg.lock_token
         if token is not None:
@@ -473,8 +480,19 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 session = q.sessions.get(msg.session_id)
                 if session is not None:
                     session.locked.discard(token)
+
+    def _drop_lock(self, q: MessageQueue, entry: Entry) -> Message:
+        """End a message's lock (abandon, release, expiry, defer, dead-letter) and return the message to change from
+        now on. A locked message may be lent to its receiver (``lock_messages_as``, ``LEND``), which reads it after
+        this, so it is never changed: the entry gets a copy, unlocked."""
+        msg = entry.msg
+        if msg.lock_token is None:
+            return msg
+        self._forget_lock(q, entry)
+        msg = entry.msg = _copy_message(msg)  # shallow: nobody changes a lent message's property maps
         msg.lock_token = None
         msg.locked_until_ms = None
+        return msg
 
     # ------------------------------------------------------------------------------------------------------
     # sending
@@ -632,7 +650,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             for entry in found:
                 seq = entry.seq
                 if seq in entries:
-                    self._drop_lock(q, entry)
+                    self._forget_lock(q, entry)
                 else:
                     entries[seq] = entry
                     self._hold(entry.size)
@@ -992,7 +1010,12 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
     ) -> list[Any]:
         """``lock_messages``, each locked message given out as ``give(message)`` (under the lock) instead of as a
         copy: a worker's wire record (cluster/worker.py), packed before its loop runs anything else, so a copy
-        would be made only to be read once (a sixth of the hop's instructions per received message)."""
+        would be made only to be read once (a sixth of the hop's instructions per received message).
+
+        ``give`` = ``LEND``: the message itself, lent: a front end that only reads what it delivers (encodes it,
+        takes its lock token) gets no copy (127 bytecodes a delivery). The partition never changes a locked
+        message in place: whatever ends or renews its lock changes a copy that takes its place (``_drop_lock``),
+        and complete only forgets it, so what was lent stays as it was locked, as a copy would."""
         with self._lock:
             self._check()
             now = _ms(self._clock)
@@ -1010,6 +1033,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             bases = lock_token_bases(self.id, min(max_count, len(ready)))
             until = now + settings.lock_duration_ms
             locks, lock_heap, push, pop, entries = self._locks, q.lock_heap, heapq.heappush, heapq.heappop, q.entries
+            set_int, set_safe = SET_UUID_INT, SET_UUID_SAFE
             while len(out) < max_count:
                 if ready and q.disk_from is None:  # ``_next_lockable``'s usual case, inlined (nothing on disk)
                     entry = entries.get(pop(ready))
@@ -1030,8 +1054,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 # tokens are random, so which end they are taken from does not matter)
                 if bases:  # ``uuid_of_int``, inlined: one per delivery
                     token = _new_uuid(_UUID)
-                    _set_attr(token, "int", bases.pop() | (entry.seq << PARTITION_BITS))
-                    _set_attr(token, "is_safe", _SAFE_UNKNOWN)
+                    set_int(token, bases.pop() | (entry.seq << PARTITION_BITS))
+                    set_safe(token, _SAFE_UNKNOWN)
                 else:
                     token = new_lock_token(self.id, entry.seq)
                 msg.lock_token = token
@@ -1039,6 +1063,9 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 msg.delivery_count += 1
                 locks[token.int] = entry
                 push(lock_heap, (until, entry.seq, token))
+                if give is _LEND:
+                    out.append(msg)
+                    continue
                 if give is not None:
                     out.append(give(msg))
                     continue
@@ -1145,8 +1172,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         self, q: MessageQueue, entry: Entry, settings: SlotSettings, count_delivery: bool, writes: list[Op]
     ) -> None:
         """End a lock without settling: back to ACTIVE (or DEFERRED), or to the dead-letter queue."""
-        msg = entry.msg
-        self._drop_lock(q, entry)
+        msg = self._drop_lock(q, entry)
         if not count_delivery:
             msg.delivery_count -= 1
         elif entry.queue == SubQueue.MAIN and msg.delivery_count >= settings.max_delivery_count:
@@ -1179,8 +1205,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         writes: list[Op],
         sub_queue: SubQueue = SubQueue.DEAD_LETTER,
     ) -> None:
-        msg = entry.msg
-        self._drop_lock(q, entry)
+        msg = self._drop_lock(q, entry)
         self._remove(q, entry)
         msg.state = MessageState.ACTIVE
         msg.dead_letter_reason = reason
@@ -1286,14 +1311,13 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         q = self._queues[(slot, entry.queue)]
         outcome = settle.outcome
         if outcome == "complete":
-            self._drop_lock(q, entry)
+            self._forget_lock(q, entry)
             self._remove(q, entry)
             writes.append(("delete", slot, [entry.seq]))
         elif outcome in ("abandon", "release"):
             self._unlock(q, entry, self._slots[slot], outcome == "abandon", writes)
         elif outcome == "defer":
-            self._drop_lock(q, entry)
-            entry.msg.state = MessageState.DEFERRED
+            self._drop_lock(q, entry).state = MessageState.DEFERRED
             writes.append(("update", slot, [self._update_of(entry)]))
             self._evict.append((q, entry))  # on disk only once that update is stored
         else:
@@ -1332,29 +1356,35 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             size = 0
             queues = self._queues
             dirty = self._dirty
+            queue: Any = None
+            q: Any = None
             for entry in entries:
-                q = queues[(slot, entry.queue)]
+                if entry.queue is not queue:  # a group is mostly of one sub-queue: looked up once a run
+                    queue = entry.queue
+                    q = queues[(slot, queue)]
+                    dirty.add(q)
                 msg = entry.msg
                 seq = entry.seq
-                if q.sessions is None:  # ``_drop_lock`` inlined for a message without a session
-                    locks.pop(msg.lock_token.int, None)
-                    msg.lock_token = msg.locked_until_ms = None
+                entry_size = entry.size
+                if q.sessions is None:  # ``_forget_lock`` inlined for a message without a session
+                    locks.pop(msg.lock_token.int, None)  # (the message itself is left as it is: it may be lent)
                     if q.disk_from is not None and seq >= q.disk_from:
                         q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
                 else:
-                    self._drop_lock(q, entry)
+                    self._forget_lock(q, entry)
                     self._left_held(entry)  # see _remove
                 del q.entries[seq]
                 q.count -= 1
-                q.bytes -= entry.size
-                dirty.add(q)
-                if entry.msg.state is _DEFERRED:
+                q.bytes -= entry_size
+                if msg.state is _DEFERRED:
                     self._left_held(entry)
-                size += entry.size
+                size += entry_size
                 seqs.append(seq)
             self._size -= size
             self._resident -= size  # ``_hold``, inlined
-            RESIDENT.add(-size)
+            resident = RESIDENT
+            with resident.lock:  # ``RESIDENT.add``, inlined
+                resident.bytes -= size
             # ``_write``, inlined: the delete and the counts of the sub-queues changed since the last write
             ops: list[Op] = [("delete", slot, seqs)]
             for q in dirty:
@@ -1478,7 +1508,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
             if entry.msg.session_id is not None and self._is_session_slot(slot):
                 raise InvalidOperation("Messages of a session are locked by the session: renew the session lock.")
             until = now + self._slots[slot].lock_duration_ms
-            entry.msg.locked_until_ms = until
+            msg = entry.msg = _copy_message(entry.msg)  # it may be lent (see ``_drop_lock``): changed as a copy
+            msg.locked_until_ms = until
             heapq.heappush(self._queues[(slot, entry.queue)].lock_heap, (until, entry.seq, token))
             return until
 
@@ -1746,7 +1777,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 # came due after the reader passed it; the reader never saw it, so receivers keep it.
                 for s, entry in list(q.entries.items()):
                     if previous <= s < mark and entry.msg.state is not MessageState.SCHEDULED:
-                        self._drop_lock(q, entry)
+                        self._forget_lock(q, entry)
                         self._remove(q, entry)
                         gone.append(s)
                 if self._on_disk(q):  # deferred ones on disk: by the index of held rows
@@ -1889,11 +1920,12 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         except StoreError as exc:
             raise self._on_store_failure(exc) from exc
 
-    def submit_lock_messages(self, slot: int, queue: int, max_count: int) -> Future:
-        """``lock_messages`` as an already answered future (``PartitionHandle``: a remote partition answers later)."""
+    def submit_lock_messages(self, slot: int, queue: int, max_count: int, lend: bool = False) -> Future:
+        """``lock_messages`` as an already answered future (``PartitionHandle``: a remote partition answers later);
+        ``lend``: the locked messages themselves, to be read and never changed (``lock_messages_as``, ``LEND``)."""
         future: Future = Future()
         try:
-            future.set_result(self.lock_messages(slot, queue, max_count))
+            future.set_result(self.lock_messages_as(slot, queue, max_count, _LEND if lend else None))
         except Exception as exc:
             future.set_exception(exc)
         return future

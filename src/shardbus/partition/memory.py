@@ -44,11 +44,11 @@ class _Resident:
     """The stored bytes of the messages this process's partition brokers keep in memory (their ``entries``)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # brokers change it under their own locks, on different threads
+        self.lock = threading.Lock()  # brokers change it under their own locks, on different threads
         self.bytes = 0
 
     def add(self, n: int) -> None:
-        with self._lock:
+        with self.lock:
             self.bytes += n
 
 
