@@ -42,7 +42,6 @@ import hashlib
 import hmac
 import os
 import struct
-import types
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +52,7 @@ from ..model import errors as domain_errors
 from ..model.entities import RuntimeProperties
 from ..model.errors import InternalError, ShardbusError
 from ..model.message import BodyType, Message, MessageState, SubQueue
+from ..model.routing import SET_UUID_INT, SET_UUID_SAFE
 from ..partition.values import PartitionConfig, Settle, SlotSettings, SlotStats
 from ..store import records
 
@@ -100,23 +100,11 @@ _record_items[_F.index("lock_token")] = "None if m.lock_token is None else m.loc
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
 # A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
-# reply builds one per message, a complete one per token. The stores go through the slots' own setters:
-# ``object.__setattr__(u, "int", v)`` looks the name up in the type's dictionaries on every call (a quarter of a
-# token's cost); the slot's descriptor is that lookup done once.
+# reply builds one per message, a complete one per token, through the slots' own setters (model/routing.py).
 _new_uuid = uuid.UUID.__new__
-_set = object.__setattr__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
-
-
-def _slot_setter(name: str) -> Callable[[uuid.UUID, Any], None]:
-    slot = uuid.UUID.__dict__.get(name)
-    if isinstance(slot, types.MemberDescriptorType):
-        return slot.__set__
-    return lambda u, value: _set(u, name, value)  # a UUID without slots (another Python): the general store
-
-
-_set_int = _slot_setter("int")
-_set_safe = _slot_setter("is_safe")
+_set_int = SET_UUID_INT
+_set_safe = SET_UUID_SAFE
 _namespace.update(
     _new=Message.__new__,
     Message=Message,

@@ -92,7 +92,7 @@ _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 def _slot_setter(name: str) -> Callable[[uuid.UUID, Any], None]:
     """The store into a UUID's slot ``name`` through the slot's own descriptor: ``object.__setattr__(u, name, v)``
-    looks the name up in the type's dictionaries on every call (cluster/wire.py does the same)."""
+    looks the name up in the type's dictionaries on every call (cluster/wire.py uses these too)."""
     slot = uuid.UUID.__dict__.get(name)
     if isinstance(slot, types.MemberDescriptorType):
         return slot.__set__
