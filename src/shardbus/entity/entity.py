@@ -34,6 +34,7 @@ from ..model.entities import (
 )
 from ..model.errors import (
     EntityDisabled,
+    InternalError,
     InvalidOperation,
     MessageNotFound,
     PartitionFull,
@@ -394,6 +395,12 @@ class _Sender:
                     self._submit_one(i, None, items, on_done)
                 else:
                     on_done([i], [exc])
+        elif isinstance(exc, ShardbusError) and not isinstance(exc, InternalError) and len(indices) > 1:
+            # refused whole, nothing of it stored (a remote partition answers ``enqueue``'s refusals here, where a
+            # local one raises them in ``submit_many``): the batches one by one, each with its own outcome; not
+            # after an internal error, whose write may have landed
+            for i, items, key in zip(indices, _per_batch(flat, counts), keys, strict=True):
+                self._submit_one(i, key, items, on_done)
         else:
             on_done(indices, [exc] * len(indices))
 
