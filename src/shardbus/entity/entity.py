@@ -364,10 +364,21 @@ class _Sender:
             except ShardbusError:
                 # Something in the group is refused (a message too large, a quota, a partition down): send
                 # the batches one by one, so each gets its own outcome and keyless ones can fail over.
-                for i, items, key in zip(indices, _per_batch(flat, counts), keys, strict=True):
-                    self._submit_one(i, key, items, on_done)
+                self._one_by_one(indices, flat, counts, keys, on_done)
                 continue
             future.add_done_callback(partial(self._group_done, indices, flat, counts, keys, on_done))
+
+    def _one_by_one(
+        self,
+        indices: list[int],
+        flat: list[Any],
+        counts: list[int],
+        keys: list[str | None],
+        on_done: Callable[..., None],
+    ) -> None:
+        """A group refused whole, nothing of it stored: its batches sent again one by one, each its own outcome."""
+        for i, items, key in zip(indices, _per_batch(flat, counts), keys, strict=True):
+            self._submit_one(i, key, items, on_done)
 
     def _submit_one(self, index: int, key: str | None, items: list[Any], on_done: Callable[..., None]) -> None:
         try:
@@ -399,8 +410,7 @@ class _Sender:
             # refused whole, nothing of it stored (a remote partition answers ``enqueue``'s refusals here, where a
             # local one raises them in ``submit_many``): the batches one by one, each with its own outcome; not
             # after an internal error, whose write may have landed
-            for i, items, key in zip(indices, _per_batch(flat, counts), keys, strict=True):
-                self._submit_one(i, key, items, on_done)
+            self._one_by_one(indices, flat, counts, keys, on_done)
         else:
             on_done(indices, [exc] * len(indices))
 
