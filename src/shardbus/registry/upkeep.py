@@ -2,7 +2,7 @@
 messages) it catches up with the catalog, ticks every partition (lock expiry, scheduled messages, time to live), prunes
 duplicate detection once a minute, and forwards what auto-forwarding sources hold. It never stands long in a
 send's way: a partition's tick holds its lock in slices (``PartitionBroker.tick``), and the thread lets the GIL go
-between partitions.
+between partitions once it has held it for ``YIELD_AFTER``.
 
 ``Upkeep`` is a part of ``Namespace``. It keeps nothing of its own; the forwarder it drives keeps one cursor per
 forwarding source (entity/forwarding.py).
@@ -21,6 +21,7 @@ from ..model.errors import ShardbusError
 from ..model.message import SubQueue
 
 MAINTENANCE_INTERVAL = 0.1
+YIELD_AFTER = 0.0005  # seconds of a round between two yields of the GIL to other threads (see ``_maintain``)
 log = logging.getLogger("shardbus.namespace")
 
 
@@ -41,7 +42,7 @@ class Upkeep:
                 log.exception("reading the catalog failed")
             now = time.monotonic()
             prune = now - last_prune > 60
-            round_started = time.monotonic()
+            round_started = held_since = time.monotonic()
             round_cpu = time.thread_time() if stalltrace.ON else 0.0
             for entity in list(self._entities.values()):
                 for p in entity.partitions:
@@ -56,9 +57,14 @@ class Upkeep:
                             p.prune_dedup()
                     except Exception:  # upkeep must never stop; the partition reports its own health
                         pass
-                    # Let the GIL go between partitions: a thread waiting for it (the event loop with a send)
-                    # would otherwise wait up to the switch interval (5 ms) for a round that is all Python code.
-                    time.sleep(0)
+                    # Let the GIL go between partitions once the round has held it YIELD_AFTER: a thread waiting
+                    # for it (the event loop with a send) would otherwise wait up to the switch interval (5 ms) for
+                    # a round that is all Python code. Not after every partition: a tick with nothing due takes a
+                    # few us, and a sleep(0) after each of 16 was most of an idle round's CPU (a system call and a
+                    # GIL hand-off each). A tick with work due yields between its own slices (PartitionBroker.tick).
+                    if time.monotonic() - held_since > YIELD_AFTER:
+                        time.sleep(0)
+                        held_since = time.monotonic()
             if prune:
                 last_prune = now
             self._forward_all()
