@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shardbus.cluster import wire
 from shardbus.cluster.remote import ClusterClient, RemotePartition, RemoteSettlement
 from shardbus.cluster.worker import Worker
 from shardbus.model.errors import MessageLockLost, PartitionUnavailable
@@ -130,3 +131,23 @@ def test_hurry_through_a_callback_ends_the_linger(partition) -> None:
     hurry(future)
     assert written.wait(5)
     assert future.exception() is None
+
+
+def test_a_hurry_is_one_way(partition) -> None:
+    """``hurry`` gets no reply (wire ``ONE_WAY``): nothing waits for it at the front end, and the write it hurries
+    is reported durable all the same."""
+    p, worker = partition
+    for broker in worker.host.partitions.values():
+        broker.settle_linger = 30.0
+    got = _locked(p, 2)
+    future = p.complete(0, [m.lock_token for m in got])
+    future.verdict.result(5)
+    replies: list[list] = []
+    stream = p.link._stream
+    frame = stream.on_frame
+    stream.on_frame = lambda f: (replies.append(f), frame(f))  # what the worker sends back from now on
+    assert future.result(5) is None  # hurried: durable long before the 30 s linger
+    assert p.submit_lock_messages(0, 0, 10).result(10) == []  # a request after it: a hurry's reply would precede
+    assert not p.link._pending
+    answered = [f for f in replies if f[0] > 0]  # replies, not written frames (-1) or events (0)
+    assert len(answered) == 1 and answered[0][4] == wire.MESSAGES  # the lock's reply only

@@ -18,7 +18,8 @@ one extension value (a reply's, in the frame itself), the body in each once.
 
 Frames (in order on each connection):
 
-    request  [id, partition key, now, operation, args]     front end -> worker
+    request  [id, partition key, now, operation, args]     front end -> worker; answered by a reply unless the
+                                                            operation is one way (``ONE_WAY``: ``hurry``)
     reply    [id, ok, value | [error class, text], health]  worker -> front end
     messages [id, true, [record, ...], health, 2]           worker -> front end: a reply that is a list of
                                                             messages (a lock's, a peek's), as compact records
@@ -82,21 +83,49 @@ _fill_message = _namespace["_fill_message"]
 # --- compact message records ------------------------------------------------------------------------------------
 # The hot calls carry messages by the hundred: a send's ``enqueue`` (front end -> worker), a receive's
 # ``lock_messages`` reply (worker -> front end). Each message travels as a *compact record*: a MessagePack array of
-# its fields in slot order, every value a plain MessagePack one (enums as their ints, a lock token as its 16
-# bytes), so the C packer writes it without calling back into Python; the body is in it once (``wire_sections``,
-# the front end's encoding kept for deliveries, holds what precedes a data body, never the body). A list of them
+# its fields in slot order (those mostly at their defaults in one last element: ``_RARE``), every value a plain
+# MessagePack one (enums as their ints, a lock token as its 16 bytes), so the C packer writes it without calling
+# back into Python; the body is in it once (``wire_sections``, the front end's encoding kept for deliveries, holds
+# what precedes a data body, never the body). A list of them
 # is, in the hot calls, part of the frame itself (an enqueue's ``ItemsArg``, a reply's ``reply_frame``), read back
 # by who knows what it is (the worker: the operation; the front end: the frame), else (``Items``, ``Messages``)
 # one extension value: one Python call packs or unpacks the whole batch, through
 # straight-line code generated below (as ``dataclasses`` generates code). Values of other types inside a record
 # (application properties, a scheduled time) still go through ``_default``.
 _F = _MESSAGE_FIELDS
-_record_items = [f"m.{f}" for f in _F]
+# The fields a message mostly leaves at their defaults (None; ``forward_hops`` 0), sent or locked: a record carries
+# them as one last element, None while all are at their defaults (nearly always), else an array of their values.
+# Every array element costs the packer and the unpacker about as much as a 1 KB body's copy does, so the 16 of
+# them dropped are half of a record's packing and reading (bench/hop_codec.py; SBW5).
+_RARE = (
+    "session_id",
+    "partition_key",
+    "correlation_id",
+    "subject",
+    "content_type",
+    "to",
+    "reply_to",
+    "reply_to_session_id",
+    "time_to_live",
+    "scheduled_enqueue_time",
+    "annotations",
+    "dead_letter_reason",
+    "dead_letter_error_description",
+    "dead_letter_source",
+    "forward_hops",
+    "transfer_id",
+)
+_RARE_DEFAULTS = {f: (0 if f == "forward_hops" else None) for f in _RARE}
+assert all(f in _F for f in _RARE)
+_COMMON = tuple(f for f in _F if f not in _RARE)
+_expressions = {f: f"m.{f}" for f in _F}
 # an IntEnum member as its plain int: ``+ 0`` is int's own addition, in C; ``int(member)`` a call that costs as
 # much again as the rest of the field's trip (an int given in its place comes out the same)
-_record_items[_F.index("body_type")] = "m.body_type + 0"
-_record_items[_F.index("state")] = "m.state + 0"
-_record_items[_F.index("lock_token")] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
+_expressions["body_type"] = "m.body_type + 0"
+_expressions["state"] = "m.state + 0"
+_expressions["lock_token"] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
+# at its default: ``is None``; ``forward_hops == 0`` (an int; anything else, None included, travels as it is)
+_at_default = " and ".join(f"m.{f} == 0" if _RARE_DEFAULTS[f] == 0 else f"m.{f} is None" for f in _RARE)
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
 # A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
@@ -117,9 +146,17 @@ _namespace.update(
     _SAFE=_SAFE_UNKNOWN,
     _from_bytes=int.from_bytes,
 )
+_none_defaults = " = ".join(f"m.{f}" for f in _RARE if _RARE_DEFAULTS[f] is None)
 exec(
-    "def _record(m):\n    return [" + ", ".join(_record_items) + "]\n"
-    "def _from_record(v):\n    m = _new(Message)\n    " + ", ".join(f"m.{f}" for f in _F) + ", = v\n"
+    "def _record(m):\n"
+    f"    rare = None if {_at_default} else [{', '.join(_expressions[f] for f in _RARE)}]\n"
+    f"    return [{', '.join(_expressions[f] for f in _COMMON)}, rare]\n"
+    "def _from_record(v):\n    m = _new(Message)\n    " + ", ".join(f"m.{f}" for f in _COMMON) + ", rare = v\n"
+    "    if rare is None:\n"
+    f"        {_none_defaults} = None\n"
+    "        m.forward_hops = 0\n"
+    "    else:\n"
+    "        " + ", ".join(f"m.{f}" for f in _RARE) + ", = rare\n"
     "    m.body_type = _BT[m.body_type]\n    m.state = _ST[m.state]\n"
     "    token = m.lock_token\n"
     "    if token is not None:\n"
@@ -205,6 +242,10 @@ def wrap_reply(value: Any) -> Any:
     return value
 
 
+# Requests the worker answers nothing to (since SBW5): ``hurry`` only asks a lingering write to go now, and whoever
+# waits for that write hears of it in the ``written`` frame.
+ONE_WAY = frozenset({"hurry"})
+
 # The last element of a reply frame of five: what it is (a plain reply has four).
 APPLIED = 1
 MESSAGES = 2
@@ -250,8 +291,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 
 # Opens both sides of the handshake: a peer that speaks something else is told apart at once. Its digit is the
 # frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
-# messages frame and an enqueue's items in the request itself; 4 each frame's length before it.
-MAGIC = b"SBW4"
+# messages frame and an enqueue's items in the request itself; 4 each frame's length before it; 5 a compact record's
+# fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``).
+MAGIC = b"SBW5"
 LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end

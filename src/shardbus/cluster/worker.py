@@ -240,6 +240,8 @@ class WorkerConnection:
         try:
             if handler is not None:
                 result = handler(self, key, *args)
+                if operation in wire.ONE_WAY:  # nothing waits for an answer
+                    return
             elif operation in BROKER_CALLS:
                 at = ITEMS_ARGUMENT.get(operation)
                 if at is not None:
@@ -250,6 +252,8 @@ class WorkerConnection:
         except Exception as exc:  # every failure goes back to the caller, the worker keeps serving
             if not isinstance(exc, ShardbusError | StoreError):
                 log.exception("partition call %s on %s failed", operation, key)
+            if operation in wire.ONE_WAY:
+                return
             self._reply(request_id, key, False, wire.encode_error(exc))
             return
         self._answer(request_id, key, result)
