@@ -42,9 +42,9 @@ import asyncio
 import inspect
 import itertools
 import logging
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from functools import partial
@@ -71,6 +71,27 @@ REVOKE_ROUNDS = 5
 # Operations whose write lingers for company on the worker (settlements, as in one process: broker.py's
 # SETTLE_LINGER): the worker answers the verdict as soon as it is applied and says later when the write is durable.
 SETTLEMENTS = frozenset({"complete", "settle", "abandon", "defer", "dead_letter"})
+
+
+class _BatchIds:
+    """Batch ids for sends (``RemotePartition.enqueue``): a random prefix drawn once per process, then a counter.
+    Unique as ``uuid4().hex`` was (64 random bits tell processes apart, the counter a process's sends), without a
+    ``getrandom`` system call and a UUID built per request. A forked child draws a prefix of its own (front ends of
+    ``serve --frontends`` are forked and share workers: the same ids there would revoke each other's sends)."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(8).hex() + "-"
+        self._count = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
+
+
+_batch_ids = _BatchIds()
 
 
 def _done(value: Any) -> Future:
@@ -707,7 +728,7 @@ class RemotePartition:
             refused: Future = RemoteVerdict()
             refused.set_exception(PartitionUnavailable(self._unavailable_text()))
             return refused
-        batch_id = batch_id or uuid.uuid4().hex  # what ``revoke_in_doubt`` names if the send fails in flight
+        batch_id = batch_id or _batch_ids.next()  # what ``revoke_in_doubt`` names if the send fails in flight
         future = self._call("enqueue", wire.ItemsArg(items), batch_id)
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
         future.add_done_callback(partial(self._note_in_doubt, batch_id))
