@@ -112,7 +112,7 @@ class RemoteSettlement(RemoteVerdict):
         self, link: WorkerLink, request_id: int, partition: RemotePartition | None, operation: str, args: list[Any]
     ) -> None:
         super().__init__()
-        self._verdict: Future = Future()
+        self._verdict: Future = RemoteVerdict()
         self._link = link
         self._request_id = request_id
         # what it asked, kept so that a lost worker's unwritten settlement can be applied again (``_keep_in_doubt``)
