@@ -155,9 +155,10 @@ def test_a_record_gives_back_every_field_whichever_are_at_their_defaults(rare: s
         Message(b"none hops", forward_hops=None),  # type: ignore[arg-type]
     ]
     items = [(None, [(0, m)]) for m in messages]
+    assert wire.records_of(messages) == [wire.record_of(m) for m in messages]  # a lock reply's, in one loop
     request, reply, ext = _read(
         wire.pack_frame([1, "k", 1.0, "enqueue", [wire.ItemsArg(items), "b"]])
-        + wire.reply_frame(2, True, messages, None)
+        + wire.reply_frame(2, True, wire.Records(wire.records_of(messages)), None)
         + wire.pack_frame([3, True, wire.Messages(messages), None])
     )
     for back in ([m for _, [(_, m)] in wire.items_of(request[4][0])], wire.messages_of(reply[2]), ext[2]):

@@ -145,25 +145,76 @@ _namespace.update(
     _set_safe=_set_safe,
     _SAFE=_SAFE_UNKNOWN,
     _from_bytes=int.from_bytes,
+    _copies_of=lambda flat: _copies_of(flat),  # defined below
 )
 _none_defaults = " = ".join(f"m.{f}" for f in _RARE if _RARE_DEFAULTS[f] is None)
+# a record's decoding reads these three into locals first (each is stored once, converted)
+_targets = {f: f"m.{f}" for f in _F} | {"body_type": "_bt", "state": "_st", "lock_token": "token"}
+
+
+def _encoding(indent: str) -> str:
+    """Lines that set ``rare`` and ``record`` (message ``m``'s compact record)."""
+    return (
+        f"{indent}rare = None if {_at_default} else [{', '.join(_expressions[f] for f in _RARE)}]\n"
+        f"{indent}record = [{', '.join(_expressions[f] for f in _COMMON)}, rare]\n"
+    )
+
+
+def _decoding(indent: str) -> str:
+    """Lines that make message ``m`` from compact record ``v``."""
+    lines = [
+        "m = _new(Message)",
+        ", ".join(_targets[f] for f in _COMMON) + ", rare = v",
+        "if rare is None:",
+        f"    {_none_defaults} = None",
+        "    m.forward_hops = 0",
+        "else:",
+        "    " + ", ".join(f"m.{f}" for f in _RARE) + ", = rare",
+        "m.body_type = _BT[_bt]",
+        "m.state = _ST[_st]",
+        "if token is None:",
+        "    m.lock_token = None",
+        "else:",
+        "    u = m.lock_token = _new_uuid(_UUID)",
+        "    _set_int(u, _from_bytes(token, 'big'))",
+        "    _set_safe(u, _SAFE)",
+    ]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+# One message's record and back, and the hot batches with the same code in their loops: a Python call per
+# message fewer (an enqueue's items both ways, a lock reply's messages both ways).
 exec(
-    "def _record(m):\n"
-    f"    rare = None if {_at_default} else [{', '.join(_expressions[f] for f in _RARE)}]\n"
-    f"    return [{', '.join(_expressions[f] for f in _COMMON)}, rare]\n"
-    "def _from_record(v):\n    m = _new(Message)\n    " + ", ".join(f"m.{f}" for f in _COMMON) + ", rare = v\n"
-    "    if rare is None:\n"
-    f"        {_none_defaults} = None\n"
-    "        m.forward_hops = 0\n"
-    "    else:\n"
-    "        " + ", ".join(f"m.{f}" for f in _RARE) + ", = rare\n"
-    "    m.body_type = _BT[m.body_type]\n    m.state = _ST[m.state]\n"
-    "    token = m.lock_token\n"
-    "    if token is not None:\n"
-    "        u = m.lock_token = _new_uuid(_UUID)\n"
-    "        _set_int(u, _from_bytes(token, 'big'))\n"
-    "        _set_safe(u, _SAFE)\n"
-    "    return m\n",
+    "def _record(m):\n" + _encoding("    ") + "    return record\n"
+    "def _from_record(v):\n" + _decoding("    ") + "    return m\n"
+    "def _item_arrays(items):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for key, copies in items:\n"
+    "        if len(copies) == 1:\n"
+    "            slot, m = copies[0]\n" + _encoding("            ") + "            append([key, slot, record])\n"
+    "        else:\n"
+    "            append([key, [x for slot, m in copies for x in (slot, _record(m))]])\n"
+    "    return out\n"
+    "def items_of(arrays):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for item in arrays:\n"
+    "        if len(item) == 3:\n"
+    "            v = item[2]\n" + _decoding("            ") + "            append((item[0], [(item[1], m)]))\n"
+    "        else:\n"
+    "            append((item[0], _copies_of(item[1])))\n"
+    "    return out\n"
+    "def records_of(messages):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for m in messages:\n" + _encoding("        ") + "        append(record)\n"
+    "    return out\n"
+    "def messages_of(records):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for v in records:\n" + _decoding("        ") + "        append(m)\n"
+    "    return out\n",
     _namespace,
 )
 _record = _namespace["_record"]
@@ -195,25 +246,11 @@ class Tokens(list):  # type: ignore[type-arg]
 COMPACT: dict[str, type] = {"items": ItemsArg, "tokens": Tokens}
 
 
-def _item_arrays(items: list[tuple[Any, list[tuple[int, Message]]]]) -> list[list[Any]]:
-    # An item of one copy (a send to a queue: nearly all of them) is one array, ``[dedup id, slot, record]``: no
-    # flattening loop, and one array fewer per message to pack and to read back.
-    record = _record
-    return [
-        [key, copies[0][0], record(copies[0][1])]
-        if len(copies) == 1
-        else [key, [x for slot, m in copies for x in (slot, record(m))]]
-        for key, copies in items
-    ]
-
-
-def items_of(arrays: list[list[Any]]) -> list[tuple[Any, list[tuple[int, Message]]]]:
-    """Items read back from their arrays (an ``ItemsArg`` request argument, an ``Items`` value)."""
-    message = _from_record
-    return [
-        (item[0], [(item[1], message(item[2]))]) if len(item) == 3 else (item[0], _copies_of(item[1]))
-        for item in arrays
-    ]
+# An item of one copy (a send to a queue: nearly all of them) is one array, ``[dedup id, slot, record]``: no
+# flattening loop, and one array fewer per message to pack and to read back. Both generated above.
+_item_arrays: Callable[[list[tuple[Any, list[tuple[int, Message]]]]], list[list[Any]]] = _namespace["_item_arrays"]
+# Items read back from their arrays (an ``ItemsArg`` request argument, an ``Items`` value).
+items_of: Callable[[list[list[Any]]], list[tuple[Any, list[tuple[int, Message]]]]] = _namespace["items_of"]
 
 
 def _copies_of(flat: list[Any]) -> list[tuple[int, Message]]:
@@ -264,6 +301,9 @@ class Records:
 
 # A message's compact record (see above): a snapshot of its fields, to be packed before the message changes.
 record_of: Callable[[Message], list[Any]] = _record
+# Messages' compact records (generated above): a worker's lock reply, from the locked messages lent (read at once,
+# never changed in place: ``PartitionBroker.lock_messages_as``).
+records_of: Callable[[list[Message]], list[list[Any]]] = _namespace["records_of"]
 
 
 def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> bytes:
@@ -273,15 +313,12 @@ def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> by
     if value.__class__ is Records:
         return _pack([request_id, ok, value.records, health, MESSAGES])
     if type(value) is list and value and type(value[0]) is Message:
-        record = _record
-        return _pack([request_id, ok, [record(m) for m in value], health, MESSAGES])
+        return _pack([request_id, ok, records_of(value), health, MESSAGES])
     return _pack([request_id, ok, value, health])
 
 
-def messages_of(records: list[list[Any]]) -> list[Message]:
-    """A ``messages`` frame's value, read back."""
-    message = _from_record
-    return [message(v) for v in records]
+# A ``messages`` frame's value, read back (generated above).
+messages_of: Callable[[list[list[Any]]], list[Message]] = _namespace["messages_of"]
 
 
 # Dataclasses that travel as their field values; the tag is part of the protocol, never reuse one.
@@ -311,8 +348,7 @@ KEEP_READER_BELOW = records.KEEP_PACKER_BELOW
 def _default(value: Any) -> Any:
     cls = type(value)
     if cls is Messages:
-        record = _record
-        return msgpack.ExtType(_EXT_MESSAGES, _pack([record(m) for m in value]))
+        return msgpack.ExtType(_EXT_MESSAGES, _pack(records_of(value)))
     if cls is ItemsArg:
         return _item_arrays(value)  # packed in place by this same packer
     if cls is Items:
