@@ -240,3 +240,27 @@ def test_batch_records_are_pruned_after_their_retention_of_running_time(tmp_path
         assert [m.message_id for m in broker.peek(0, 0, 1, 10)] == ["a"]  # the message itself stays
     finally:
         broker.stop()
+
+
+def test_batch_ids_are_unique_in_a_process_and_a_forked_child_draws_its_own() -> None:
+    """A remote send's batch id (what ``revoke_in_doubt`` names) is a per-process random prefix and a counter: a
+    forked front end (``serve --frontends``) must not reuse its parent's, or revoking its own sends in doubt could
+    take back another front end's on the same worker."""
+    import os
+
+    from shardbus.cluster.remote import _batch_ids
+
+    ids = [_batch_ids.next() for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    prefix = ids[0].split("-")[0]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then out without running the parent's atexit hooks
+        os.write(write, _batch_ids.next().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 100).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child.split("-")[0] != prefix and child not in ids
+    assert _batch_ids.next().split("-")[0] == prefix

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shardbus.cluster import wire
 from shardbus.cluster.remote import ClusterClient, RemotePartition, RemoteSettlement
 from shardbus.cluster.worker import Worker
 from shardbus.model.errors import MessageLockLost, PartitionUnavailable
@@ -130,3 +131,68 @@ def test_hurry_through_a_callback_ends_the_linger(partition) -> None:
     hurry(future)
     assert written.wait(5)
     assert future.exception() is None
+
+
+def test_a_hurry_is_one_way(partition) -> None:
+    """``hurry`` gets no reply (wire ``ONE_WAY``): nothing waits for it at the front end, and the write it hurries
+    is reported durable all the same."""
+    p, worker = partition
+    for broker in worker.host.partitions.values():
+        broker.settle_linger = 30.0
+    got = _locked(p, 2)
+    future = p.complete(0, [m.lock_token for m in got])
+    future.verdict.result(5)
+    replies: list[list] = []
+    stream = p.link._stream
+    frame = stream.on_frame
+    stream.on_frame = lambda f: (replies.append(f), frame(f))  # what the worker sends back from now on
+    assert future.result(5) is None  # hurried: durable long before the 30 s linger
+    assert p.submit_lock_messages(0, 0, 10).result(10) == []  # a request after it: a hurry's reply would precede
+    assert not p.link._pending
+    answered = [f for f in replies if f[0] > 0]  # replies, not written frames (-1) or events (0)
+    assert len(answered) == 1 and answered[0][4] == wire.MESSAGES  # the lock's reply only
+
+
+def test_a_remote_verdict_is_a_future_in_every_way() -> None:
+    """``RemoteVerdict`` (every request's future at a front end) keeps ``Future``'s behaviour on its cheaper
+    condition: a blocked ``result`` wakes when another thread completes it, times out otherwise, a second
+    completion is refused, callbacks run once, and asyncio can wait for it."""
+    import asyncio
+    from concurrent.futures import CancelledError, InvalidStateError
+
+    from shardbus.partition.handle import RemoteVerdict
+
+    f = RemoteVerdict()
+    with pytest.raises(TimeoutError):
+        f.result(0.05)
+    threading.Timer(0.05, f.set_result, (7,)).start()
+    assert f.result(5) == 7 and f.exception(0) is None and f.done()
+    with pytest.raises(InvalidStateError):
+        f.set_result(8)
+    seen: list[int] = []
+    f.add_done_callback(lambda g: seen.append(g.result()))  # done already: at once
+    assert seen == [7]
+
+    waiters = [RemoteVerdict() for _ in range(3)]
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda w=w: results.append(w.exception(5))) for w in waiters for _ in (0, 1)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    for w in waiters:
+        w.set_exception(PartitionUnavailable("down"))
+    for t in threads:
+        t.join(5)
+    assert len(results) == 6 and all(isinstance(r, PartitionUnavailable) for r in results)
+
+    c = RemoteVerdict()
+    assert c.cancel() and c.cancelled()
+    with pytest.raises(CancelledError):
+        c.result(0)
+
+    async def wrapped() -> object:
+        g = RemoteVerdict()
+        threading.Timer(0.05, g.set_result, ("async",)).start()
+        return await asyncio.wrap_future(g)
+
+    assert asyncio.run(wrapped()) == "async"

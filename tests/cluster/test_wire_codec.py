@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pickle
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from shardbus.cluster import wire
-from shardbus.model.message import Message
+from shardbus.model.message import BodyType, Message, MessageState
 from shardbus.model.routing import new_lock_tokens
 
 
@@ -75,9 +76,10 @@ def test_a_reply_of_messages_travels_as_a_messages_frame() -> None:
 
 
 def test_a_worker_of_the_previous_version_is_named_as_such() -> None:
-    """Frames carry their length from version 4 on: a version-3 worker is refused at connect, saying so."""
-    assert wire.MAGIC == b"SBW4"
-    for older in (b"SBW2", b"SBW3"):
+    """Records carry their fields mostly at defaults in one element from version 5 on: a version-4 worker is
+    refused at connect, saying so."""
+    assert wire.MAGIC == b"SBW5"
+    for older in (b"SBW2", b"SBW3", b"SBW4"):
         with pytest.raises(ValueError, match="another version"):
             wire.answer("k", older + bytes(wire.NONCE_BYTES))
 
@@ -101,3 +103,66 @@ def test_an_enqueues_items_travel_in_the_request_and_the_worker_reads_them_back(
             ("d", [(1, "b", b.body), (2, "a", a.body)]),
         ]
         assert got[1][1][0][1].application_properties == {"n": 1}
+
+
+def _every_field(m: Message) -> dict:
+    return {f: getattr(m, f) for f in Message.__slots__}
+
+
+@pytest.mark.parametrize("rare", [None, *wire._RARE])
+def test_a_record_gives_back_every_field_whichever_are_at_their_defaults(rare: str | None) -> None:
+    """A compact record carries the fields mostly at their defaults (``wire._RARE``) as one element, None while all
+    are: a message comes back field for field, with none of them set, with one, and with all of them."""
+    values = {
+        "session_id": "s",
+        "partition_key": "pk",
+        "correlation_id": "c",
+        "subject": "sub",
+        "content_type": "text/plain",
+        "to": "to",
+        "reply_to": "rt",
+        "reply_to_session_id": "rts",
+        "time_to_live": timedelta(seconds=90),
+        "scheduled_enqueue_time": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "annotations": {"x-custom": 1},
+        "dead_letter_reason": "r",
+        "dead_letter_error_description": "d",
+        "dead_letter_source": "src",
+        "forward_hops": 2,
+        "transfer_id": "t",
+    }
+    assert set(values) == set(wire._RARE)
+    locked = dict(
+        body=b"body",
+        message_id="m",
+        application_properties={"k": [1, "two"]},
+        body_type=BodyType.VALUE,
+        sequence_number=7,
+        enqueued_time_ms=1_700_000_000_000,
+        expires_at_ms=1_800_000_000_000,
+        delivery_count=3,
+        lock_token=uuid.uuid4(),
+        locked_until_ms=1_700_000_060_000,
+        state=MessageState.DEFERRED,
+        partition_id=4,
+        enqueued_sequence_number=9,
+        wire_sections=b"sections",
+    )
+    messages = [
+        Message(b"plain"),
+        Message(**locked),
+        Message(**locked, **({rare: values[rare]} if rare else values)),
+        Message(b"none hops", forward_hops=None),  # type: ignore[arg-type]
+    ]
+    items = [(None, [(0, m)]) for m in messages]
+    assert wire.records_of(messages) == [wire.record_of(m) for m in messages]  # a lock reply's, in one loop
+    request, reply, ext = _read(
+        wire.pack_frame([1, "k", 1.0, "enqueue", [wire.ItemsArg(items), "b"]])
+        + wire.reply_frame(2, True, wire.Records(wire.records_of(messages)), None)
+        + wire.pack_frame([3, True, wire.Messages(messages), None])
+    )
+    for back in ([m for _, [(_, m)] in wire.items_of(request[4][0])], wire.messages_of(reply[2]), ext[2]):
+        assert [_every_field(m) for m in back] == [_every_field(m) for m in messages]
+        assert [type(m.body_type) for m in back] == [BodyType] * 4 and [type(m.state) for m in back] == [
+            MessageState
+        ] * 4

@@ -42,9 +42,9 @@ import asyncio
 import inspect
 import itertools
 import logging
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from functools import partial
@@ -73,6 +73,27 @@ REVOKE_ROUNDS = 5
 SETTLEMENTS = frozenset({"complete", "settle", "abandon", "defer", "dead_letter"})
 
 
+class _BatchIds:
+    """Batch ids for sends (``RemotePartition.enqueue``): a random prefix drawn once per process, then a counter.
+    Unique as ``uuid4().hex`` was (64 random bits tell processes apart, the counter a process's sends), without a
+    ``getrandom`` system call and a UUID built per request. A forked child draws a prefix of its own (front ends of
+    ``serve --frontends`` are forked and share workers: the same ids there would revoke each other's sends)."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(8).hex() + "-"
+        self._count = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):x}"
+
+
+_batch_ids = _BatchIds()
+
+
 def _done(value: Any) -> Future:
     f: Future = Future()
     f.set_result(value)
@@ -91,7 +112,7 @@ class RemoteSettlement(RemoteVerdict):
         self, link: WorkerLink, request_id: int, partition: RemotePartition | None, operation: str, args: list[Any]
     ) -> None:
         super().__init__()
-        self._verdict: Future = Future()
+        self._verdict: Future = RemoteVerdict()
         self._link = link
         self._request_id = request_id
         # what it asked, kept so that a lost worker's unwritten settlement can be applied again (``_keep_in_doubt``)
@@ -198,7 +219,7 @@ class WorkerLink:
         except records.PACK_ERRORS as exc:  # as an in-process partition refuses to store it
             raise ArgumentError(f"A value in the request cannot be stored: {exc}.") from exc
         self._pending[request_id] = (future, partition)
-        with self._lock:
+        with self._lock:  # ``_queue``, in line: one call fewer per request
             self._outbox.append(frame)
             if self._flush_scheduled:
                 return future
@@ -211,9 +232,23 @@ class WorkerLink:
 
     def hurry(self, request_id: int) -> None:
         """Someone waits for settlement ``request_id``'s write (``RemoteSettlement.result``): the worker ends its
-        linger (``worker.WorkerConnection._hurry``); requests on the stream arrive in order, so after it."""
+        linger (``worker.WorkerConnection._hurry``); requests on the stream arrive in order, so after it. One way
+        (``wire.ONE_WAY``): the worker answers nothing, so no future waits here and no reply crosses back (the
+        Python API's ``complete`` waits for every write: a round trip per settlement fewer)."""
         if self.connected:
-            self.call(None, "", "hurry", [request_id], self.client.clock())
+            self._queue(wire.pack_frame([next(self._ids), "", self.client.clock(), "hurry", [request_id]]))
+
+    def _queue(self, frame: bytes) -> None:
+        """Write a packed request with the others of its burst (``call`` does the same, in line)."""
+        with self._lock:
+            self._outbox.append(frame)
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        if threading.get_ident() == self.client.thread_id:
+            self.client.loop.call_soon(self._flush)
+        else:
+            self.client.loop.call_soon_threadsafe(self._flush)
 
     def _down_text(self, partition: RemotePartition | None) -> str:
         what = f"Partition {partition.id} of '{partition.config.path}'" if partition is not None else "A partition"
@@ -693,7 +728,7 @@ class RemotePartition:
             refused: Future = RemoteVerdict()
             refused.set_exception(PartitionUnavailable(self._unavailable_text()))
             return refused
-        batch_id = batch_id or uuid.uuid4().hex  # what ``revoke_in_doubt`` names if the send fails in flight
+        batch_id = batch_id or _batch_ids.next()  # what ``revoke_in_doubt`` names if the send fails in flight
         future = self._call("enqueue", wire.ItemsArg(items), batch_id)
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
         future.add_done_callback(partial(self._note_in_doubt, batch_id))

@@ -18,7 +18,8 @@ one extension value (a reply's, in the frame itself), the body in each once.
 
 Frames (in order on each connection):
 
-    request  [id, partition key, now, operation, args]     front end -> worker
+    request  [id, partition key, now, operation, args]     front end -> worker; answered by a reply unless the
+                                                            operation is one way (``ONE_WAY``: ``hurry``)
     reply    [id, ok, value | [error class, text], health]  worker -> front end
     messages [id, true, [record, ...], health, 2]           worker -> front end: a reply that is a list of
                                                             messages (a lock's, a peek's), as compact records
@@ -82,21 +83,49 @@ _fill_message = _namespace["_fill_message"]
 # --- compact message records ------------------------------------------------------------------------------------
 # The hot calls carry messages by the hundred: a send's ``enqueue`` (front end -> worker), a receive's
 # ``lock_messages`` reply (worker -> front end). Each message travels as a *compact record*: a MessagePack array of
-# its fields in slot order, every value a plain MessagePack one (enums as their ints, a lock token as its 16
-# bytes), so the C packer writes it without calling back into Python; the body is in it once (``wire_sections``,
-# the front end's encoding kept for deliveries, holds what precedes a data body, never the body). A list of them
+# its fields in slot order (those mostly at their defaults in one last element: ``_RARE``), every value a plain
+# MessagePack one (enums as their ints, a lock token as its 16 bytes), so the C packer writes it without calling
+# back into Python; the body is in it once (``wire_sections``, the front end's encoding kept for deliveries, holds
+# what precedes a data body, never the body). A list of them
 # is, in the hot calls, part of the frame itself (an enqueue's ``ItemsArg``, a reply's ``reply_frame``), read back
 # by who knows what it is (the worker: the operation; the front end: the frame), else (``Items``, ``Messages``)
 # one extension value: one Python call packs or unpacks the whole batch, through
 # straight-line code generated below (as ``dataclasses`` generates code). Values of other types inside a record
 # (application properties, a scheduled time) still go through ``_default``.
 _F = _MESSAGE_FIELDS
-_record_items = [f"m.{f}" for f in _F]
+# The fields a message mostly leaves at their defaults (None; ``forward_hops`` 0), sent or locked: a record carries
+# them as one last element, None while all are at their defaults (nearly always), else an array of their values.
+# Every array element costs the packer and the unpacker about as much as a 1 KB body's copy does, so the 16 of
+# them dropped are half of a record's packing and reading (bench/hop_codec.py; SBW5).
+_RARE = (
+    "session_id",
+    "partition_key",
+    "correlation_id",
+    "subject",
+    "content_type",
+    "to",
+    "reply_to",
+    "reply_to_session_id",
+    "time_to_live",
+    "scheduled_enqueue_time",
+    "annotations",
+    "dead_letter_reason",
+    "dead_letter_error_description",
+    "dead_letter_source",
+    "forward_hops",
+    "transfer_id",
+)
+_RARE_DEFAULTS = {f: (0 if f == "forward_hops" else None) for f in _RARE}
+assert all(f in _F for f in _RARE)
+_COMMON = tuple(f for f in _F if f not in _RARE)
+_expressions = {f: f"m.{f}" for f in _F}
 # an IntEnum member as its plain int: ``+ 0`` is int's own addition, in C; ``int(member)`` a call that costs as
 # much again as the rest of the field's trip (an int given in its place comes out the same)
-_record_items[_F.index("body_type")] = "m.body_type + 0"
-_record_items[_F.index("state")] = "m.state + 0"
-_record_items[_F.index("lock_token")] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
+_expressions["body_type"] = "m.body_type + 0"
+_expressions["state"] = "m.state + 0"
+_expressions["lock_token"] = "None if m.lock_token is None else m.lock_token.int.to_bytes(16, 'big')"
+# at its default: ``is None``; ``forward_hops == 0`` (an int; anything else, None included, travels as it is)
+_at_default = " and ".join(f"m.{f} == 0" if _RARE_DEFAULTS[f] == 0 else f"m.{f} is None" for f in _RARE)
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
 # A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
@@ -116,17 +145,76 @@ _namespace.update(
     _set_safe=_set_safe,
     _SAFE=_SAFE_UNKNOWN,
     _from_bytes=int.from_bytes,
+    _copies_of=lambda flat: _copies_of(flat),  # defined below
 )
+_none_defaults = " = ".join(f"m.{f}" for f in _RARE if _RARE_DEFAULTS[f] is None)
+# a record's decoding reads these three into locals first (each is stored once, converted)
+_targets = {f: f"m.{f}" for f in _F} | {"body_type": "_bt", "state": "_st", "lock_token": "token"}
+
+
+def _encoding(indent: str) -> str:
+    """Lines that set ``rare`` and ``record`` (message ``m``'s compact record)."""
+    return (
+        f"{indent}rare = None if {_at_default} else [{', '.join(_expressions[f] for f in _RARE)}]\n"
+        f"{indent}record = [{', '.join(_expressions[f] for f in _COMMON)}, rare]\n"
+    )
+
+
+def _decoding(indent: str) -> str:
+    """Lines that make message ``m`` from compact record ``v``."""
+    lines = [
+        "m = _new(Message)",
+        ", ".join(_targets[f] for f in _COMMON) + ", rare = v",
+        "if rare is None:",
+        f"    {_none_defaults} = None",
+        "    m.forward_hops = 0",
+        "else:",
+        "    " + ", ".join(f"m.{f}" for f in _RARE) + ", = rare",
+        "m.body_type = _BT[_bt]",
+        "m.state = _ST[_st]",
+        "if token is None:",
+        "    m.lock_token = None",
+        "else:",
+        "    u = m.lock_token = _new_uuid(_UUID)",
+        "    _set_int(u, _from_bytes(token, 'big'))",
+        "    _set_safe(u, _SAFE)",
+    ]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+# One message's record and back, and the hot batches with the same code in their loops: a Python call per
+# message fewer (an enqueue's items both ways, a lock reply's messages both ways).
 exec(
-    "def _record(m):\n    return [" + ", ".join(_record_items) + "]\n"
-    "def _from_record(v):\n    m = _new(Message)\n    " + ", ".join(f"m.{f}" for f in _F) + ", = v\n"
-    "    m.body_type = _BT[m.body_type]\n    m.state = _ST[m.state]\n"
-    "    token = m.lock_token\n"
-    "    if token is not None:\n"
-    "        u = m.lock_token = _new_uuid(_UUID)\n"
-    "        _set_int(u, _from_bytes(token, 'big'))\n"
-    "        _set_safe(u, _SAFE)\n"
-    "    return m\n",
+    "def _record(m):\n" + _encoding("    ") + "    return record\n"
+    "def _from_record(v):\n" + _decoding("    ") + "    return m\n"
+    "def _item_arrays(items):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for key, copies in items:\n"
+    "        if len(copies) == 1:\n"
+    "            slot, m = copies[0]\n" + _encoding("            ") + "            append([key, slot, record])\n"
+    "        else:\n"
+    "            append([key, [x for slot, m in copies for x in (slot, _record(m))]])\n"
+    "    return out\n"
+    "def items_of(arrays):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for item in arrays:\n"
+    "        if len(item) == 3:\n"
+    "            v = item[2]\n" + _decoding("            ") + "            append((item[0], [(item[1], m)]))\n"
+    "        else:\n"
+    "            append((item[0], _copies_of(item[1])))\n"
+    "    return out\n"
+    "def records_of(messages):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for m in messages:\n" + _encoding("        ") + "        append(record)\n"
+    "    return out\n"
+    "def messages_of(records):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    for v in records:\n" + _decoding("        ") + "        append(m)\n"
+    "    return out\n",
     _namespace,
 )
 _record = _namespace["_record"]
@@ -158,25 +246,11 @@ class Tokens(list):  # type: ignore[type-arg]
 COMPACT: dict[str, type] = {"items": ItemsArg, "tokens": Tokens}
 
 
-def _item_arrays(items: list[tuple[Any, list[tuple[int, Message]]]]) -> list[list[Any]]:
-    # An item of one copy (a send to a queue: nearly all of them) is one array, ``[dedup id, slot, record]``: no
-    # flattening loop, and one array fewer per message to pack and to read back.
-    record = _record
-    return [
-        [key, copies[0][0], record(copies[0][1])]
-        if len(copies) == 1
-        else [key, [x for slot, m in copies for x in (slot, record(m))]]
-        for key, copies in items
-    ]
-
-
-def items_of(arrays: list[list[Any]]) -> list[tuple[Any, list[tuple[int, Message]]]]:
-    """Items read back from their arrays (an ``ItemsArg`` request argument, an ``Items`` value)."""
-    message = _from_record
-    return [
-        (item[0], [(item[1], message(item[2]))]) if len(item) == 3 else (item[0], _copies_of(item[1]))
-        for item in arrays
-    ]
+# An item of one copy (a send to a queue: nearly all of them) is one array, ``[dedup id, slot, record]``: no
+# flattening loop, and one array fewer per message to pack and to read back. Both generated above.
+_item_arrays: Callable[[list[tuple[Any, list[tuple[int, Message]]]]], list[list[Any]]] = _namespace["_item_arrays"]
+# Items read back from their arrays (an ``ItemsArg`` request argument, an ``Items`` value).
+items_of: Callable[[list[list[Any]]], list[tuple[Any, list[tuple[int, Message]]]]] = _namespace["items_of"]
 
 
 def _copies_of(flat: list[Any]) -> list[tuple[int, Message]]:
@@ -205,6 +279,10 @@ def wrap_reply(value: Any) -> Any:
     return value
 
 
+# Requests the worker answers nothing to (since SBW5): ``hurry`` only asks a lingering write to go now, and whoever
+# waits for that write hears of it in the ``written`` frame.
+ONE_WAY = frozenset({"hurry"})
+
 # The last element of a reply frame of five: what it is (a plain reply has four).
 APPLIED = 1
 MESSAGES = 2
@@ -223,6 +301,9 @@ class Records:
 
 # A message's compact record (see above): a snapshot of its fields, to be packed before the message changes.
 record_of: Callable[[Message], list[Any]] = _record
+# Messages' compact records (generated above): a worker's lock reply, from the locked messages lent (read at once,
+# never changed in place: ``PartitionBroker.lock_messages_as``).
+records_of: Callable[[list[Message]], list[list[Any]]] = _namespace["records_of"]
 
 
 def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> bytes:
@@ -232,15 +313,12 @@ def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> by
     if value.__class__ is Records:
         return _pack([request_id, ok, value.records, health, MESSAGES])
     if type(value) is list and value and type(value[0]) is Message:
-        record = _record
-        return _pack([request_id, ok, [record(m) for m in value], health, MESSAGES])
+        return _pack([request_id, ok, records_of(value), health, MESSAGES])
     return _pack([request_id, ok, value, health])
 
 
-def messages_of(records: list[list[Any]]) -> list[Message]:
-    """A ``messages`` frame's value, read back."""
-    message = _from_record
-    return [message(v) for v in records]
+# A ``messages`` frame's value, read back (generated above).
+messages_of: Callable[[list[list[Any]]], list[Message]] = _namespace["messages_of"]
 
 
 # Dataclasses that travel as their field values; the tag is part of the protocol, never reuse one.
@@ -250,8 +328,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 
 # Opens both sides of the handshake: a peer that speaks something else is told apart at once. Its digit is the
 # frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
-# messages frame and an enqueue's items in the request itself; 4 each frame's length before it.
-MAGIC = b"SBW4"
+# messages frame and an enqueue's items in the request itself; 4 each frame's length before it; 5 a compact record's
+# fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``).
+MAGIC = b"SBW5"
 LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
@@ -269,8 +348,7 @@ KEEP_READER_BELOW = records.KEEP_PACKER_BELOW
 def _default(value: Any) -> Any:
     cls = type(value)
     if cls is Messages:
-        record = _record
-        return msgpack.ExtType(_EXT_MESSAGES, _pack([record(m) for m in value]))
+        return msgpack.ExtType(_EXT_MESSAGES, _pack(records_of(value)))
     if cls is ItemsArg:
         return _item_arrays(value)  # packed in place by this same packer
     if cls is Items:

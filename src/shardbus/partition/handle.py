@@ -24,11 +24,13 @@ namespace type their partitions as ``PartitionHandle``, so they never depend on 
 
 from __future__ import annotations
 
+import _thread
 import enum
 import inspect
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures._base import PENDING
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -78,13 +80,63 @@ def operation(
     return mark
 
 
+class _Condition(_thread.RLock):
+    """What a ``Future`` uses of its ``threading.Condition`` (``with``, ``wait``, ``notify_all``), on the C lock
+    itself: a front end makes a future per request to a worker (two per settlement), and ``Condition()`` is Python
+    code that builds a lock and binds five of its methods, about a fifth of a future's life (made, a callback
+    added, completed, read) with nobody waiting, as nearly always (bench/hop_micro.py). Waiters are kept only
+    while someone waits (a synchronous call: ``RemotePartition._wait``)."""
+
+    __slots__ = ("_waiters",)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """As ``Condition.wait``: called holding the lock; released while waiting, held again on return."""
+        waiter = _thread.allocate_lock()
+        waiter.acquire()
+        try:
+            self._waiters.append(waiter)
+        except AttributeError:
+            self._waiters = [waiter]
+        saved = self._release_save()  # type: ignore[attr-defined]
+        got = False
+        try:
+            got = waiter.acquire(True, -1 if timeout is None else timeout)
+            return got
+        finally:
+            self._acquire_restore(saved)  # type: ignore[attr-defined]
+            if not got:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:  # notified just as the wait timed out
+                    pass
+
+    def notify_all(self) -> None:
+        """As ``Condition.notify_all``: called holding the lock."""
+        try:
+            waiters = self._waiters
+        except AttributeError:  # nobody ever waited
+            return
+        self._waiters = []
+        for waiter in waiters:
+            waiter.release()
+
+
 class RemoteVerdict(Future):
     """The future of a write on a partition elsewhere. A local partition refuses a settlement (a lost lock, say)
     by raising at once and its future only waits for the disk; a remote one can only say either through its
     reply, so whoever echoes an outcome to a client waits for its ``verdict`` first. The verdict may come before
     the write is durable (a settlement's write lingers for company, as in one process: ``cluster/remote.py``), so
     ``verdict`` is a future of its own then, done once the outcome is applied or refused; the future itself is done
-    when the write is durable, as a local partition's is."""
+    when the write is durable, as a local partition's is. A ``Future`` in every way, made cheaper (``_Condition``).
+    """
+
+    def __init__(self) -> None:  # ``Future.__init__`` with a ``_Condition``
+        self._condition = _Condition()  # type: ignore[assignment]
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Callable[[Future], object]] = []
 
     @property
     def verdict(self) -> Future:
