@@ -261,6 +261,33 @@ def test_repeated_disposition_tails_decode_as_the_generic_decoder(role: bytes, f
             assert_same(outcome(decode_performative, body[:i]), outcome(decode_performative_generic, body[:i]))
 
 
+@pytest.mark.parametrize("handle", [b"\x43", b"\x52\x07"])
+@pytest.mark.parametrize("did", [b"\x52\x05", b"\x70\x00\x01\x00\x00", b"\x43"])
+@pytest.mark.parametrize(
+    "tail",
+    [
+        [b"\x43", b"\x42"],  # our client's: message format 0, unsettled
+        [b"\x43", b"\x56\x00", b"\x56\x00"] + [b"\x40"] * 5,  # the SDK's
+        [b"\x70\x80\x01\x37\x00", b"\x42", b"\x41"],  # a batch's first frame of several
+        [b"\x43", b"\x42", b"\x42", b"\x40", STATES[0]],  # a state: never kept
+        [],
+    ],
+)
+def test_repeated_transfer_tails_decode_as_the_generic_decoder(handle: bytes, did: bytes, tail: list[bytes]) -> None:
+    """A transfer's tail (the fields after its tag) seen once is looked up the next time: same values, same
+    types, whatever the tag; a damaged copy decodes (or fails) as the generic decoder has it."""
+    for tag in (b"\xa0\x10" + bytes(range(16)), b"\xa0\x00", b"\xa0\x04abcd"):
+        body = e_body(Transfer, [handle, did, tag, *tail], 1) + b"payload"
+        for _ in range(2):
+            assert_same(decode_performative(body), decode_performative_generic(body))
+            assert decode_performative(body)[1] == len(body) - len(b"payload")
+    for i in range(3, len(body)):
+        for value in (0x00, 0x40, 0x41, 0x43, 0x52, 0x70, 0xA0, 0xFF, body[i] ^ 1):
+            bad = body[:i] + bytes((value,)) + body[i + 1 :]
+            assert_same(outcome(decode_performative, bad), outcome(decode_performative_generic, bad))
+        assert_same(outcome(decode_performative, body[:i]), outcome(decode_performative_generic, body[:i]))
+
+
 def test_flow_taken_by_the_fast_decoder() -> None:
     body = Flow(next_incoming_id=3, incoming_window=70000, next_outgoing_id=0, outgoing_window=2**31 - 1,
                 handle=0, delivery_count=5, link_credit=300, drain=True).encode()  # fmt: skip

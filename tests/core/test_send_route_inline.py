@@ -99,3 +99,36 @@ def test_a_group_refused_by_its_partition_is_sent_again_batch_by_batch(ns):
     assert [outcomes[i] is None for i in range(4)] == [True, True, False, True]
     assert isinstance(outcomes[2], ShardbusError)
     assert sorted(m.body for m in ns.browse("g")) == [b"a", b"b1", b"b2", b"c"]
+
+
+@pytest.mark.parametrize("keyed_last", [False, True])
+def test_a_reads_keyless_sends_go_to_one_partition_in_order(ns, keyed_last):
+    """A call of keyless single sends (``_keyless_items``, one pass) hands one partition their items in order, as
+    the loop does; one keyed send among them sends the whole call through the loop, with the same keyless group."""
+    ns.create_queue("k", enable_partitioning=True)
+    queue = ns.resolve("k")[0]
+    captured: list[list] = []
+    for p in queue.partitions:
+        p.enqueue = lambda items, p=p: captured.append([p.id, items]) or _done()
+    keyless = [m for m in _messages() if m.partition_key is None]
+    batches = [[m] for m in keyless] + ([[Message(b"k", partition_key="p")]] if keyed_last else [])
+    answered: list[int] = []
+    queue.submit_many(batches, lambda indices, outcomes: answered.extend(indices), owned=True)
+    assert sorted(answered) == list(range(len(batches)))
+    assert len(captured) <= (2 if keyed_last else 1)  # one enqueue per partition
+    [keyless_items] = [items for _, items in captured if items[0][1][0][1] is keyless[0]]
+    keyed = batches[-1][0] if keyed_last else None
+    assert [item for item in keyless_items if item[1][0][1] is not keyed] == [
+        (_dedup_id(m), [(QUEUE_SLOT, m)]) for m in keyless
+    ]
+
+
+def test_an_owned_batch_itemised_as_by_the_rules(ns):
+    """``_route`` itemises a queue's owned batch with ``_dedup_id`` written out: the same ids, in order."""
+    ns.create_queue("b", enable_partitioning=True)
+    queue = ns.resolve("b")[0]
+    batch = [m for m in _messages() if m.partition_key is None]
+    key, items = queue._route(batch, True, False, False)
+    assert key is None
+    assert items == [(_dedup_id(m), [(QUEUE_SLOT, m)]) for m in batch]
+    assert [type(i) for i, _ in items] == [type(_dedup_id(m)) for m in batch]

@@ -856,6 +856,79 @@ def _fast_disposition(b: bytes) -> tuple[Any, int] | None:
 
 _FAST_DECODERS[Disposition.CODE] = _fast_disposition
 _UINTS = codec._UINTS
+_UINT0 = codec._UINTS[0]
+
+# Transfers by what follows their delivery tag. A sender's single-frame transfers differ only in delivery id and
+# tag; the fields after the tag (message format, settled, more, ..., our client's "43 42", the SDK's six) repeat,
+# so once the generated decoder has read such a tail it is looked up instead of read again, as dispositions' are.
+# Only stateless tails are kept (a state is an object per transfer); bounded as ``_DISPOSITION_TAILS``.
+_TRANSFER_TAILS: dict[tuple[int, bytes], tuple[Any, ...]] = {}  # (count, tail) -> fields 3 to 10
+_decode_transfer = _FAST_DECODERS[Transfer.CODE]
+
+
+def _fast_transfer(b: bytes) -> tuple[Any, int] | None:
+    """``_FAST_DECODERS[Transfer.CODE]`` with the tail lookup above (list8, a handle, a delivery id and a vbin8
+    tag; anything else as before)."""
+    if b[3] == 0xC0 and b[5] >= 3:
+        end = 5 + b[4]
+        c = b[6]
+        if c == 0x43:
+            handle, p = _UINT0, 7
+        elif c == 0x52:
+            handle, p = _UINTS[b[7]], 8
+        else:
+            p = 0
+        if p:
+            c = b[p]
+            if c == 0x52:
+                did, p = _UINTS[b[p + 1]], p + 2
+            elif c == 0x70:
+                did, p = _int_new(UInt, _uint_at(b, p + 1)[0]), p + 5
+            elif c == 0x43:
+                did, p = _UINT0, p + 1
+            else:
+                p = 0
+            if p and b[p] == 0xA0:
+                s = p + 2
+                p = s + b[p + 1]
+                if p <= end <= len(b):
+                    known = _TRANSFER_TAILS.get((b[5], b[p:end]))
+                    if known is not None:  # the performative as the generated decoder makes it
+                        t = _object_new(Transfer)
+                        t.handle = handle
+                        t.delivery_id = did
+                        t.delivery_tag = b[s:p]
+                        (
+                            t.message_format,
+                            t.settled,
+                            t.more,
+                            t.rcv_settle_mode,
+                            t.state,
+                            t.resume,
+                            t.aborted,
+                            t.batchable,
+                        ) = known
+                        return t, end
+                    done = _decode_transfer(b)
+                    if done is not None and done[0].state is None:
+                        if len(_TRANSFER_TAILS) >= 64:
+                            _TRANSFER_TAILS.clear()
+                        t = done[0]
+                        _TRANSFER_TAILS[b[5], b[p:end]] = (
+                            t.message_format,
+                            t.settled,
+                            t.more,
+                            t.rcv_settle_mode,
+                            None,
+                            t.resume,
+                            t.aborted,
+                            t.batchable,
+                        )
+                    return done
+    return _decode_transfer(b)
+
+
+_FAST_DECODERS[Transfer.CODE] = _fast_transfer
 
 
 def decode_performative_generic(body: bytes) -> tuple[Any, int]:

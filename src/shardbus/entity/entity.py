@@ -69,6 +69,27 @@ def _dedup_id(message: Message) -> str | None:
     return None if message.message_id is None else str(message.message_id)
 
 
+def _keyless_items(batches: list[list[Message]]) -> list[Any] | None:
+    """The items of batches that are each one message without a session id or partition key (a queue's usual
+    send, without duplicate detection: each goes to the call's keyless partition), in one list, as
+    ``submit_many``'s loop makes them one by one; None as soon as one batch is anything else."""
+    flat = []
+    append = flat.append
+    for messages in batches:
+        if len(messages) != 1:
+            return None
+        m = messages[0]
+        if m.session_id is not None or m.partition_key is not None:
+            return None
+        dedup_id = m.transfer_id
+        if dedup_id is None:
+            dedup_id = m.message_id
+            if dedup_id is not None and type(dedup_id) is not str:
+                dedup_id = str(dedup_id)
+        append((dedup_id, [(QUEUE_SLOT, m)]))
+    return flat
+
+
 class Target:
     """Something receivers read from: a queue, or one subscription of a topic."""
 
@@ -277,7 +298,16 @@ class _Sender:
             return partition_key_of(m, duplicate_detection), self._fan_out(m if owned else m.copy())
         key = batch_partition_key(messages, duplicate_detection, len(self.partitions) > 1)
         if owned and type(self) is QueueEntity:  # the queue's ``_fan_out`` of each, in one list (an SDK batch)
-            return key, [(_dedup_id(m), [(QUEUE_SLOT, m)]) for m in messages]
+            items = []
+            append = items.append
+            for m in messages:  # ``_dedup_id`` written out: one Python call fewer per message of a batch
+                dedup_id = m.transfer_id
+                if dedup_id is None:
+                    dedup_id = m.message_id
+                    if dedup_id is not None and type(dedup_id) is not str:
+                        dedup_id = str(dedup_id)
+                append((dedup_id, [(QUEUE_SLOT, m)]))
+            return key, items
         items = []
         fan_out = self._fan_out
         for m in messages:
@@ -319,7 +349,11 @@ class _Sender:
         # A queue's usual send (one owned message, no session id): ``_route``, ``partition_key_of`` and the
         # queue's ``_fan_out`` written out, three Python calls fewer per message; anything else takes ``_route``.
         plain = owned and not sessions and type(self) is QueueEntity
-        for i, messages in enumerate(batches):
+        flat_keyless = _keyless_items(batches) if plain and not duplicate_detection and batches else None
+        if flat_keyless is not None:  # every batch the usual keyless send: one group, built in one pass
+            count = len(batches)
+            groups[self._keyless_partition()] = (list(range(count)), flat_keyless, [1] * count, [None] * count)
+        for i, messages in enumerate(batches if flat_keyless is None else ()):
             if plain and len(messages) == 1 and messages[0].session_id is None:
                 m = messages[0]
                 key = m.partition_key
@@ -342,9 +376,7 @@ class _Sender:
                 pid = partition_for_key(key, n)
             else:
                 if keyless_partition is None:
-                    start = next(self._round_robin)
-                    healthy = [(start + k) % n for k in range(n) if self.partitions[(start + k) % n].healthy]
-                    keyless_partition = healthy[0] if healthy else start % n
+                    keyless_partition = self._keyless_partition()
                 pid = keyless_partition
             group = groups.get(pid)
             if group is None:
@@ -367,6 +399,13 @@ class _Sender:
                 self._one_by_one(indices, flat, counts, keys, on_done)
                 continue
             future.add_done_callback(partial(self._group_done, indices, flat, counts, keys, on_done))
+
+    def _keyless_partition(self) -> int:
+        """The partition a call's keyless batches go to: the next in turn, or the first healthy one after it."""
+        n = len(self.partitions)
+        start = next(self._round_robin)
+        healthy = [(start + k) % n for k in range(n) if self.partitions[(start + k) % n].healthy]
+        return healthy[0] if healthy else start % n
 
     def _one_by_one(
         self,

@@ -700,6 +700,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         slot_rows: list[Row] = []
         slot_entries: list[Entry] = []
         floor: int | None = None
+        far = True  # the slot's TTL floor never expires a message (``_new_entry``'s index rule): the inline path
+        expires_at: int | None = None  # what the inline path gives such a message: now + the floor, or None
         try:
             for dedup_id, copies in items:
                 if dedup_id is not None and (check_all_ids or dedup_id.startswith(TRANSFER_ID_PREFIX)):
@@ -709,7 +711,8 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                         continue
                     self._dedup[dedup_id] = now
                     dedup_new.append((dedup_id, now))
-                results.append(partition_bits | seq)
+                sequence_number = partition_bits | seq  # every copy's (``encode_sequence_number``)
+                results.append(sequence_number)
                 for slot, msg in copies:
                     if slot != last_slot:  # a queue's sends are all slot 0: its lists looked up once
                         floor = ttl_floors.get(slot, _UNSET)
@@ -718,16 +721,14 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                             rows_by_slot[slot] = []
                             visible[slot] = []
                         slot_rows, slot_entries, last_slot = rows_by_slot[slot], visible[slot], slot
-                    if (
-                        (floor is None or floor >= FAR_TTL_MS)
-                        and msg.time_to_live is None
-                        and msg.scheduled_enqueue_time is None
-                    ):
+                        far = floor is None or floor >= FAR_TTL_MS
+                        expires_at = None if floor is None else now + floor
+                    if far and msg.time_to_live is None and msg.scheduled_enqueue_time is None:
                         # ``_new_entry`` written out for the usual message (active now, never expiring): the
                         # same fields, row and entry, one Python call fewer per message
-                        msg.sequence_number = sequence_number = partition_bits | seq
+                        msg.sequence_number = sequence_number
                         msg.enqueued_time_ms = now
-                        msg.expires_at_ms = None if floor is None else now + floor  # in no expiry index
+                        msg.expires_at_ms = expires_at  # in no expiry index
                         msg.state = _ACTIVE
                         msg.partition_id = pid
                         msg.delivery_count = 0
