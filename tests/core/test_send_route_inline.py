@@ -110,7 +110,7 @@ def test_a_reads_keyless_sends_go_to_one_partition_in_order(ns, keyed_last):
     captured: list[list] = []
     for p in queue.partitions:
         p.enqueue = lambda items, p=p: captured.append([p.id, items]) or _done()
-    keyless = [m for m in _messages() if m.partition_key is None]
+    keyless = [m for m in _messages() if partition_key_of(m, False) is None]
     batches = [[m] for m in keyless] + ([[Message(b"k", partition_key="p")]] if keyed_last else [])
     answered: list[int] = []
     queue.submit_many(batches, lambda indices, outcomes: answered.extend(indices), owned=True)
@@ -127,7 +127,7 @@ def test_an_owned_batch_itemised_as_by_the_rules(ns):
     """``_route`` itemises a queue's owned batch with ``_dedup_id`` written out: the same ids, in order."""
     ns.create_queue("b", enable_partitioning=True)
     queue = ns.resolve("b")[0]
-    batch = [m for m in _messages() if m.partition_key is None]
+    batch = [m for m in _messages() if partition_key_of(m, False) is None]
     key, items = queue._route(batch, True, False, False)
     assert key is None
     assert items == [(_dedup_id(m), [(QUEUE_SLOT, m)]) for m in batch]

@@ -70,8 +70,8 @@ def _dedup_id(message: Message) -> str | None:
 
 
 def _keyless_items(batches: list[list[Message]]) -> list[Any] | None:
-    """The items of batches that are each one message without a session id or partition key (a queue's usual
-    send, without duplicate detection: each goes to the call's keyless partition), in one list, as
+    """The items of batches that are each one message without a session id, partition key or transfer id (a
+    queue's usual send, without duplicate detection: each goes to the call's keyless partition), in one list, as
     ``submit_many``'s loop makes them one by one; None as soon as one batch is anything else."""
     flat = []
     append = flat.append
@@ -79,13 +79,11 @@ def _keyless_items(batches: list[list[Message]]) -> list[Any] | None:
         if len(messages) != 1:
             return None
         m = messages[0]
-        if m.session_id is not None or m.partition_key is not None:
-            return None
-        dedup_id = m.transfer_id
-        if dedup_id is None:
-            dedup_id = m.message_id
-            if dedup_id is not None and type(dedup_id) is not str:
-                dedup_id = str(dedup_id)
+        if m.session_id is not None or m.partition_key is not None or m.transfer_id is not None:
+            return None  # (a forwarded copy is keyed by its transfer id: model/routing.py)
+        dedup_id = m.message_id
+        if dedup_id is not None and type(dedup_id) is not str:
+            dedup_id = str(dedup_id)
         append((dedup_id, [(QUEUE_SLOT, m)]))
     return flat
 
@@ -357,8 +355,11 @@ class _Sender:
             if plain and len(messages) == 1 and messages[0].session_id is None:
                 m = messages[0]
                 key = m.partition_key
-                if key is None and duplicate_detection and m.message_id is not None:
-                    key = str(m.message_id)
+                if key is None:
+                    if duplicate_detection and m.message_id is not None:
+                        key = str(m.message_id)
+                    else:
+                        key = m.transfer_id  # None but for a forwarded copy (model/routing.py)
                 dedup_id = m.transfer_id
                 if dedup_id is None:
                     dedup_id = m.message_id

@@ -1,7 +1,10 @@
 """Which partition a message belongs to, and the numbers that name partitions.
 
 The partition-key rule is the seeds' (Microsoft's "Partitioned queues and topics"): SessionId if set; else
-PartitionKey; else MessageId when the entity requires duplicate detection; else no key (round-robin). A key
+PartitionKey; else MessageId when the entity requires duplicate detection; else no key (round-robin). One
+addition of ours: a copy made by auto-forwarding with none of those is keyed by its transfer id, so that a copy
+forwarded again after a crash (entity/forwarding.py) lands in the partition that has the first one and is dropped
+there, not stored twice in two partitions. A key
 maps to a partition through a stable hash, so the same key lands in the same partition in every process and
 after every restart (Python's ``hash`` is salted per process and would not).
 
@@ -47,7 +50,7 @@ def partition_key_of(message: Message, requires_duplicate_detection: bool) -> st
         return partition_key
     if requires_duplicate_detection and message.message_id is not None:
         return str(message.message_id)
-    return None
+    return message.transfer_id  # None but for a forwarded copy (see the module's header)
 
 
 def batch_partition_key(
@@ -57,7 +60,12 @@ def batch_partition_key(
     keys = set()
     dedup = requires_duplicate_detection
     for m in messages:  # ``partition_key_of`` called only for a message that has a key: a batch has many
-        if m.session_id is None and m.partition_key is None and (not dedup or m.message_id is None):
+        if (
+            m.session_id is None
+            and m.partition_key is None
+            and (not dedup or m.message_id is None)
+            and m.transfer_id is None
+        ):
             keys.add(None)
         else:
             keys.add(partition_key_of(m, requires_duplicate_detection))
