@@ -40,8 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..extras import MissingExtra
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
-from ..partition.broker import _LEND as LEND
-from ..partition.broker import PartitionBroker
+from ..partition.broker import LEND, PartitionBroker
 from ..partition.handle import OPERATIONS, Kind
 from ..partition.values import PartitionConfig
 from ..store.base import MessageStore, StoreError

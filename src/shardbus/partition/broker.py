@@ -263,8 +263,9 @@ MAX_UNWRITTEN_BYTES = 32 * 1024 * 1024
 
 
 _UNSET = object()
-# ``lock_messages_as``'s ``give`` that lends the locked messages themselves instead of copies
-_LEND: Callable[[Message], Any] = lambda m: m  # noqa: E731 (compared by identity, never called)
+# ``lock_messages_as``'s ``give`` that lends the locked messages themselves instead of copies (a locked message is
+# never changed in place: the front end's receivers and a worker's lock reply read them as they are)
+LEND: Callable[[Message], Any] = lambda m: m  # noqa: E731 (compared by identity, never called)
 _new_tuple = tuple.__new__
 _new_entry_object = object.__new__
 _UUID = uuid.UUID
@@ -1064,7 +1065,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
                 msg.delivery_count += 1
                 locks[token.int] = entry
                 push(lock_heap, (until, entry.seq, token))
-                if give is _LEND:
+                if give is LEND:
                     out.append(msg)
                     continue
                 if give is not None:
@@ -1926,7 +1927,7 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
         ``lend``: the locked messages themselves, to be read and never changed (``lock_messages_as``, ``LEND``)."""
         future: Future = Future()
         try:
-            future.set_result(self.lock_messages_as(slot, queue, max_count, _LEND if lend else None))
+            future.set_result(self.lock_messages_as(slot, queue, max_count, LEND if lend else None))
         except Exception as exc:
             future.set_exception(exc)
         return future
