@@ -194,6 +194,17 @@ _HEADER_TTLS: dict[bytes, int] = {}
 _ID_ONLY: list[Any] = []  # ``_decode_plain``'s properties when they hold a message-id alone (kept in ``message_id``)
 
 
+def _data_span(buf: bytes, p: int) -> tuple[int, int]:
+    """Where the binary of the data section at ``p`` starts and ends in ``buf`` (an end of -1: not a vbin8 or
+    vbin32, which ``_decode_plain`` leaves to the general decoder)."""
+    c = buf[p + 3]
+    if c == 0xB0:
+        return p + 8, p + 8 + _uint32(buf, p + 4)[0]
+    if c == 0xA0:
+        return p + 5, p + 5 + buf[p + 4]
+    return 0, -1
+
+
 def _decode_plain(buf: bytes) -> Message | None:
     """One pass from bytes to ``Message`` for what nearly every sender sends: optionally a header (a time to live,
     or durable=true as AMQP clients set it for a persistent message), properties, optionally
@@ -219,15 +230,7 @@ def _decode_plain(buf: bytes) -> Message | None:
             # alone, then one data section. The loop below's steps for it, without the loop: the same checks.
             q = 5 + buf[4]
             if 8 + buf[7] == q and buf[q] == 0 and buf[q + 1] == 0x53 and buf[q + 2] == DATA:
-                c = buf[q + 3]
-                if c == 0xB0:
-                    start = q + 8
-                    end = start + _uint32(buf, q + 4)[0]
-                elif c == 0xA0:
-                    start = q + 5
-                    end = start + buf[q + 4]
-                else:
-                    end = -1
+                start, end = _data_span(buf, q)
                 if end == n:
                     m = new_message(buf[start:], buf[8:q].decode("utf-8"))
                     m.wire_sections = buf[:start]
@@ -248,14 +251,7 @@ def _decode_plain(buf: bytes) -> Message | None:
             code = buf[p + 2]
             c = buf[p + 3]
             if code == DATA:  # the last section: nothing may follow it
-                if c == 0xB0:
-                    start = p + 8
-                    end = start + _uint32(buf, p + 4)[0]
-                elif c == 0xA0:
-                    start = p + 5
-                    end = start + buf[p + 4]
-                else:
-                    return None
+                start, end = _data_span(buf, p)
                 if end != n:
                     return None
                 body = buf[start:end]
