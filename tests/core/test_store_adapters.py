@@ -223,8 +223,25 @@ def test_sqlite_small_writes_are_one_statement_each(tmp_path) -> None:
     store.close()
 
 
+def test_sqlite_chunks_are_never_more_statements_than_powers_of_two() -> None:
+    """The halfway sizes (48, 96, 192) only ever save statements: a group of 100 rows is 96 + 4."""
+
+    def powers_of_two(n: int) -> list[int]:  # the split before them
+        out = []
+        while n > sqlite_store._EXACT_ROWS:
+            out.append(1 << (min(n, sqlite_store._PUT_CHUNK).bit_length() - 1))
+            n -= out[-1]
+        return out + [n] * bool(n)
+
+    for n in range(1, 2000):
+        chunks = sqlite_store._chunks(n)
+        assert sum(chunks) == n and max(chunks) <= sqlite_store._PUT_CHUNK
+        assert len(chunks) <= len(powers_of_two(n)), n
+    assert sqlite_store._chunks(100) == (96, 4) and sqlite_store._chunks(76) == (64, 12)
+
+
 def test_sqlite_puts_of_every_size_read_back(tmp_path) -> None:
-    """Exact statements up to _EXACT_ROWS rows, power-of-two chunks and an exact rest above: every row lands."""
+    """Exact statements up to _EXACT_ROWS rows, chunks of _CHUNK_SIZES and an exact rest above: every row lands."""
     store = SqliteStore(tmp_path / "p.db")
     store.apply([("create_slot", 0)])
     seq = 1
