@@ -49,8 +49,9 @@ the ``expires`` column: the upkeep expires them through it, ``scan_expiring``)
 and ``m<slot>_dl`` (queue != 0: the dead-letter sub-queues, scanned by (queue, seq)); the tables of
 session-enabled slots have a fourth, ``m<slot>_ses`` (session, seq) on the rows with a session (the ``session``
 column, written by a ``sessions`` op with their put): a session's messages in sequence order (``scan_session``).
-The kept counts are in ``counts``. A file written before these existed gets them when opened (indexes built and
-counts computed once).
+The kept counts are in ``counts``, and so is the next sequence number (``NEXT_SEQ_SLOT``). A file written before
+these existed gets them when opened (indexes built and counts computed once; its next sequence number stays in the
+meta table until the first send writes it anew).
 
 Reads (``load``, ``scan``) use a connection of their own: in WAL mode it sees the last commit, never the
 writer's open transaction.
@@ -95,6 +96,13 @@ COUNTS_KEPT = "counts_kept"  # meta key: the counts table is kept by the broker 
 # meta key: the session-enabled slots' rows carry their session id in the ``session`` column (set when created, or
 # once ``load`` filled the column of a file written before it existed)
 SESSIONS_KEPT = "sessions_kept"
+# The partition's next sequence number (the meta key ``NEXT_SEQ``, which every send's batch sets) is kept as a row of
+# the counts table, (``NEXT_SEQ_SLOT``, 0) with n = the number, not in the meta table: a send's commit then writes it
+# and its counts in one statement and one page (a statement and a WAL frame less: 50,000 instructions of a commit of
+# 100 new 1 KB rows, 3.5%). Slots are never negative. A file written before holds the number in its meta table,
+# which ``load`` still reads: the larger of the two is the number (so a file from before numbers on, never back).
+NEXT_SEQ = "next_seq"
+NEXT_SEQ_SLOT = -1
 _FILL_PAGE = 4096  # rows per read while filling the session column of an older file
 
 _COLUMNS = "seq, queue, state, delivery_count, dead_letter, data"
@@ -381,7 +389,10 @@ class SqliteStore:
                 for slot, session, state in db.execute("SELECT slot, session, state FROM session_state"):
                     snap.session_states[(slot, session)] = state
                 for slot, queue, n, size in db.execute("SELECT slot, queue, n, bytes FROM counts"):
-                    snap.counts[(slot, queue)] = (n, size)
+                    if slot == NEXT_SEQ_SLOT:
+                        snap.meta[NEXT_SEQ] = max(n, snap.meta.get(NEXT_SEQ, n))
+                    else:
+                        snap.counts[(slot, queue)] = (n, size)
                 for (slot,) in db.execute("SELECT slot FROM slots").fetchall():
                     if resident is None or slot in resident:
                         cursor = db.execute(f"SELECT {_COLUMNS} FROM {_table(slot)} ORDER BY seq")
@@ -692,7 +703,11 @@ class SqliteStore:
         self._db.execute("DELETE FROM counts WHERE slot=?", (slot,))
 
     def _meta(self, key: str, value: int) -> None:
-        self._meta_values[key] = value  # only the meta ops touch the meta table: the last value is written
+        # only the meta ops touch the meta table: the last value is written (``NEXT_SEQ``'s with the counts)
+        if key == NEXT_SEQ:
+            self._count_values[(NEXT_SEQ_SLOT, 0)] = (value, 0)
+        else:
+            self._meta_values[key] = value
 
     def _counts(self, slot: int, queue: int, n: int, size: int) -> None:
         self._count_values[(slot, queue)] = (n, size)
