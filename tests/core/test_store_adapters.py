@@ -223,8 +223,65 @@ def test_sqlite_small_writes_are_one_statement_each(tmp_path) -> None:
     store.close()
 
 
+def test_sqlite_a_send_is_begin_its_rows_one_counts_statement_and_commit(tmp_path) -> None:
+    """A send's batch (its rows, the next sequence number, its counts) writes the number with the counts, in one
+    statement (the counts table's row (NEXT_SEQ_SLOT, 0)), and a group of 100 rows is two inserts (96 + 4)."""
+    store = SqliteStore(tmp_path / "p.db")
+    store.apply([("create_slot", 0)])
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    store.apply([("put", 0, [_row(s) for s in range(1, 101)]), ("meta", "next_seq", 101), ("counts", 0, 0, 100, 9)])
+    store._db.set_trace_callback(None)
+    assert len(statements) == 1 + 2 + 1 + 1, statements  # BEGIN, 96 rows, 4 rows, counts and next_seq, COMMIT
+    assert not [s for s in statements if "meta" in s]
+    snap = store.load()
+    assert snap.meta == {"next_seq": 101} and snap.counts == {(0, 0): (100, 9)}  # not a slot's counts
+    assert [r.seq for r in snap.rows[0]] == list(range(1, 101))
+    store.close()
+
+
+def test_sqlite_next_seq_of_a_file_written_before_is_read_from_its_meta_table(tmp_path) -> None:
+    """A file written before the next sequence number moved to the counts table holds it in its meta table: it is
+    read from there until a batch writes a new one (the larger of the two counts, so it never goes back)."""
+    import sqlite3
+
+    store = SqliteStore(tmp_path / "p.db")
+    store.apply([("create_slot", 0)])
+    store.close()
+    db = sqlite3.connect(tmp_path / "p.db")
+    db.execute("INSERT INTO meta VALUES ('next_seq', 7)")  # as main's code wrote it
+    db.commit()
+    db.close()
+    store = SqliteStore(tmp_path / "p.db")
+    assert store.load().meta == {"next_seq": 7}
+    store.apply([("put", 0, [_row(7)]), ("meta", "next_seq", 8), ("counts", 0, 0, 1, 10)])
+    assert store.load().meta == {"next_seq": 8}
+    store.close()
+    store = SqliteStore(tmp_path / "p.db")
+    snap = store.load()
+    assert snap.meta == {"next_seq": 8} and snap.counts == {(0, 0): (1, 10)}
+    store.close()
+
+
+def test_sqlite_chunks_are_never_more_statements_than_powers_of_two() -> None:
+    """The halfway sizes (48, 96, 192) only ever save statements: a group of 100 rows is 96 + 4."""
+
+    def powers_of_two(n: int) -> list[int]:  # the split before them
+        out = []
+        while n > sqlite_store._EXACT_ROWS:
+            out.append(1 << (min(n, sqlite_store._PUT_CHUNK).bit_length() - 1))
+            n -= out[-1]
+        return out + [n] * bool(n)
+
+    for n in range(1, 2000):
+        chunks = sqlite_store._chunks(n)
+        assert sum(chunks) == n and max(chunks) <= sqlite_store._PUT_CHUNK
+        assert len(chunks) <= len(powers_of_two(n)), n
+    assert sqlite_store._chunks(100) == (96, 4) and sqlite_store._chunks(76) == (64, 12)
+
+
 def test_sqlite_puts_of_every_size_read_back(tmp_path) -> None:
-    """Exact statements up to _EXACT_ROWS rows, power-of-two chunks and an exact rest above: every row lands."""
+    """Exact statements up to _EXACT_ROWS rows, chunks of _CHUNK_SIZES and an exact rest above: every row lands."""
     store = SqliteStore(tmp_path / "p.db")
     store.apply([("create_slot", 0)])
     seq = 1
