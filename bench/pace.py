@@ -51,6 +51,7 @@ TIMELINE_ENV = "PACE_TIMELINE"  # a child writes its timeline of each timed call
 
 def _instrument() -> None:
     from shardbus import client as sc
+    from shardbus.amqp import connection as amqp_connection
     from shardbus.amqp import transport
 
     out = os.environ[TIMELINE_ENV]
@@ -63,16 +64,19 @@ def _instrument() -> None:
         for v in marks.values():
             v.clear()
 
-    send = transport.ClientSender.send
+    # A send's life, transfer -> outcome, noted where every send path meets: the engine's send_transfer (the
+    # sender's transfers; only the client's connection lives in this process) and the disposition that settles
+    # it (handle_event below), whether the client sends with a coroutine per message or a window loop.
+    send_transfer = amqp_connection.Connection.send_transfer
+    started: dict[tuple[int, int], float] = {}
 
-    async def timed_send(self: Any, payload: bytes, **kw: Any) -> Any:
+    def timed_transfer(self: Any, link: Any, *a: Any, **kw: Any) -> int:
         t0 = time.perf_counter()
-        try:
-            return await send(self, payload, **kw)
-        finally:
-            marks["send"].append((t0, time.perf_counter()))
+        did = send_transfer(self, link, *a, **kw)
+        started[(id(link.session), did)] = t0
+        return did
 
-    transport.ClientSender.send = timed_send  # type: ignore[method-assign]
+    amqp_connection.Connection.send_transfer = timed_transfer  # type: ignore[method-assign]
 
     grant = transport.ClientReceiver.grant
 
@@ -85,8 +89,15 @@ def _instrument() -> None:
     handle = transport.AmqpClient.handle_event
 
     def timed_handle(self: Any, protocol: Any, ev: Any) -> None:
-        if type(ev).__name__ == "DeliveryReceived":
+        kind = type(ev).__name__
+        if kind == "DeliveryReceived":
             marks["delivery"].append(time.perf_counter())
+        elif kind == "DispositionReceived":
+            now, session = time.perf_counter(), id(ev.session)
+            for ref in ev.deliveries:
+                t0 = started.pop((session, ref.delivery_id), None)
+                if t0 is not None:
+                    marks["send"].append((t0, now))
         handle(self, protocol, ev)
 
     transport.AmqpClient.handle_event = timed_handle  # type: ignore[method-assign]

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from . import events as E
 from .connection import Connection, Role
 from .link import Link
-from .performatives import RECEIVER, SENDER, Error, SndSettleMode, Source, Target
+from .performatives import RECEIVER, SENDER, Accepted, Error, SndSettleMode, Source, Target
 from .session import Session
 
 __all__ = [
@@ -209,6 +209,119 @@ def _time_out(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(TimeoutError())
 
 
+class _SendWindow:
+    """One ``ClientSender.send_many`` call: its payloads, sent in order with at most ``window`` unsettled at a
+    time. It stands in ``AmqpClient._outcomes`` for each of its transfers (the engine resolves an outcome with
+    ``done``/``set_result``/``set_exception``, as it would a future), and each outcome that comes back sends the
+    next payload there and then: no coroutine, future or timer per message, and the transfers that a read's
+    dispositions let go are written together when the read is done (``AmqpProtocol.data_received``).
+
+    Holds the caller's payload list (already in memory) and one counter per state; nothing grows with time.
+    ``future`` resolves once every payload sent is settled, with ``(refused, first refusal)`` (an outcome other
+    than ``Accepted``); after a refusal no further payload is sent, those in flight are waited for.
+    """
+
+    __slots__ = (
+        "_last",
+        "_next",
+        "_refusal",
+        "_refused",
+        "_sender",
+        "_timeout",
+        "_timer",
+        "future",
+        "in_flight",
+        "payloads",
+        "window",
+    )
+
+    def __init__(self, sender: ClientSender, payloads: list[bytes], window: int, timeout: float | None) -> None:
+        self._sender = sender
+        self.payloads = payloads
+        self.window = window
+        self._next = 0  # index of the next payload to send
+        self.in_flight = 0
+        self._refused = False
+        self._refusal: Any = None  # the first outcome other than Accepted (may itself be None: no outcome)
+        loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self._timeout = timeout
+        self._last = loop.time()  # when the last outcome came (or the call began): the timeout counts from it
+        self._timer: asyncio.TimerHandle | None = None
+        if timeout is not None:
+            self._timer = loop.call_at(self._last + timeout, self._check_time)
+
+    def fill(self) -> None:
+        """Send payloads while the window, the link's credit and the session's window allow."""
+        if self._refused or self.future.done():
+            return
+        sender = self._sender
+        link = sender.link
+        session = link.session
+        client = sender._session.client
+        send = client._conn.send_transfer
+        outcomes = client._outcomes
+        key = id(session)
+        tags = sender._tags
+        payloads = self.payloads
+        i, n, room = self._next, len(payloads), self.window - self.in_flight
+        sent = 0
+        while sent < room and i < n and link.credit > 0 and session.remote_incoming_window > 0:
+            outcomes[(key, send(link, next(tags).to_bytes(4, "big"), payloads[i], settled=False))] = self
+            i += 1
+            sent += 1
+        if sent:
+            self._next = i
+            self.in_flight += sent
+            client._flush()
+
+    # ---- the outcome protocol of AmqpClient._outcomes
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, state: Any) -> None:
+        self.in_flight -= 1
+        if not self._refused and not isinstance(state, Accepted):
+            self._refused = True
+            self._refusal = state
+        if self._timer is not None:
+            self._last = self._sender._loop.time()
+        if self._next < len(self.payloads) and not self._refused:
+            self.fill()
+        elif self.in_flight <= 0:
+            self._finish(None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finish(exc)
+
+    def exception(self) -> BaseException | None:
+        return self.future.exception()
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self in self._sender._windows:
+            self._sender._windows.remove(self)
+        if not self.future.done():
+            if exc is None:
+                self.future.set_result((self._refused, self._refusal))
+            else:
+                self.future.set_exception(exc)
+
+    def _check_time(self) -> None:
+        """No outcome for ``timeout`` s (none due, or no credit to send): fail, as a lone send would."""
+        self._timer = None
+        if self.future.done():
+            return
+        loop = self._sender._loop
+        due = self._last + self._timeout  # type: ignore[operator]
+        if loop.time() >= due:
+            self._finish(TimeoutError())
+        else:
+            self._timer = loop.call_at(due, self._check_time)
+
+
 class ClientSender:
     """A sending link of ``AmqpClient``."""
 
@@ -217,6 +330,24 @@ class ClientSender:
         self.link = link
         self._tags = itertools.count(1)
         self._credit = asyncio.Event()
+        self._windows: list[_SendWindow] = []  # the send_many calls in progress (usually one)
+        self._loop = asyncio.get_running_loop()
+
+    async def send_many(
+        self, payloads: list[bytes], *, window: int = 100, timeout: float | None = 60
+    ) -> tuple[bool, Any]:
+        """Send encoded messages in order, unsettled, at most ``window`` awaiting their outcome at a time; return
+        ``(False, None)`` when every one was accepted, else ``(True, outcome)`` with the first outcome other
+        than ``Accepted`` (no payload after it is sent; those in flight are waited for). ``timeout``:
+        TimeoutError when no outcome came for that long while some were due; AmqpClientError when the connection
+        or the link goes. Calls may overlap on one link (each has its own window; they share the credit)."""
+        self._session.client._check_alive()
+        if not payloads:
+            return False, None
+        w = _SendWindow(self, payloads, window, timeout)
+        self._windows.append(w)
+        w.fill()
+        return await w.future
 
     async def send(
         self,
@@ -436,6 +567,8 @@ class AmqpClient:
             for sender in self._senders.values():
                 if sender.link.session is ev.session:
                     sender._credit.set()
+                    for window in sender._windows:  # credit or session window came: send what waited for it
+                        window.fill()
         elif isinstance(ev, E.ConnectionOpened):
             if not self._opened.done():
                 self._opened.set_result(ev.open)
@@ -448,7 +581,9 @@ class AmqpClient:
                 conn.detach(ev.link, closed=ev.closed)
             self._fail(self._attach_waiters.pop(id(ev.link), None), ev.error)
             self._resolve(self._detach_waiters, id(ev.link), ev.error)
-            self._senders.pop(id(ev.link), None)
+            sender = self._senders.pop(id(ev.link), None)
+            for window in [] if sender is None else list(sender._windows):  # no outcome comes on a detached link
+                window.set_exception(AmqpClientError(f"detached: {ev.error}", ev.error))
             self._receivers.pop(id(ev.link), None)
         elif isinstance(ev, E.SessionEnded):
             if ev.reply_needed:
@@ -505,7 +640,9 @@ class AmqpClient:
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()  # mark retrieved: nobody may be awaiting it any more
-        for sender in self._senders.values():
+        for sender in list(self._senders.values()):
             sender._credit.set()
+            for window in list(sender._windows):  # one waiting for credit has nothing in _outcomes
+                window.set_exception(exc)
         if not self._closed.done():
             self._closed.set_result(error)
