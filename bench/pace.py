@@ -64,9 +64,9 @@ def _instrument() -> None:
         for v in marks.values():
             v.clear()
 
-    # A send's life, transfer -> outcome, noted where every send path meets: the engine's send_transfer (the
-    # sender's transfers; only the client's connection lives in this process) and the disposition that settles
-    # it (handle_event below), whether the client sends with a coroutine per message or a window loop.
+    # A send's life, transfer -> outcome, noted where every send path meets: the engine's send_transfer or
+    # send_deliveries (the sender's transfers; only the client's connection lives in this process) and the
+    # disposition that settles it (handle_event below), whatever loop the client sends them with.
     send_transfer = amqp_connection.Connection.send_transfer
     started: dict[tuple[int, int], float] = {}
 
@@ -77,6 +77,17 @@ def _instrument() -> None:
         return did
 
     amqp_connection.Connection.send_transfer = timed_transfer  # type: ignore[method-assign]
+    send_deliveries = amqp_connection.Connection.send_deliveries
+
+    def timed_deliveries(self: Any, link: Any, deliveries: list[Any], **kw: Any) -> int:
+        t0 = time.perf_counter()
+        first = send_deliveries(self, link, deliveries, **kw)
+        session = id(link.session)
+        for did in range(first, first + len(deliveries)):
+            started[(session, did & 0xFFFFFFFF)] = t0
+        return first
+
+    amqp_connection.Connection.send_deliveries = timed_deliveries  # type: ignore[method-assign]
 
     grant = transport.ClientReceiver.grant
 

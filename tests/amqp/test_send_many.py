@@ -136,3 +136,14 @@ async def test_outcomes_that_never_come_time_out() -> None:
         assert 0.3 <= asyncio.get_running_loop().time() - started < 3
         assert not sender._windows
         await client.close()
+
+
+async def test_payloads_of_several_frames_among_small_ones() -> None:
+    address = "q-window-big"
+    QueueBroker.queues[address].clear()
+    async with served(StingyBroker) as port:
+        client, sender = await _sender(port, address)
+        payloads = [b"s0", b"B" * 2_500_000, b"s1", b"s2", b"b" * 1_100_000, b"s3"]  # 1 MiB frames
+        assert await sender.send_many(payloads, window=4, timeout=5) == (False, None)
+        assert list(QueueBroker.queues[address]) == payloads
+        await client.close()

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from . import events as E
 from .connection import Connection, Role
+from .errors import LocalProtocolError
 from .link import Link
 from .performatives import RECEIVER, SENDER, Accepted, Error, SndSettleMode, Source, Target
 from .session import Session
@@ -209,12 +210,15 @@ def _time_out(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(TimeoutError())
 
 
+_TRANSFER_ROOM = 64  # more than a transfer's frame header and performative take with a 4-byte tag
+
+
 class _SendWindow:
     """One ``ClientSender.send_many`` call: its payloads, sent in order with at most ``window`` unsettled at a
     time. It stands in ``AmqpClient._outcomes`` for each of its transfers (the engine resolves an outcome with
-    ``done``/``set_result``/``set_exception``, as it would a future), and each outcome that comes back sends the
-    next payload there and then: no coroutine, future or timer per message, and the transfers that a read's
-    dispositions let go are written together when the read is done (``AmqpProtocol.data_received``).
+    ``done``/``set_result``/``set_exception``, as it would a future): no coroutine, future or timer per message.
+    The room that a read's dispositions make is filled once the read's events are handled
+    (``AmqpClient.events_done``), in one loop, and those transfers go out in the read's one write.
 
     Holds the caller's payload list (already in memory) and one counter per state; nothing grows with time.
     ``future`` resolves once every payload sent is settled, with ``(refused, first refusal)`` (an outcome other
@@ -224,6 +228,7 @@ class _SendWindow:
     __slots__ = (
         "_last",
         "_next",
+        "_queued",
         "_refusal",
         "_refused",
         "_sender",
@@ -241,6 +246,7 @@ class _SendWindow:
         self.window = window
         self._next = 0  # index of the next payload to send
         self.in_flight = 0
+        self._queued = False  # in AmqpClient._refill: to be filled when the read's events are done
         self._refused = False
         self._refusal: Any = None  # the first outcome other than Accepted (may itself be None: no outcome)
         loop = asyncio.get_running_loop()
@@ -253,27 +259,45 @@ class _SendWindow:
 
     def fill(self) -> None:
         """Send payloads while the window, the link's credit and the session's window allow."""
+        self._queued = False
         if self._refused or self.future.done():
             return
         sender = self._sender
         link = sender.link
         session = link.session
         client = sender._session.client
-        send = client._conn.send_transfer
-        outcomes = client._outcomes
+        conn = client._conn
+        i, payloads = self._next, self.payloads
+        count = min(self.window - self.in_flight, len(payloads) - i, link.credit, session.remote_incoming_window)
+        if count <= 0:
+            return
+        batch = payloads[i : i + count]
+        tag = sender._next_tag
+        try:
+            if max(map(len, batch)) + _TRANSFER_ROOM <= conn.remote_max_frame_size:
+                # one frame each: the engine's batch path, its checks and records done once for them all
+                first = conn.send_deliveries(
+                    link, [(t.to_bytes(4, "big"), p) for t, p in enumerate(batch, tag)], settled=False
+                )
+            else:  # a payload of several frames: one at a time, each checked against the session's window
+                first = session.next_delivery_id
+                count = 0
+                for t, p in enumerate(batch, tag):
+                    if link.credit <= 0 or session.remote_incoming_window <= 0:
+                        break
+                    conn.send_transfer(link, t.to_bytes(4, "big"), p, settled=False)
+                    count += 1
+        except LocalProtocolError as exc:  # the link or session is going: no outcome will come
+            self._finish(AmqpClientError(f"cannot send: {exc}"))
+            return
+        sender._next_tag = tag + count
         key = id(session)
-        tags = sender._tags
-        payloads = self.payloads
-        i, n, room = self._next, len(payloads), self.window - self.in_flight
-        sent = 0
-        while sent < room and i < n and link.credit > 0 and session.remote_incoming_window > 0:
-            outcomes[(key, send(link, next(tags).to_bytes(4, "big"), payloads[i], settled=False))] = self
-            i += 1
-            sent += 1
-        if sent:
-            self._next = i
-            self.in_flight += sent
-            client._flush()
+        outcomes = client._outcomes
+        for did in range(first, first + count):
+            outcomes[(key, did & 0xFFFFFFFF)] = self
+        self._next = i + count
+        self.in_flight += count
+        client._flush()
 
     # ---- the outcome protocol of AmqpClient._outcomes
     def done(self) -> bool:
@@ -287,7 +311,9 @@ class _SendWindow:
         if self._timer is not None:
             self._last = self._sender._loop.time()
         if self._next < len(self.payloads) and not self._refused:
-            self.fill()
+            if not self._queued:
+                self._queued = True
+                self._sender._session.client._refill.append(self)
         elif self.in_flight <= 0:
             self._finish(None)
 
@@ -328,7 +354,7 @@ class ClientSender:
     def __init__(self, session: ClientSession, link: Link) -> None:
         self._session = session
         self.link = link
-        self._tags = itertools.count(1)
+        self._next_tag = 1  # delivery tags: 4-byte big-endian numbers, 1 up
         self._credit = asyncio.Event()
         self._windows: list[_SendWindow] = []  # the send_many calls in progress (usually one)
         self._loop = asyncio.get_running_loop()
@@ -365,7 +391,8 @@ class ClientSender:
             client._check_alive()
             self._credit.clear()
             await asyncio.wait_for(self._credit.wait(), timeout)
-        tag = next(self._tags).to_bytes(4, "big")
+        tag = self._next_tag.to_bytes(4, "big")
+        self._next_tag += 1
         did = client._conn.send_transfer(
             self.link, tag, payload, settled=settled, message_format=message_format, state=state
         )
@@ -492,6 +519,7 @@ class AmqpClient:
         self._outcomes: dict[tuple[int, int], asyncio.Future[Any]] = {}
         self._senders: dict[int, ClientSender] = {}
         self._receivers: dict[int, ClientReceiver] = {}
+        self._refill: list[_SendWindow] = []  # send windows that this read's outcomes made room in
 
     @classmethod
     async def connect(
@@ -596,6 +624,13 @@ class AmqpClient:
             conn.detach(ev.link, error=Error("amqp:not-allowed", "client accepts no incoming links"))
         elif isinstance(ev, E.SessionBeginRequested):
             conn.end(ev.session, Error("amqp:not-allowed", "client accepts no incoming sessions"))
+
+    def events_done(self, protocol: AmqpProtocol) -> None:
+        """A read's events are handled: fill the send windows its outcomes made room in (before its write)."""
+        if self._refill:
+            refill, self._refill = self._refill, []
+            for window in refill:
+                window.fill()
 
     def connection_lost(self, protocol: AmqpProtocol) -> None:
         self._shutdown(self._conn.error)
