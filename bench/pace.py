@@ -28,6 +28,7 @@ read the shares and latencies, not the rates.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -55,7 +56,7 @@ def _instrument() -> None:
     from shardbus.amqp import transport
 
     out = os.environ[TIMELINE_ENV]
-    marks: dict[str, list[Any]] = {"send": [], "grant": [], "delivery": [], "call": [], "settle": []}
+    marks: dict[str, list[Any]] = {"send": [], "grant": [], "delivery": [], "call": [], "settle": [], "write": []}
     calls = [0]
 
     def dump() -> None:
@@ -88,6 +89,18 @@ def _instrument() -> None:
         return first
 
     amqp_connection.Connection.send_deliveries = timed_deliveries  # type: ignore[method-assign]
+
+    # The socket writes of a window's transfers (the client writes each fill at once): when they left, to set
+    # beside the broker's "socket read came" (report_hops).
+    write = transport.AmqpProtocol._write
+
+    def timed_write(self: Any) -> None:
+        size = len(self.conn._out)
+        write(self)
+        if size >= 8192:
+            marks["write"].append((time.perf_counter(), size))
+
+    transport.AmqpProtocol._write = timed_write  # type: ignore[method-assign]
 
     grant = transport.ClientReceiver.grant
 
@@ -372,6 +385,41 @@ def report_send_life(trace: Path, start: float, end: float) -> None:
         print(f"    {label:<42} {_ms(values)}")
 
 
+def report_hops(marks: dict[str, Any], trace: Path, start: float, end: float) -> None:
+    """The sender's side of each group of the broker's trace (the clocks are the same CLOCK_MONOTONIC): from the
+    client's write of the transfers to the broker's read of them, from the broker's dispositions (made, then
+    written) to the client's handling of them, and from there to the client's write of the next transfers. Per group."""
+    writes = sorted(t for t, _ in marks.get("write", []))
+    outcomes = sorted({b for _, b in marks["send"]})
+    hops: dict[str, list[float]] = {
+        "client wrote transfers -> broker read came": [],
+        "broker made dispositions -> client handled": [],
+        "client handled -> wrote the next transfers": [],
+    }
+    for line in trace.read_text().splitlines() if trace.exists() and writes else []:
+        parts = line.split()
+        if len(parts) < 4 or parts[2] != "send" or not start <= float(parts[0]) <= end:
+            continue
+        t = {k: float(v) for k, v in (f.split("=") for f in parts[3:])}
+        flushed = float(parts[0])
+        # "acked" (dispositions made), not "written": the broker notes its write after the call returns, and the
+        # client on the other core may have handled them by then
+        arrived, acked = flushed + t["arrived"] / 1e3, flushed + t["acked"] / 1e3
+        i = bisect.bisect_right(writes, arrived)
+        if i:
+            hops["client wrote transfers -> broker read came"].append(arrived - writes[i - 1])
+        j = bisect.bisect_left(outcomes, acked)
+        if j < len(outcomes):
+            hops["broker made dispositions -> client handled"].append(outcomes[j] - acked)
+            k = bisect.bisect_left(writes, outcomes[j])
+            if k < len(writes):
+                hops["client handled -> wrote the next transfers"].append(writes[k] - outcomes[j])
+    if any(hops.values()):
+        print("  the sender's hops, ms p10/p50/p90/p99 per group:")
+        for label, values in hops.items():
+            print(f"    {label:<42} {_ms(values)}")
+
+
 def busy(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall: float) -> str:
     cells = []
     for proc, threads in after.items():
@@ -432,6 +480,7 @@ def main() -> None:
                     report_sends(read_timeline(folder / "send.timeline"), pre["start"], pre["end"])
                     time.sleep(1.2)  # the trace is flushed about every second
                     report_send_life(trace, pre["start"], pre["end"])
+                    report_hops(read_timeline(folder / "send.timeline"), trace, pre["start"], pre["end"])
             before = {name: thread_cpu(p) for name, p in procs.items()}
             t0 = time.perf_counter()
             rcv.command(f"recv {n}")
@@ -452,6 +501,7 @@ def main() -> None:
                 report_commits(trace, start, r["end"])
                 if phase == "both":
                     report_send_life(trace, start, r["end"])
+                    report_hops(read_timeline(folder / "send.timeline"), trace, start, r["end"])
     finally:
         snd.stop()
         rcv.stop()
