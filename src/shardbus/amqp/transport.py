@@ -364,7 +364,7 @@ class ClientSender:
     ) -> tuple[bool, Any]:
         """Send encoded messages in order, unsettled, at most ``window`` awaiting their outcome at a time; return
         ``(False, None)`` when every one was accepted, else ``(True, outcome)`` with the first outcome other
-        than ``Accepted`` (no payload after it is sent; those in flight are waited for). ``timeout``:
+        than ``Accepted`` (once it came no further payload is sent; those in flight are waited for). ``timeout``:
         TimeoutError when no outcome came for that long while some were due; AmqpClientError when the connection
         or the link goes. Calls may overlap on one link (each has its own window; they share the credit)."""
         self._session.client._check_alive()
