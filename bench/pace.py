@@ -28,6 +28,7 @@ read the shares and latencies, not the rates.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -51,10 +52,11 @@ TIMELINE_ENV = "PACE_TIMELINE"  # a child writes its timeline of each timed call
 
 def _instrument() -> None:
     from shardbus import client as sc
+    from shardbus.amqp import connection as amqp_connection
     from shardbus.amqp import transport
 
     out = os.environ[TIMELINE_ENV]
-    marks: dict[str, list[Any]] = {"send": [], "grant": [], "delivery": [], "call": [], "settle": []}
+    marks: dict[str, list[Any]] = {"send": [], "grant": [], "delivery": [], "call": [], "settle": [], "write": []}
     calls = [0]
 
     def dump() -> None:
@@ -63,16 +65,42 @@ def _instrument() -> None:
         for v in marks.values():
             v.clear()
 
-    send = transport.ClientSender.send
+    # A send's life, transfer -> outcome, noted where every send path meets: the engine's send_transfer or
+    # send_deliveries (the sender's transfers; only the client's connection lives in this process) and the
+    # disposition that settles it (handle_event below), whatever loop the client sends them with.
+    send_transfer = amqp_connection.Connection.send_transfer
+    started: dict[tuple[int, int], float] = {}
 
-    async def timed_send(self: Any, payload: bytes, **kw: Any) -> Any:
+    def timed_transfer(self: Any, link: Any, *a: Any, **kw: Any) -> int:
         t0 = time.perf_counter()
-        try:
-            return await send(self, payload, **kw)
-        finally:
-            marks["send"].append((t0, time.perf_counter()))
+        did = send_transfer(self, link, *a, **kw)
+        started[(id(link.session), did)] = t0
+        return did
 
-    transport.ClientSender.send = timed_send  # type: ignore[method-assign]
+    amqp_connection.Connection.send_transfer = timed_transfer  # type: ignore[method-assign]
+    send_deliveries = amqp_connection.Connection.send_deliveries
+
+    def timed_deliveries(self: Any, link: Any, deliveries: list[Any], **kw: Any) -> int:
+        t0 = time.perf_counter()
+        first = send_deliveries(self, link, deliveries, **kw)
+        session = id(link.session)
+        for did in range(first, first + len(deliveries)):
+            started[(session, did & 0xFFFFFFFF)] = t0
+        return first
+
+    amqp_connection.Connection.send_deliveries = timed_deliveries  # type: ignore[method-assign]
+
+    # The socket writes of a window's transfers (the client writes each fill at once): when they left, to set
+    # beside the broker's "socket read came" (report_hops).
+    write = transport.AmqpProtocol._write
+
+    def timed_write(self: Any) -> None:
+        size = len(self.conn._out)
+        write(self)
+        if size >= 8192:
+            marks["write"].append((time.perf_counter(), size))
+
+    transport.AmqpProtocol._write = timed_write  # type: ignore[method-assign]
 
     grant = transport.ClientReceiver.grant
 
@@ -85,8 +113,15 @@ def _instrument() -> None:
     handle = transport.AmqpClient.handle_event
 
     def timed_handle(self: Any, protocol: Any, ev: Any) -> None:
-        if type(ev).__name__ == "DeliveryReceived":
+        kind = type(ev).__name__
+        if kind == "DeliveryReceived":
             marks["delivery"].append(time.perf_counter())
+        elif kind == "DispositionReceived":
+            now, session = time.perf_counter(), id(ev.session)
+            for ref in ev.deliveries:
+                t0 = started.pop((session, ref.delivery_id), None)
+                if t0 is not None:
+                    marks["send"].append((t0, now))
         handle(self, protocol, ev)
 
     transport.AmqpClient.handle_event = timed_handle  # type: ignore[method-assign]
@@ -350,6 +385,41 @@ def report_send_life(trace: Path, start: float, end: float) -> None:
         print(f"    {label:<42} {_ms(values)}")
 
 
+def report_hops(marks: dict[str, Any], trace: Path, start: float, end: float) -> None:
+    """The sender's side of each group of the broker's trace (the clocks are the same CLOCK_MONOTONIC): from the
+    client's write of the transfers to the broker's read of them, from the broker's dispositions (made, then
+    written) to the client's handling of them, and from there to the client's write of the next transfers. Per group."""
+    writes = sorted(t for t, _ in marks.get("write", []))
+    outcomes = sorted({b for _, b in marks["send"]})
+    hops: dict[str, list[float]] = {
+        "client wrote transfers -> broker read came": [],
+        "broker made dispositions -> client handled": [],
+        "client handled -> wrote the next transfers": [],
+    }
+    for line in trace.read_text().splitlines() if trace.exists() and writes else []:
+        parts = line.split()
+        if len(parts) < 4 or parts[2] != "send" or not start <= float(parts[0]) <= end:
+            continue
+        t = {k: float(v) for k, v in (f.split("=") for f in parts[3:])}
+        flushed = float(parts[0])
+        # "acked" (dispositions made), not "written": the broker notes its write after the call returns, and the
+        # client on the other core may have handled them by then
+        arrived, acked = flushed + t["arrived"] / 1e3, flushed + t["acked"] / 1e3
+        i = bisect.bisect_right(writes, arrived)
+        if i:
+            hops["client wrote transfers -> broker read came"].append(arrived - writes[i - 1])
+        j = bisect.bisect_left(outcomes, acked)
+        if j < len(outcomes):
+            hops["broker made dispositions -> client handled"].append(outcomes[j] - acked)
+            k = bisect.bisect_left(writes, outcomes[j])
+            if k < len(writes):
+                hops["client handled -> wrote the next transfers"].append(writes[k] - outcomes[j])
+    if any(hops.values()):
+        print("  the sender's hops, ms p10/p50/p90/p99 per group:")
+        for label, values in hops.items():
+            print(f"    {label:<42} {_ms(values)}")
+
+
 def busy(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall: float) -> str:
     cells = []
     for proc, threads in after.items():
@@ -410,6 +480,7 @@ def main() -> None:
                     report_sends(read_timeline(folder / "send.timeline"), pre["start"], pre["end"])
                     time.sleep(1.2)  # the trace is flushed about every second
                     report_send_life(trace, pre["start"], pre["end"])
+                    report_hops(read_timeline(folder / "send.timeline"), trace, pre["start"], pre["end"])
             before = {name: thread_cpu(p) for name, p in procs.items()}
             t0 = time.perf_counter()
             rcv.command(f"recv {n}")
@@ -430,6 +501,7 @@ def main() -> None:
                 report_commits(trace, start, r["end"])
                 if phase == "both":
                     report_send_life(trace, start, r["end"])
+                    report_hops(read_timeline(folder / "send.timeline"), trace, start, r["end"])
     finally:
         snd.stop()
         rcv.stop()

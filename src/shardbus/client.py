@@ -598,19 +598,10 @@ class ShardbusClient:
         if sender is None:
             session = await self._ensure_session()
             sender = self._senders[entity] = await session.sender(entity, name=f"sender-{uuid.uuid4()}")
-        queue = iter(payloads)
-        errors: list[Any] = []
-
-        async def worker() -> None:
-            for payload in queue:
-                outcome = await sender.send(payload, timeout=self.timeout)
-                if not isinstance(outcome, Accepted):
-                    errors.append(outcome)
-                    return
-
-        await asyncio.gather(*(worker() for _ in range(min(window, len(payloads)))))
-        if errors:
-            outcome = errors[0]
+        # One window for the whole call (ClientSender.send_many): each outcome that comes back sends the next
+        # payload, with no coroutine, future or timer per message; it stops sending at the first refusal.
+        refused, outcome = await sender.send_many(payloads, window=window, timeout=self.timeout)
+        if refused:
             error = outcome.error if isinstance(outcome, Rejected) else None
             if error is not None:
                 raise ClientError(str(error.condition), str(error.description))

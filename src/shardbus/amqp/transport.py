@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 from . import events as E
 from .connection import Connection, Role
+from .errors import LocalProtocolError
 from .link import Link
-from .performatives import RECEIVER, SENDER, Error, SndSettleMode, Source, Target
+from .performatives import RECEIVER, SENDER, Accepted, Error, SndSettleMode, Source, Target
 from .session import Session
 
 __all__ = [
@@ -209,14 +210,170 @@ def _time_out(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(TimeoutError())
 
 
+_TRANSFER_ROOM = 64  # more than a transfer's frame header and performative take with a 4-byte tag
+
+
+class _SendWindow:
+    """One ``ClientSender.send_many`` call: its payloads, sent in order with at most ``window`` unsettled at a
+    time. It stands in ``AmqpClient._outcomes`` for each of its transfers (the engine resolves an outcome with
+    ``done``/``set_result``/``set_exception``, as it would a future): no coroutine, future or timer per message.
+    The room that a read's dispositions make is filled once the read's events are handled
+    (``AmqpClient.events_done``), in one loop, and those transfers go out in the read's one write.
+
+    Holds the caller's payload list (already in memory) and one counter per state; nothing grows with time.
+    ``future`` resolves once every payload sent is settled, with ``(refused, first refusal)`` (an outcome other
+    than ``Accepted``); after a refusal no further payload is sent, those in flight are waited for.
+    """
+
+    __slots__ = (
+        "_last",
+        "_next",
+        "_queued",
+        "_refusal",
+        "_refused",
+        "_sender",
+        "_timeout",
+        "_timer",
+        "future",
+        "in_flight",
+        "payloads",
+        "window",
+    )
+
+    def __init__(self, sender: ClientSender, payloads: list[bytes], window: int, timeout: float | None) -> None:
+        self._sender = sender
+        self.payloads = payloads
+        self.window = window
+        self._next = 0  # index of the next payload to send
+        self.in_flight = 0
+        self._queued = False  # in AmqpClient._refill: to be filled when the read's events are done
+        self._refused = False
+        self._refusal: Any = None  # the first outcome other than Accepted (may itself be None: no outcome)
+        loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self._timeout = timeout
+        self._last = loop.time()  # when the last outcome came (or the call began): the timeout counts from it
+        self._timer: asyncio.TimerHandle | None = None
+        if timeout is not None:
+            self._timer = loop.call_at(self._last + timeout, self._check_time)
+
+    def fill(self) -> None:
+        """Send payloads while the window, the link's credit and the session's window allow."""
+        self._queued = False
+        if self._refused or self.future.done():
+            return
+        sender = self._sender
+        link = sender.link
+        session = link.session
+        client = sender._session.client
+        conn = client._conn
+        i, payloads = self._next, self.payloads
+        count = min(self.window - self.in_flight, len(payloads) - i, link.credit, session.remote_incoming_window)
+        if count <= 0:
+            return
+        batch = payloads[i : i + count]
+        tag = sender._next_tag
+        try:
+            if max(map(len, batch)) + _TRANSFER_ROOM <= conn.remote_max_frame_size:
+                # one frame each: the engine's batch path, its checks and records done once for them all
+                first = conn.send_deliveries(
+                    link, [(t.to_bytes(4, "big"), p) for t, p in enumerate(batch, tag)], settled=False
+                )
+            else:  # a payload of several frames: one at a time, each checked against the session's window
+                first = session.next_delivery_id
+                count = 0
+                for t, p in enumerate(batch, tag):
+                    if link.credit <= 0 or session.remote_incoming_window <= 0:
+                        break
+                    conn.send_transfer(link, t.to_bytes(4, "big"), p, settled=False)
+                    count += 1
+        except LocalProtocolError as exc:  # the link or session is going: no outcome will come
+            self._finish(AmqpClientError(f"cannot send: {exc}"))
+            return
+        sender._next_tag = tag + count
+        key = id(session)
+        outcomes = client._outcomes
+        for did in range(first, first + count):
+            outcomes[(key, did & 0xFFFFFFFF)] = self
+        self._next = i + count
+        self.in_flight += count
+        client._flush()
+
+    # ---- the outcome protocol of AmqpClient._outcomes
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, state: Any) -> None:
+        self.in_flight -= 1
+        if not self._refused and not isinstance(state, Accepted):
+            self._refused = True
+            self._refusal = state
+        if self._timer is not None:
+            self._last = self._sender._loop.time()
+        if self._next < len(self.payloads) and not self._refused:
+            if not self._queued:
+                self._queued = True
+                self._sender._session.client._refill.append(self)
+        elif self.in_flight <= 0:
+            self._finish(None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finish(exc)
+
+    def exception(self) -> BaseException | None:
+        return self.future.exception()
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self in self._sender._windows:
+            self._sender._windows.remove(self)
+        if not self.future.done():
+            if exc is None:
+                self.future.set_result((self._refused, self._refusal))
+            else:
+                self.future.set_exception(exc)
+
+    def _check_time(self) -> None:
+        """No outcome for ``timeout`` s (none due, or no credit to send): fail, as a lone send would."""
+        self._timer = None
+        if self.future.done():
+            return
+        loop = self._sender._loop
+        due = self._last + self._timeout  # type: ignore[operator]
+        if loop.time() >= due:
+            self._finish(TimeoutError())
+        else:
+            self._timer = loop.call_at(due, self._check_time)
+
+
 class ClientSender:
     """A sending link of ``AmqpClient``."""
 
     def __init__(self, session: ClientSession, link: Link) -> None:
         self._session = session
         self.link = link
-        self._tags = itertools.count(1)
+        self._next_tag = 1  # delivery tags: 4-byte big-endian numbers, 1 up
         self._credit = asyncio.Event()
+        self._windows: list[_SendWindow] = []  # the send_many calls in progress (usually one)
+        self._loop = asyncio.get_running_loop()
+
+    async def send_many(
+        self, payloads: list[bytes], *, window: int = 100, timeout: float | None = 60
+    ) -> tuple[bool, Any]:
+        """Send encoded messages in order, unsettled, at most ``window`` awaiting their outcome at a time; return
+        ``(False, None)`` when every one was accepted, else ``(True, outcome)`` with the first outcome other
+        than ``Accepted`` (once it came no further payload is sent; those in flight are waited for). ``timeout``:
+        TimeoutError when no outcome came for that long while some were due; AmqpClientError when the connection
+        or the link goes. Calls may overlap on one link (each has its own window; they share the credit)."""
+        self._session.client._check_alive()
+        if not payloads:
+            return False, None
+        w = _SendWindow(self, payloads, window, timeout)
+        self._windows.append(w)
+        w.fill()
+        return await w.future
 
     async def send(
         self,
@@ -234,7 +391,8 @@ class ClientSender:
             client._check_alive()
             self._credit.clear()
             await asyncio.wait_for(self._credit.wait(), timeout)
-        tag = next(self._tags).to_bytes(4, "big")
+        tag = self._next_tag.to_bytes(4, "big")
+        self._next_tag += 1
         did = client._conn.send_transfer(
             self.link, tag, payload, settled=settled, message_format=message_format, state=state
         )
@@ -361,6 +519,7 @@ class AmqpClient:
         self._outcomes: dict[tuple[int, int], asyncio.Future[Any]] = {}
         self._senders: dict[int, ClientSender] = {}
         self._receivers: dict[int, ClientReceiver] = {}
+        self._refill: list[_SendWindow] = []  # send windows that this read's outcomes made room in
 
     @classmethod
     async def connect(
@@ -436,6 +595,8 @@ class AmqpClient:
             for sender in self._senders.values():
                 if sender.link.session is ev.session:
                     sender._credit.set()
+                    for window in sender._windows:  # credit or session window came: send what waited for it
+                        window.fill()
         elif isinstance(ev, E.ConnectionOpened):
             if not self._opened.done():
                 self._opened.set_result(ev.open)
@@ -448,7 +609,9 @@ class AmqpClient:
                 conn.detach(ev.link, closed=ev.closed)
             self._fail(self._attach_waiters.pop(id(ev.link), None), ev.error)
             self._resolve(self._detach_waiters, id(ev.link), ev.error)
-            self._senders.pop(id(ev.link), None)
+            sender = self._senders.pop(id(ev.link), None)
+            for window in [] if sender is None else list(sender._windows):  # no outcome comes on a detached link
+                window.set_exception(AmqpClientError(f"detached: {ev.error}", ev.error))
             self._receivers.pop(id(ev.link), None)
         elif isinstance(ev, E.SessionEnded):
             if ev.reply_needed:
@@ -461,6 +624,13 @@ class AmqpClient:
             conn.detach(ev.link, error=Error("amqp:not-allowed", "client accepts no incoming links"))
         elif isinstance(ev, E.SessionBeginRequested):
             conn.end(ev.session, Error("amqp:not-allowed", "client accepts no incoming sessions"))
+
+    def events_done(self, protocol: AmqpProtocol) -> None:
+        """A read's events are handled: fill the send windows its outcomes made room in (before its write)."""
+        if self._refill:
+            refill, self._refill = self._refill, []
+            for window in refill:
+                window.fill()
 
     def connection_lost(self, protocol: AmqpProtocol) -> None:
         self._shutdown(self._conn.error)
@@ -505,7 +675,9 @@ class AmqpClient:
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()  # mark retrieved: nobody may be awaiting it any more
-        for sender in self._senders.values():
+        for sender in list(self._senders.values()):
             sender._credit.set()
+            for window in list(sender._windows):  # one waiting for credit has nothing in _outcomes
+                window.set_exception(exc)
         if not self._closed.done():
             self._closed.set_result(error)
