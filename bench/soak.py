@@ -54,6 +54,7 @@ import re
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -330,6 +331,20 @@ class Ledger:
         return sends, receives, settles, settled
 
 
+_CPU_RECORD = struct.Struct("<qd16s")
+
+
+def _cpu_work() -> int:
+    """The CPU probe's fixed work (``Probe``): what a client call is made of, in small pieces, the same every time."""
+    fields: dict[str, tuple[int, str]] = {}
+    packed = 0
+    for i in range(480):
+        key = f"k{i & 15}"
+        fields[key] = (i, key.upper())
+        packed += len(_CPU_RECORD.pack(i, i * 0.5, fields[key][1].encode()))
+    return packed
+
+
 class Probe:
     """The machine's own drift, measured beside the broker: a tiny fixed operation on a bare SQLite file every
     ``period`` seconds (an insert and a synced commit, what a send costs the store at least) and a 64-byte loopback
@@ -342,9 +357,16 @@ class Probe:
     on the disk the broker writes: more would load what it measures), 3,000 samples in a 5-minute interval, 30 of
     them above its p99; the echo costs nothing worth counting (~50 us of one core), so it is sampled a hundred
     times a second: 30,000 an interval, 300 above its p99. ``flatness`` prints each p99 with its confidence
-    interval (``_pct_ci``), so a drift within the noise reads as such."""
+    interval (``_pct_ci``), so a drift within the noise reads as such.
 
-    def __init__(self, root: Path, period: float = 0.1, echo_period: float = 0.01) -> None:
+    Neither of those two is much CPU: the commit waits for the disk and the echo (~60 us) for the kernel's
+    wake-ups. The latencies' p50s are mostly Python's work (the SDK's encode and decode, on both sides of the
+    socket: a complete's 0.5 ms, a first delivery's 2.5 ms on tmpfs), which moves with the VM's CPU speed (steal,
+    the host's clock), and that speed drifts by a third on these machines. So a third probe times a fixed piece of
+    pure-Python work (``_cpu_work``, ~0.1-0.2 ms: dict and tuple churn, string formatting, a struct pack, what an
+    SDK call is made of) every ``cpu_period`` (15,000 samples an interval), in this process like the others."""
+
+    def __init__(self, root: Path, period: float = 0.1, echo_period: float = 0.01, cpu_period: float = 0.02) -> None:
         import socket
         import sqlite3
 
@@ -352,6 +374,8 @@ class Probe:
         self.echo_period = echo_period
         self.sqlite_ms: list[float] = []
         self.echo_ms: list[float] = []
+        self.cpu_period = cpu_period
+        self.cpu_ms: list[float] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.db = sqlite3.connect(root / "probe.sqlite", check_same_thread=False, isolation_level=None)
@@ -365,6 +389,7 @@ class Probe:
         self.threads = [
             threading.Thread(target=self._run_sqlite, name="probe-sqlite", daemon=True),
             threading.Thread(target=self._run_echo, name="probe-echo", daemon=True),
+            threading.Thread(target=self._run_cpu, name="probe-cpu", daemon=True),
         ]
 
     def _echo_server(self) -> None:
@@ -400,14 +425,22 @@ class Probe:
             with self.lock:
                 self.echo_ms.append(elapsed)
 
+    def _run_cpu(self) -> None:
+        while not self.stop.wait(self.cpu_period):
+            started = time.perf_counter()
+            _cpu_work()
+            elapsed = (time.perf_counter() - started) * 1000
+            with self.lock:
+                self.cpu_ms.append(elapsed)
+
     def start(self) -> None:
         for thread in self.threads:
             thread.start()
 
-    def take(self) -> tuple[list[float], list[float]]:
+    def take(self) -> tuple[list[float], list[float], list[float]]:
         with self.lock:
-            out = self.sqlite_ms, self.echo_ms
-            self.sqlite_ms, self.echo_ms = [], []
+            out = self.sqlite_ms, self.echo_ms, self.cpu_ms
+            self.sqlite_ms, self.echo_ms, self.cpu_ms = [], [], []
             return out
 
     def close(self) -> None:
@@ -1211,9 +1244,10 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     RSS and descriptors: each interval against the first of them (interval 2); ``GREW`` past ``FLAT`` fails the
     run (a leak only grows). Latencies: their spread, the slowest interval's over the fastest's; ``flat`` within
     ``FLAT``. A latency that is not flat is divided, interval by interval, by the machine's own drift in the same
-    interval, measured at the same percentile (the geometric mean of the SQLite and echo probes' p50s, or p99s,
+    interval, measured at the same percentile (the geometric mean of the SQLite, echo and CPU probes' p50s, or p99s,
     as ratios to their medians over the intervals; the p99s weighed by how many samples stand behind each, see
-    ``Probe``): ``follows the machine`` when what is left is within ``FLAT``
+    ``Probe``; rows without the CPU probe, from before it, use the other two): ``follows the machine`` when what is
+    left is within ``FLAT``
     (the machine slowed down, not the broker), ``MOVED`` otherwise. A p99 is judged only over intervals with at
     least ``MIN_P99_SAMPLES`` samples (``too few samples`` otherwise).
 
@@ -1226,14 +1260,20 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     that rose with the disk flat, or while the broker's own I/O moved (its writes may have slowed the disk), is
     judged as before. ``FLAT`` is the same everywhere."""
     base = after[0]
+    cpu = all("cpu" in r for r in after)
     drift: dict[str, list[float]] = {}
-    for pct, probes in (("p50", ("sqlite", "echo")), ("p99", ("sqlite_p99", "echo_p99"))):
+    for pct, probes in (
+        ("p50", ("sqlite", "echo", "cpu") if cpu else ("sqlite", "echo")),
+        ("p99", ("sqlite_p99", "echo_p99", "cpu_p99") if cpu else ("sqlite_p99", "echo_p99")),
+        ("p50 without cpu", ("sqlite", "echo")),
+        ("p99 without cpu", ("sqlite_p99", "echo_p99")),
+    ):
         drift[pct] = []
         for row in after:
             parts = [row[p] / statistics.median([r[p] for r in after]) for p in probes if row[p] == row[p]]
             if not parts or not all(parts):
                 drift[pct].append(float("nan"))
-            elif pct == "p99" and all(f"{p}_ci" in row for p in probes):
+            elif pct.startswith("p99") and all(f"{p}_ci" in row for p in probes):
                 # each probe weighed by how sure its p99 is (inverse variance of its log, from its 95% interval):
                 # the echo's 30,000 samples an interval count for more than the commit's 3,000
                 weights = [_ci_weight(row[f"{p}_ci"]) for p in probes]
@@ -1260,7 +1300,8 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
         ratios = [r[name] / base[name] for r in after if base[name]]
         worst = max(ratios) if ratios else float("nan")
         out.append((name, f"max {worst:.2f}x of interval 2 ({'flat' if worst <= FLAT else 'GREW'})"))
-    probes = ["sqlite", "sqlite_p99", "echo", "echo_p99"] + (["dsync", "dsync_p99"] if disk is not None else [])
+    probes = ["sqlite", "sqlite_p99", "echo", "echo_p99"] + (["cpu", "cpu_p99"] if cpu else [])
+    probes += ["dsync", "dsync_p99"] if disk is not None else []
     for name in (*LATENCIES, *probes):
         pct = "p99" if name.endswith("p99") else "p50"
         kind = name.split("_")[0]
@@ -1282,7 +1323,7 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
             low = max(1.0, max(c[0] for c in cis) / min(c[1] for c in cis))
             high = max(c[1] for c in cis) / min(c[0] for c in cis)
             text += f" (95% intervals allow {low:.2f}-{high:.2f}x)"
-        if name.startswith(("sqlite", "echo", "dsync")):
+        if name.startswith(("sqlite", "echo", "cpu", "dsync")):
             out.append((name, f"{text} (the {'disk' if name.startswith('dsync') else 'machine'}'s probe)"))
             continue
         net = [r[name] / d for r, d in rows if d == d and d > 0 and r[name] > 0]
@@ -1292,6 +1333,13 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
         else:
             verdict = "follows the machine" if net_spread <= FLAT else "MOVED"
         of = f"{pct} drift and the disk's" if machine is not drift[pct] else f"{pct} drift"
+        if cpu and spread > FLAT:  # what the verdict was before the CPU probe, beside it
+            bare = dict(zip(map(id, after), drift[f"{pct} without cpu"], strict=True))
+            bare_net = [r[name] / bare[id(r)] for r, _ in rows if bare[id(r)] > 0 and r[name] > 0]
+            if machine is not drift[pct]:  # the disk's drift where it was admitted, as above
+                bare_net = [r[name] / d for r, d in rows if d == d and d > 0 and r[name] > 0]
+            if len(bare_net) >= 2:
+                of += f"; {max(bare_net) / min(bare_net):.2f}x net of the SQLite and echo probes' alone"
         out.append((name, f"{text}, {net_spread:.2f}x net of the machine's {of} ({verdict})"))
     return out
 
@@ -1358,7 +1406,8 @@ def main(argv: list[str] | None = None) -> int:
           f"prefetch={load.receiver_options['prefetch_count']}, data in {root}", flush=True)  # fmt: skip
     print(f"{'interval':>9} {'sent':>7} {'settled':>8} {'rss_mb':>7} {'fds':>5} {'send_p50':>9} {'send_p99':>9} "
           f"{'recv_p50':>9} {'recv_p99':>9} {'cmpl_p50':>9} {'cmpl_p99':>9} {'errors':>7} {'sqlite':>8} "
-          f"{'sql_p99':>8} {'echo':>8} {'echo_p99':>8} {'disk_ms':>8} {'io_stall':>8} {'dsync':>7} {'dsy_p99':>8} "
+          f"{'sql_p99':>8} {'echo':>8} {'echo_p99':>8} {'cpu':>7} {'cpu_p99':>8} {'disk_ms':>8} {'io_stall':>8} "
+          f"{'dsync':>7} {'dsy_p99':>8} "
           f"{'wr_kB/s':>8} {'wr_n/s':>7}", flush=True)  # fmt: skip
     rows: list[dict[str, float]] = []
     started = time.monotonic()
@@ -1388,7 +1437,7 @@ def main(argv: list[str] | None = None) -> int:
             rss, fds = broker.usage()
             fds = int(statistics.median([*fd_samples, fds]))
             sends, receives, settles, settled = ledger.take_latencies()
-            sqlite_ms, echo_ms = probe.take()
+            sqlite_ms, echo_ms, cpu_ms = probe.take()
             disk_ms, io_stall = disk.take()
             dsync_ms = disk_probe.take()
             io_now, io_now_at = broker.io(), time.monotonic()
@@ -1409,6 +1458,8 @@ def main(argv: list[str] | None = None) -> int:
                 "send_p99_ci": _pct_ci(sends, 0.99), "recv_p99_ci": _pct_ci(receives, 0.99),
                 "settle_p99_ci": _pct_ci(settles, 0.99), "sqlite_p99_ci": _pct_ci(sqlite_ms, 0.99),
                 "echo_p99_ci": _pct_ci(echo_ms, 0.99), "n_sqlite": len(sqlite_ms), "n_echo": len(echo_ms),
+                "cpu": _pct(cpu_ms, 0.5), "cpu_p99": _pct(cpu_ms, 0.99), "cpu_p99_ci": _pct_ci(cpu_ms, 0.99),
+                "n_cpu": len(cpu_ms),
                 "disk_ms": disk_ms, "io_stall": io_stall,
                 "dsync": _pct(dsync_ms, 0.5), "dsync_p99": _pct(dsync_ms, 0.99),
                 "dsync_p99_ci": _pct_ci(dsync_ms, 0.99), "n_dsync": len(dsync_ms),
@@ -1422,7 +1473,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['send_p50']:7.1f}ms {row['send_p99']:7.1f}ms {row['recv_p50']:7.1f}ms "
                   f"{row['recv_p99']:7.1f}ms {row['settle_p50']:7.1f}ms {row['settle_p99']:7.1f}ms "
                   f"{row['errors']:7d} {row['sqlite']:6.2f}ms {row['sqlite_p99']:6.2f}ms {row['echo']:6.3f}ms "
-                  f"{row['echo_p99']:6.3f}ms {disk_ms:6.1f}ms {io_stall:6.0f}ms {row['dsync']:5.2f}ms "
+                  f"{row['echo_p99']:6.3f}ms {row['cpu']:5.3f}ms {row['cpu_p99']:6.3f}ms {disk_ms:6.1f}ms "
+                  f"{io_stall:6.0f}ms {row['dsync']:5.2f}ms "
                   f"{row['dsync_p99']:6.2f}ms {row['io_write'] / 1024:8.0f} {row['io_syscw']:7.0f}",
                   flush=True)  # fmt: skip
         # Drain: producers stop, consumers go on until everything acknowledged reached its outcome.

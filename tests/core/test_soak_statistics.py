@@ -136,3 +136,29 @@ def test_a_tail_that_moved_with_the_disk_flat_still_reads_moved() -> None:
     bare = dict(soak.flatness([{k: v for k, v in r.items() if not k.startswith(("dsync", "io_"))} for r in rows]))
     net = [re.search(r"([\d.]+)x net", v["send_p99"]).group(1) for v in (verdicts, bare)]  # type: ignore[union-attr]
     assert net[0] == net[1], net
+
+
+def _cpu_row(recv_p50: float, cpu: float, rng: random.Random) -> dict:
+    """An interval as ``_row`` on a steady machine (commit and echo probes as usual), with the CPU probe's work
+    ``cpu`` times slower and the receive p50 ``recv_p50``."""
+    row = _row(5.5, 1.0, rng)
+    work = [0.15 * cpu * (1 + 0.1 * rng.random()) for _ in range(15_000)]
+    row["cpu"], row["cpu_p99"] = soak._pct(work, 0.5), soak._pct(work, 0.99)
+    row["cpu_p99_ci"] = soak._pct_ci(work, 0.99)
+    row["recv_p50"] = recv_p50
+    return row
+
+
+def test_a_p50_that_rose_with_the_cpu_probe_follows_the_machine_and_says_what_the_other_probes_said() -> None:
+    rng = random.Random(13)
+    verdicts = dict(soak.flatness([_cpu_row(p50, c, rng) for p50, c in ((2.5, 1.0), (2.5, 1.0), (2.9, 1.3),
+                                                                         (2.5, 1.0))]))  # fmt: skip
+    assert "follows the machine" in verdicts["recv_p50"], verdicts["recv_p50"]
+    assert "net of the SQLite and echo probes' alone" in verdicts["recv_p50"], verdicts["recv_p50"]
+    assert "machine's probe" in verdicts["cpu"]
+
+
+def test_a_p50_that_moved_with_every_probe_flat_still_reads_moved() -> None:
+    rng = random.Random(17)
+    verdicts = dict(soak.flatness([_cpu_row(p50, 1.0, rng) for p50 in (2.5, 2.5, 2.9, 2.5)]))
+    assert "MOVED" in verdicts["recv_p50"], verdicts["recv_p50"]
