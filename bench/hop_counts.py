@@ -41,8 +41,10 @@ def _install_counters(out: Path) -> None:
 
     call, frame, flush = remote.WorkerLink.call, remote.WorkerLink._frame, remote.WorkerLink._flush
 
-    def counted_call(self: Any, partition: Any, key: str, operation: str, args: list[Any], now: float) -> Any:
-        future = call(self, partition, key, operation, args, now)
+    def counted_call(
+        self: Any, partition: Any, key: str, operation: str, args: list[Any], now: float, held: Any = None
+    ) -> Any:
+        future = call(self, partition, key, operation, args, now, held)
         add(**{f"request {operation}": 1})
         if operation == "lock_messages":
             add(**{"lock asked": args[2]})
