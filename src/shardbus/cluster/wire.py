@@ -14,7 +14,9 @@ MessagePack because the values are our own Python objects (messages with every b
 settings) that the store already packs this way (``store/records.py``): one encoder for disk and wire, and no
 type mapping of broker fields to keep in step with the model. Messages, by the hundred in the hot calls, travel as
 *compact records* (below): plain arrays the C packer writes without calling back into Python, a batch of them in
-one extension value (a reply's, in the frame itself), the body in each once.
+one extension value (a reply's, in the frame itself), the body in each once; an enqueue's as *send records*, only
+the fields a partition keeps as sent, and a lock reply's messages that the front end sent and holds *named*, by
+the fields the partition set (both since SBW6).
 
 Frames (in order on each connection):
 
@@ -262,24 +264,70 @@ assert all(f in _COMMON for f in _BROKER)
 _namespace["_dict"] = dict
 
 
-def _named_decoding(indent: str) -> str:
-    """Lines that make message ``m`` from named record ``v`` and the compact record ``c`` the front end sent:
-    the user fields from ``c`` (its dictionaries copied, as a partition's lock copies them), the broker's from
-    ``v``."""
-    user = ", ".join(("_" if f in _BROKER else _targets[f]) for f in _COMMON)
+# An enqueue's message travels as a *send record* (since SBW6): the fields its sender sets, in ``_SEND`` order, and
+# one last element, None while every other field a partition keeps as sent (``_RARE``, ``_KEPT``) is at its
+# default, else an array of their values. The fields a partition sets at every enqueue (``_SET``: sequence number,
+# times, state, partition, delivery count: ``PartitionBroker._stage_enqueue`` and ``_new_entry`` overwrite each
+# one) do not travel: the worker gives them their defaults. Six elements a message instead of fifteen.
+_SEND = ("body", "message_id", "application_properties", "body_type", "wire_sections")
+_KEPT = ("lock_token", "locked_until_ms", "enqueued_sequence_number")
+_SET = ("sequence_number", "enqueued_time_ms", "expires_at_ms", "partition_id", "delivery_count", "state")
+assert set(_SEND) | set(_KEPT) | set(_SET) | set(_RARE) == set(_F) and len(_SEND + _KEPT + _SET + _RARE) == len(_F)
+_namespace["_ACTIVE"] = MessageState.ACTIVE
+_kept_at_default = " and ".join(f"m.{f} is None" for f in _KEPT)
+
+
+def _send_encoding(indent: str) -> str:
+    """Lines that set ``record``: message ``m``'s send record."""
+    extra = ", ".join(_expressions[f] for f in _RARE + _KEPT)
+    return (
+        f"{indent}extra = None if {_at_default} and {_kept_at_default} else [{extra}]\n"
+        f"{indent}record = [{', '.join(_expressions[f] for f in _SEND)}, extra]\n"
+    )
+
+
+def _send_decoding(indent: str) -> str:
+    """Lines that make message ``m`` from send record ``v``."""
+    kept = {"lock_token": "token"}
     lines = [
         "m = _new(Message)",
-        user.replace("m.application_properties", "ap") + ", rare = c",
+        ", ".join(_targets[f] for f in _SEND) + ", extra = v",
+        "m.sequence_number = m.enqueued_time_ms = m.expires_at_ms = m.partition_id = None",
+        "m.delivery_count = 0",
+        "m.state = _ACTIVE",
+        "m.body_type = _BT[_bt]",
+        "if extra is None:",
+        f"    {_none_defaults} = m.lock_token = m.locked_until_ms = m.enqueued_sequence_number = None",
+        "    m.forward_hops = 0",
+        "else:",
+        "    " + ", ".join([f"m.{f}" for f in _RARE] + [kept.get(f, f"m.{f}") for f in _KEPT]) + ", = extra",
+        "    if token is None:",
+        "        m.lock_token = None",
+        "    else:",
+        "        u = m.lock_token = _new_uuid(_UUID)",
+        "        _set_int(u, _from_bytes(token, 'big'))",
+        "        _set_safe(u, _SAFE)",
+    ]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def _named_decoding(indent: str) -> str:
+    """Lines that make message ``m`` from named record ``v`` and the send record ``c`` the front end sent: the
+    sender's fields from ``c`` (its dictionaries copied, as a partition's lock copies them), the broker's from
+    ``v``."""
+    lines = [
+        "m = _new(Message)",
+        ", ".join(_targets[f] for f in _SEND).replace("m.application_properties", "ap") + ", extra = c",
         "m.application_properties = None if ap is None else _dict(ap)",
-        "if rare is None:",
+        "m.body_type = _BT[_bt]",
+        "if extra is None:",
         f"    {_none_defaults} = None",
         "    m.forward_hops = 0",
         "else:",
-        "    " + ", ".join(f"m.{f}" for f in _RARE) + ", = rare",
+        "    " + ", ".join(f"m.{f}" for f in _RARE) + ", " + ", ".join("_" for _ in _KEPT) + " = extra",
         "    if m.annotations is not None:",
         "        m.annotations = _dict(m.annotations)",
         ", ".join(_targets[f] for f in _BROKER) + ", = v",
-        "m.body_type = _BT[_bt]",
         "m.state = _ST[_st]",
         "u = m.lock_token = _new_uuid(_UUID)",
         "_set_int(u, _from_bytes(token, 'big'))",
@@ -296,7 +344,7 @@ exec(
     "    keep = records.append\n"
     "    for key, copies in items:\n"
     "        if len(copies) == 1:\n"
-    "            slot, m = copies[0]\n" + _encoding("            ") + "            append([key, slot, record])\n"
+    "            slot, m = copies[0]\n" + _send_encoding("            ") + "            append([key, slot, record])\n"
     "            keep(record)\n"
     "        else:\n"
     "            records = None\n"
@@ -309,7 +357,7 @@ exec(
     "    keep = messages.append\n"
     "    for item in arrays:\n"
     "        if len(item) == 3:\n"
-    "            v = item[2]\n" + _decoding("            ") + "            append((item[0], [(item[1], m)]))\n"
+    "            v = item[2]\n" + _send_decoding("            ") + "            append((item[0], [(item[1], m)]))\n"
     "            keep(m)\n"
     "        else:\n"
     "            messages = None\n"
@@ -336,10 +384,12 @@ exec(
     "    return out\n",
     _namespace,
 )
-# An enqueue's items as their arrays (what ``ItemsArg`` packs), and their compact records to hold (None if an item
-# has several copies): the front end makes them itself and sends the arrays as they are.
+# An enqueue's items as their arrays (``ItemsArg``'s, an item of one copy's message as its send record), and their
+# send records to hold (None if an item has several copies): the front end's ``enqueue`` sends the arrays as they
+# are.
 held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[list[Any]] | None]] = _namespace["held_item_arrays"]
-# ``items_of``, and the messages made to hold (None if an item has several copies): the worker's enqueue.
+# The items of ``held_item_arrays``' arrays, and the messages made to hold (None if an item has several copies): the
+# worker's enqueue.
 held_items_of: Callable[[list[list[Any]]], tuple[list[Any], list[Message] | None]] = _namespace["held_items_of"]
 # A ``locked`` reply's records (worker): each message named (``_BROKER``'s fields) if ``held`` (sequence number ->
 # the message stored) holds this very object, else its compact record; every one taken out of ``held``.
@@ -512,7 +562,7 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 # frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
 # messages frame and an enqueue's items in the request itself; 4 each frame's length before it; 5 a compact record's
 # fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``); 6 the
-# locked frame, whose records name the messages the front end holds (``Held``).
+# locked frame, whose records name the messages the front end holds (``Held``), and an enqueue's send records.
 MAGIC = b"SBW6"
 LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
