@@ -30,7 +30,7 @@ import scale  # bench/scale.py, beside this file
 
 def _install_counters(out: Path) -> None:
     """In the serving process: count what the front end's links send and receive."""
-    from shardbus.cluster import remote
+    from shardbus.cluster import remote, wire
 
     counts: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
@@ -60,6 +60,9 @@ def _install_counters(out: Path) -> None:
         applied = len(frame) == 5 and frame[4] == 1  # (a five-element frame may also be a lock reply's messages)
         kind = "event" if rid == 0 else "written" if rid < 0 else "applied" if applied else "reply"
         add(**{f"frame {kind}": 1})
+        if len(frame) == 5 and frame[4] == 3:  # a lock reply naming what this front end sent (wire.LOCKED, SBW6)
+            named = sum(1 for r in frame[2] if len(r) == len(wire._BROKER))
+            add(**{"locked named": named, "locked in full": len(frame[2]) - named})
         frame_fn(self, frame)
 
     frame_fn = frame
