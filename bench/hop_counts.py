@@ -30,7 +30,7 @@ import scale  # bench/scale.py, beside this file
 
 def _install_counters(out: Path) -> None:
     """In the serving process: count what the front end's links send and receive."""
-    from shardbus.cluster import remote
+    from shardbus.cluster import remote, wire
 
     counts: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
@@ -41,8 +41,10 @@ def _install_counters(out: Path) -> None:
 
     call, frame, flush = remote.WorkerLink.call, remote.WorkerLink._frame, remote.WorkerLink._flush
 
-    def counted_call(self: Any, partition: Any, key: str, operation: str, args: list[Any], now: float) -> Any:
-        future = call(self, partition, key, operation, args, now)
+    def counted_call(
+        self: Any, partition: Any, key: str, operation: str, args: list[Any], now: float, held: Any = None
+    ) -> Any:
+        future = call(self, partition, key, operation, args, now, held)
         add(**{f"request {operation}": 1})
         if operation == "lock_messages":
             add(**{"lock asked": args[2]})
@@ -58,6 +60,9 @@ def _install_counters(out: Path) -> None:
         applied = len(frame) == 5 and frame[4] == 1  # (a five-element frame may also be a lock reply's messages)
         kind = "event" if rid == 0 else "written" if rid < 0 else "applied" if applied else "reply"
         add(**{f"frame {kind}": 1})
+        if len(frame) == 5 and frame[4] == 3:  # a lock reply naming what this front end sent (wire.LOCKED, SBW6)
+            named = sum(1 for r in frame[2] if len(r) == len(wire._BROKER))
+            add(**{"locked named": named, "locked in full": len(frame[2]) - named})
         frame_fn(self, frame)
 
     frame_fn = frame

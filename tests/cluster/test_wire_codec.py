@@ -76,10 +76,10 @@ def test_a_reply_of_messages_travels_as_a_messages_frame() -> None:
 
 
 def test_a_worker_of_the_previous_version_is_named_as_such() -> None:
-    """Records carry their fields mostly at defaults in one element from version 5 on: a version-4 worker is
-    refused at connect, saying so."""
-    assert wire.MAGIC == b"SBW5"
-    for older in (b"SBW2", b"SBW3", b"SBW4"):
+    """Lock replies name the messages the front end holds from version 6 on: a version-5 worker is refused at
+    connect, saying so."""
+    assert wire.MAGIC == b"SBW6"
+    for older in (b"SBW2", b"SBW3", b"SBW4", b"SBW5"):
         with pytest.raises(ValueError, match="another version"):
             wire.answer("k", older + bytes(wire.NONCE_BYTES))
 
@@ -166,3 +166,38 @@ def test_a_record_gives_back_every_field_whichever_are_at_their_defaults(rare: s
         assert [type(m.body_type) for m in back] == [BodyType] * 4 and [type(m.state) for m in back] == [
             MessageState
         ] * 4
+
+
+def test_a_send_record_carries_what_a_partition_keeps_and_not_what_it_sets() -> None:
+    """An enqueue's message of one copy travels as a send record (SBW6): the sender's fields and those a partition
+    keeps as sent (a lock token, an enqueued sequence number, the rare ones), not those every enqueue sets (the
+    worker gives them their defaults, which the partition overwrites)."""
+    plain = Message(b"p" * 100, message_id="p")
+    kept = Message(b"k", message_id="k", subject="s", application_properties={"n": 1}, time_to_live=timedelta(1))
+    kept.lock_token, kept.locked_until_ms, kept.enqueued_sequence_number = uuid.uuid4(), 5, 7
+    kept.sequence_number, kept.delivery_count, kept.state, kept.partition_id = 99, 3, MessageState.DEFERRED, 2
+    topic = [(1, Message(b"t1", message_id="t")), (2, Message(b"t2", message_id="t"))]
+    arrays, held = wire.held_item_arrays([("d1", [(0, plain)]), (None, [(0, kept)])])
+    assert held is not None and [len(r) for r in held] == [6, 6] and held[0][-1] is None
+    (frame,) = _read(wire.pack_frame([1, "k", 1.0, "enqueue", [arrays, "b"]]))
+    items, messages = wire.held_items_of(frame[4][0])
+    assert [(key, [slot for slot, _ in copies]) for key, copies in items] == [("d1", [0]), (None, [0])]
+    p, k = messages
+    assert (p.body, p.message_id, p.lock_token, p.enqueued_sequence_number, p.subject) == (
+        b"p" * 100,
+        "p",
+        None,
+        None,
+        None,
+    )
+    assert (k.lock_token, k.locked_until_ms, k.enqueued_sequence_number) == (kept.lock_token, 5, 7)
+    assert (k.subject, k.application_properties, k.time_to_live) == ("s", {"n": 1}, timedelta(1))
+    for m in messages:
+        assert (m.sequence_number, m.enqueued_time_ms, m.expires_at_ms, m.partition_id) == (None, None, None, None)
+        assert m.delivery_count == 0 and m.state is MessageState.ACTIVE and m.body_type is BodyType.DATA
+    # a topic's item of several copies: compact records, nothing held
+    arrays, held = wire.held_item_arrays([(None, topic)])
+    (frame,) = _read(wire.pack_frame([1, "k", 1.0, "enqueue", [arrays, "b"]]))
+    items, messages = wire.held_items_of(frame[4][0])
+    assert held is None and messages is None
+    assert [(slot, m.body) for slot, m in items[0][1]] == [(1, b"t1"), (2, b"t2")]

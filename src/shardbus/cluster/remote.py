@@ -31,6 +31,10 @@ its sends in doubt are revoked. Abandon and release need nothing: the message co
 end keeps of them is bounded: at most the settlements one link had applied and not yet durable when it dropped,
 i.e. what 20 ms of settlements (the linger) plus the requests in flight on it hold, a few ints each.
 
+Sent messages held: each link keeps the compact records of its successful enqueues (``wire.Held``) so that its
+worker's lock replies name those messages instead of carrying them back; bounded by ``wire.HELD_BYTES`` of
+enqueue frames (16 MB) per link, dropped with the connection. The worker holds the same, in step (wire.py).
+
 Time: every request carries the front end's clock and the ``tick_all`` upkeep runs from here, so a worker started
 with ``--follow-caller-clock`` lives on the front end's (possibly fake) time. A worker on its own clock ticks its
 partitions itself; ``serve --workers`` then sends ``tick_all`` only for health (``HEALTH_INTERVAL``).
@@ -195,6 +199,12 @@ class WorkerLink:
         self._stream: FrameStream | None = None
         self._pending: dict[int, tuple[Future, RemotePartition | None]] = {}
         self._writing: dict[int, Future] = {}  # settlements applied, their writes not yet durable (loop thread)
+        # Enqueues in flight, by request id: their partition key, records to hold once stored (``held``) and
+        # frame's length
+        self._enqueues: dict[int, tuple[str, list[list[Any]], int]] = {}
+        # What this front end sent that the worker's lock replies name instead of carrying back (``wire.Held``:
+        # bounded by wire.HELD_MESSAGES and wire.HELD_BYTES; the worker holds the same, in step); loop thread
+        self.held = wire.Held()
         # Requests from any thread wait in the outbox; the first one of a burst wakes the loop (one
         # call_soon_threadsafe per burst), which writes them all in one call.
         self._lock = threading.Lock()
@@ -204,7 +214,16 @@ class WorkerLink:
         self._task: asyncio.Task[None] | None = None
 
     # --- calls (any thread) --------------------------------------------------------------------------
-    def call(self, partition: RemotePartition | None, key: str, operation: str, args: list[Any], now: float) -> Future:
+    def call(
+        self,
+        partition: RemotePartition | None,
+        key: str,
+        operation: str,
+        args: list[Any],
+        now: float,
+        held: list[list[Any]] | None = None,
+    ) -> Future:
+        """Send a request; ``held``: an enqueue's compact records, held once it is stored (``wire.Held``)."""
         request_id = next(self._ids)
         future: Future = (
             RemoteSettlement(self, request_id, partition, operation, args)
@@ -219,6 +238,8 @@ class WorkerLink:
         except records.PACK_ERRORS as exc:  # as an in-process partition refuses to store it
             raise ArgumentError(f"A value in the request cannot be stored: {exc}.") from exc
         self._pending[request_id] = (future, partition)
+        if held is not None:
+            self._enqueues[request_id] = (key, held, len(frame))
         with self._lock:  # ``_queue``, in line: one call fewer per request
             self._outbox.append(frame)
             if self._flush_scheduled:
@@ -373,10 +394,21 @@ class WorkerLink:
             if frame[4] == wire.APPLIED:  # a settlement's verdict, its write durable later (a written frame)
                 self._applied(request_id, frame[3])
                 return
-            _, ok, records, health, _ = frame  # a list of messages (wire.MESSAGES): a lock reply
-            value = wire.messages_of(records)
+            _, ok, records, health, _ = frame  # a list of messages (wire.MESSAGES, wire.LOCKED): a lock reply
+            if frame[4] == wire.LOCKED:  # a lock reply naming messages this front end holds
+                future, partition = self._pending.get(request_id, (None, None))
+                held = self.held.of(partition.key) if partition is not None else None
+                if held is None:  # the worker names only what is held here: a peer out of step
+                    raise ValueError("a lock reply names messages this front end does not hold")
+                value = wire.locked_of(records, held)  # a KeyError there too: the stream closes
+            else:
+                value = wire.messages_of(records)
         else:
             _, ok, value, health = frame
+            if self._enqueues:
+                sent = self._enqueues.pop(request_id, None)
+                if sent is not None and ok:  # stored: held as the worker holds it, at the same point of the stream
+                    self.held.add(sent[0], value, sent[1], sent[2])
         future, partition = self._pending.pop(request_id, (None, None))
         if partition is not None:
             partition.failure = health
@@ -427,6 +459,8 @@ class WorkerLink:
             p.failure = reason
         pending, self._pending = self._pending, {}
         writing, self._writing = self._writing, {}
+        self._enqueues = {}
+        self.held.clear()  # the next connection's worker side starts with nothing held either
         with self._lock:
             self._outbox.clear()
         for future, partition in pending.values():
@@ -729,7 +763,9 @@ class RemotePartition:
             refused.set_exception(PartitionUnavailable(self._unavailable_text()))
             return refused
         batch_id = batch_id or _batch_ids.next()  # what ``revoke_in_doubt`` names if the send fails in flight
-        future = self._call("enqueue", wire.ItemsArg(items), batch_id)
+        # its item arrays made here, and its records to hold once stored (``wire.Held``): packed as they are
+        arrays, held = wire.held_item_arrays(items)
+        future = self.link.call(self, self.key, "enqueue", [arrays, batch_id], self.clock(), held)
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
         future.add_done_callback(partial(self._note_in_doubt, batch_id))
         return future

@@ -73,6 +73,7 @@ class FrameStream(asyncio.BufferedProtocol):
         self._start = 0  # where the bytes not yet read as frames begin in the buffer
         self._end = 0  # where the bytes received end
         self._queued: list[bytes] = []
+        self.frame_bytes = 0  # the length of the frame ``on_frame`` is given
         self._timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol --------------------------------------------------------------------------
@@ -195,6 +196,7 @@ class FrameStream(asyncio.BufferedProtocol):
                     break
                 frame = unpack(view[start + length : stop])
                 start = self._start = stop
+                self.frame_bytes = size  # what ``on_frame`` may ask: the frame's length (remote.py's ``Held``)
                 self.on_frame(frame)
         except Exception as exc:  # a frame we cannot read: the stream is lost (the caller fails what was in flight)
             log.warning("closing a cluster connection: unreadable frame (%s: %s)", type(exc).__name__, exc)

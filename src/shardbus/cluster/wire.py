@@ -14,7 +14,9 @@ MessagePack because the values are our own Python objects (messages with every b
 settings) that the store already packs this way (``store/records.py``): one encoder for disk and wire, and no
 type mapping of broker fields to keep in step with the model. Messages, by the hundred in the hot calls, travel as
 *compact records* (below): plain arrays the C packer writes without calling back into Python, a batch of them in
-one extension value (a reply's, in the frame itself), the body in each once.
+one extension value (a reply's, in the frame itself), the body in each once; an enqueue's as *send records*, only
+the fields a partition keeps as sent, and a lock reply's messages that the front end sent and holds *named*, by
+the fields the partition set (both since SBW6).
 
 Frames (in order on each connection):
 
@@ -23,6 +25,9 @@ Frames (in order on each connection):
     reply    [id, ok, value | [error class, text], health]  worker -> front end
     messages [id, true, [record, ...], health, 2]           worker -> front end: a reply that is a list of
                                                             messages (a lock's, a peek's), as compact records
+    locked   [id, true, [record | named, ...], health, 3]   worker -> front end: a lock reply whose messages the
+                                                            front end sent and holds go *named*, by the broker's
+                                                            fields alone (``Held``, below)
     applied  [id, true, nil, health, 1]                     worker -> front end: a settlement is applied, its
                                                             write lingers (a ``written`` frame follows)
     written  [-1, [id, ...], nil | [error class, text]]     worker -> front end: those applied settlements'
@@ -34,6 +39,10 @@ Frames (in order on each connection):
 
 Memory: a stream's receive buffer holds at most one partial frame besides what one read brought
 (``MAX_FRAME_BYTES``), and one grown for a big frame goes back to its size after it (``KEEP_READER_BELOW``).
+Each end of a connection holds what its front end sent and may yet lock (``Held``): the messages of the enqueue
+frames of at most ``HELD_BYTES`` (16 MB) and ``HELD_MESSAGES`` since both last dropped it all, the front end their
+compact records (what it would otherwise have got back in its lock replies), the worker the message objects its
+partitions store anyway (kept past their settlement only until the next drop).
 """
 
 from __future__ import annotations
@@ -221,6 +230,216 @@ _record = _namespace["_record"]
 _from_record = _namespace["_from_record"]
 
 
+# --- lock replies that name what the front end sent (since SBW6) ------------------------------------------------
+# A front end that sent a message and then locks it (a queue's sends and receives through one front end: "both")
+# got its body and every field it had set back in the lock reply. Now both ends of a connection keep the messages
+# of its successful enqueues that the front end may yet lock (*held*: the front end their compact records as it
+# packed them, the worker the message objects it stored, by partition key and sequence number), and the worker's
+# lock reply names such a message by its broker fields alone (``_BROKER``: what the partition set at enqueue and at
+# the lock) instead of its whole record: no body and no user field crosses back, and neither side packs or reads
+# them again. The two ends change what they hold at the same points of the one ordered stream, so they hold the
+# same: an enqueue's messages are added when its reply is sent (worker) and read (front end), if every item is one
+# copy (a queue's send; a topic's copies differ by subscription); every message of a ``locked`` reply is taken out
+# by its sequence number; and once the enqueue frames added since the last drop pass ``HELD_BYTES`` (or their
+# messages ``HELD_MESSAGES``), both drop everything at once (counted per frame, not per message: the two ends
+# count the same frames' lengths, at no cost per message). So the worker names only what the front end holds, and
+# anything else (dropped, sent through another connection, a dead-letter queue's) comes back in full, its body
+# from the worker. A worker names a message only if the one it locked *is* the object it stored: the partition
+# never changes a locked message in place but replaces it with a copy (``PartitionBroker.lock_messages_as``), so
+# a message the worker names is the one the front end holds, with the broker's fields in the named record.
+HELD_MESSAGES = 65536  # per connection; part of the protocol (both ends must drop at the same point)
+HELD_BYTES = 16 * 1024 * 1024  # enqueue frames' bytes per connection between drops; part of the protocol too
+_BROKER = (
+    "sequence_number",
+    "enqueued_time_ms",
+    "expires_at_ms",
+    "delivery_count",
+    "lock_token",
+    "locked_until_ms",
+    "state",
+    "partition_id",
+    "enqueued_sequence_number",
+)
+assert all(f in _COMMON for f in _BROKER)
+_namespace["_dict"] = dict
+
+
+# An enqueue's message travels as a *send record* (since SBW6): the fields its sender sets, in ``_SEND`` order, and
+# one last element, None while every other field a partition keeps as sent (``_RARE``, ``_KEPT``) is at its
+# default, else an array of their values. The fields a partition sets at every enqueue (``_SET``: sequence number,
+# times, state, partition, delivery count: ``PartitionBroker._stage_enqueue`` and ``_new_entry`` overwrite each
+# one) do not travel: the worker gives them their defaults. Six elements a message instead of fifteen.
+_SEND = ("body", "message_id", "application_properties", "body_type", "wire_sections")
+_KEPT = ("lock_token", "locked_until_ms", "enqueued_sequence_number")
+_SET = ("sequence_number", "enqueued_time_ms", "expires_at_ms", "partition_id", "delivery_count", "state")
+assert set(_SEND) | set(_KEPT) | set(_SET) | set(_RARE) == set(_F) and len(_SEND + _KEPT + _SET + _RARE) == len(_F)
+_namespace["_ACTIVE"] = MessageState.ACTIVE
+_kept_at_default = " and ".join(f"m.{f} is None" for f in _KEPT)
+
+
+def _send_encoding(indent: str) -> str:
+    """Lines that set ``record``: message ``m``'s send record."""
+    extra = ", ".join(_expressions[f] for f in _RARE + _KEPT)
+    return (
+        f"{indent}extra = None if {_at_default} and {_kept_at_default} else [{extra}]\n"
+        f"{indent}record = [{', '.join(_expressions[f] for f in _SEND)}, extra]\n"
+    )
+
+
+def _send_decoding(indent: str) -> str:
+    """Lines that make message ``m`` from send record ``v``."""
+    kept = {"lock_token": "token"}
+    lines = [
+        "m = _new(Message)",
+        ", ".join(_targets[f] for f in _SEND) + ", extra = v",
+        "m.sequence_number = m.enqueued_time_ms = m.expires_at_ms = m.partition_id = None",
+        "m.delivery_count = 0",
+        "m.state = _ACTIVE",
+        "m.body_type = _BT[_bt]",
+        "if extra is None:",
+        f"    {_none_defaults} = m.lock_token = m.locked_until_ms = m.enqueued_sequence_number = None",
+        "    m.forward_hops = 0",
+        "else:",
+        "    " + ", ".join([f"m.{f}" for f in _RARE] + [kept.get(f, f"m.{f}") for f in _KEPT]) + ", = extra",
+        "    if token is None:",
+        "        m.lock_token = None",
+        "    else:",
+        "        u = m.lock_token = _new_uuid(_UUID)",
+        "        _set_int(u, _from_bytes(token, 'big'))",
+        "        _set_safe(u, _SAFE)",
+    ]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def _named_decoding(indent: str) -> str:
+    """Lines that make message ``m`` from named record ``v`` and the send record ``c`` the front end sent: the
+    sender's fields from ``c`` (its dictionaries copied, as a partition's lock copies them), the broker's from
+    ``v``."""
+    lines = [
+        "m = _new(Message)",
+        ", ".join(_targets[f] for f in _SEND).replace("m.application_properties", "ap") + ", extra = c",
+        "m.application_properties = None if ap is None else _dict(ap)",
+        "m.body_type = _BT[_bt]",
+        "if extra is None:",
+        f"    {_none_defaults} = None",
+        "    m.forward_hops = 0",
+        "else:",
+        "    " + ", ".join(f"m.{f}" for f in _RARE) + ", " + ", ".join("_" for _ in _KEPT) + " = extra",
+        "    if m.annotations is not None:",
+        "        m.annotations = _dict(m.annotations)",
+        ", ".join(_targets[f] for f in _BROKER) + ", = v",
+        "m.state = _ST[_st]",
+        "u = m.lock_token = _new_uuid(_UUID)",
+        "_set_int(u, _from_bytes(token, 'big'))",
+        "_set_safe(u, _SAFE)",
+    ]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+exec(
+    "def held_item_arrays(items):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    records = []\n"
+    "    keep = records.append\n"
+    "    for key, copies in items:\n"
+    "        if len(copies) == 1:\n"
+    "            slot, m = copies[0]\n" + _send_encoding("            ") + "            append([key, slot, record])\n"
+    "            keep(record)\n"
+    "        else:\n"
+    "            records = None\n"
+    "            append([key, [x for slot, m in copies for x in (slot, _record(m))]])\n"
+    "    return out, records\n"
+    "def held_items_of(arrays):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    messages = []\n"
+    "    keep = messages.append\n"
+    "    for item in arrays:\n"
+    "        if len(item) == 3:\n"
+    "            v = item[2]\n" + _send_decoding("            ") + "            append((item[0], [(item[1], m)]))\n"
+    "            keep(m)\n"
+    "        else:\n"
+    "            messages = None\n"
+    "            append((item[0], _copies_of(item[1])))\n"
+    "    return out, messages\n"
+    "def named_records_of(messages, held):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    pop = held.pop\n"
+    "    for m in messages:\n"
+    "        if pop(m.sequence_number, None) is m:\n"
+    f"            append([{', '.join(_expressions[f] for f in _BROKER)}])\n"
+    "            continue\n" + _encoding("        ") + "        append(record)\n"
+    "    return out\n"
+    "def locked_of(records, held):\n"
+    "    out = []\n"
+    "    append = out.append\n"
+    "    pop = held.pop\n"
+    "    for v in records:\n"
+    f"        if len(v) == {len(_BROKER)}:\n"
+    "            c = pop(v[0])\n" + _named_decoding("            ") + "            append(m)\n"
+    "            continue\n"
+    f"        pop(v[{_COMMON.index('sequence_number')}], None)\n" + _decoding("        ") + "        append(m)\n"
+    "    return out\n",
+    _namespace,
+)
+# An enqueue's items as their arrays (``ItemsArg``'s, an item of one copy's message as its send record), and their
+# send records to hold (None if an item has several copies): the front end's ``enqueue`` sends the arrays as they
+# are.
+held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[list[Any]] | None]] = _namespace["held_item_arrays"]
+# The items of ``held_item_arrays``' arrays, and the messages made to hold (None if an item has several copies): the
+# worker's enqueue.
+held_items_of: Callable[[list[list[Any]]], tuple[list[Any], list[Message] | None]] = _namespace["held_items_of"]
+# A ``locked`` reply's records (worker): each message named (``_BROKER``'s fields) if ``held`` (sequence number ->
+# the message stored) holds this very object, else its compact record; every one taken out of ``held``.
+named_records_of: Callable[[list[Message], dict[int, Message]], list[list[Any]]] = _namespace["named_records_of"]
+# A ``locked`` reply read back (front end): a named record's message made from the compact record held for it
+# (sequence number -> record), any other record read as it is; every one taken out of ``held``.
+locked_of: Callable[[list[list[Any]], dict[int, list[Any]]], list[Message]] = _namespace["locked_of"]
+
+
+class Held:
+    """What one end of a connection holds of the messages its front end sent (see above): by partition key and
+    sequence number, the front end's compact records or the worker's stored messages. Changed only on the
+    connection's loop thread, in the stream's order.
+
+    Memory: the messages of the enqueue frames of at most ``HELD_BYTES`` (and ``HELD_MESSAGES``) since the last
+    drop, their bodies as they were sent; the worker's entries are messages its partitions store anyway, unless
+    settled since."""
+
+    __slots__ = ("by_key", "count", "size")
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, dict[int, Any]] = {}
+        self.count = 0  # messages added since the last drop
+        self.size = 0  # bytes of the enqueue frames that added them
+
+    def add(self, key: str, sequence_numbers: list[int | None], held: list[Any], frame_bytes: int) -> None:
+        """An enqueue stored as ``sequence_numbers`` say (None: a duplicate dropped, held under None, never named):
+        ``held`` (its records or messages, one per item) by them. ``frame_bytes``: its frame's length."""
+        count, size = self.count + len(held), self.size + frame_bytes
+        if count > HELD_MESSAGES or size > HELD_BYTES:  # both ends drop everything at this same point
+            self.by_key.clear()
+            count, size = len(held), frame_bytes
+            if count > HELD_MESSAGES or size > HELD_BYTES:  # one frame past the bounds: not held at all
+                self.count = self.size = 0
+                return
+        self.count, self.size = count, size
+        entries = self.by_key.get(key)
+        if entries is None:
+            entries = self.by_key[key] = {}
+        entries.update(zip(sequence_numbers, held, strict=True))
+
+    def of(self, key: str) -> dict[int, Any] | None:
+        """What is held of a partition, if anything (``named_records_of`` and ``locked_of`` take from it)."""
+        return self.by_key.get(key)
+
+    def clear(self) -> None:
+        self.by_key.clear()
+        self.count = self.size = 0
+
+
 class Messages(list):  # type: ignore[type-arg]
     """A list of messages that travels as one array of compact records in one extension value (a reply's go in
     a ``messages`` frame instead: ``reply_frame``)."""
@@ -286,6 +505,17 @@ ONE_WAY = frozenset({"hurry"})
 # The last element of a reply frame of five: what it is (a plain reply has four).
 APPLIED = 1
 MESSAGES = 2
+LOCKED = 3  # a lock reply of named and compact records (since SBW6): [id, true, [record, ...], health, 3]
+
+
+class Locked:
+    """A worker's lock reply whose records name what the front end holds (``named_records_of``): a ``locked``
+    frame, which the front end reads against what it holds of the partition (``locked_of``)."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[list[Any]]) -> None:
+        self.records = records
 
 
 class Records:
@@ -312,6 +542,8 @@ def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> by
     them once, where a nested value was packed apart and copied in whole, then copied out and read again."""
     if value.__class__ is Records:
         return _pack([request_id, ok, value.records, health, MESSAGES])
+    if value.__class__ is Locked:
+        return _pack([request_id, ok, value.records, health, LOCKED])
     if type(value) is list and value and type(value[0]) is Message:
         return _pack([request_id, ok, records_of(value), health, MESSAGES])
     return _pack([request_id, ok, value, health])
@@ -329,8 +561,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 # Opens both sides of the handshake: a peer that speaks something else is told apart at once. Its digit is the
 # frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
 # messages frame and an enqueue's items in the request itself; 4 each frame's length before it; 5 a compact record's
-# fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``).
-MAGIC = b"SBW5"
+# fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``); 6 the
+# locked frame, whose records name the messages the front end holds (``Held``), and an enqueue's send records.
+MAGIC = b"SBW6"
 LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end

@@ -10,6 +10,9 @@ reported durable later (``WorkerConnection._applied``). LIFECYCLE operations (st
 so they run on a thread of their own. A partition's listeners become ``event`` frames to every front end that
 opened it, coalesced per loop iteration.
 
+Each front end's connection holds the messages that front end sent and may yet lock (``wire.Held``: bounded by
+``wire.HELD_BYTES`` of enqueue frames), so that a lock reply names them instead of carrying them back.
+
 Run one with ``shardbus worker --listen HOST:PORT --data-dir DIR --key KEY``; ``shardbus serve --workers N``
 starts N of them itself. The key is the cluster's secret: a front end proves it holds it by answering the
 worker's HMAC challenge when it connects (``wire.py``); the key itself never travels.
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..extras import MissingExtra
 from ..model.errors import EntityNotFound, InvalidOperation, ShardbusError
+from ..model.message import SubQueue
 from ..partition.broker import LEND, PartitionBroker
 from ..partition.handle import OPERATIONS, Kind
 from ..partition.values import PartitionConfig
@@ -223,6 +227,9 @@ class WorkerConnection:
         # 20 ms of settlements request); and the ids written since the last ``written`` frame went (loop thread).
         self._lingering: dict[int, LingeringWrite] = {}
         self._written_ids: list[int] = []
+        # The messages this front end sent that its lock replies may name instead of carrying (``wire.Held``:
+        # bounded by wire.HELD_MESSAGES and wire.HELD_BYTES; the front end holds the same, in step).
+        self.held = wire.Held()
 
     def connection_lost(self) -> None:
         if not self.closed:
@@ -242,6 +249,11 @@ class WorkerConnection:
                 result = handler(self, key, *args)
                 if operation in wire.ONE_WAY:  # nothing waits for an answer
                     return
+            elif operation == "enqueue":  # answered as its items are held (``_enqueued``)
+                items, held = wire.held_items_of(args[0])
+                size = self.stream.frame_bytes
+                self._enqueue(request_id, key, held, size, self.host.get(key).enqueue(items, *args[1:]))
+                return
             elif operation in BROKER_CALLS:
                 at = ITEMS_ARGUMENT.get(operation)
                 if at is not None:
@@ -282,6 +294,25 @@ class WorkerConnection:
             self.worker.call_soon(self._reply, request_id, key, ok, value)
 
         pending.add_done_callback(done)
+
+    def _enqueue(self, request_id: int, key: str, held: list[Any] | None, size: int, write: Future) -> None:
+        """Answer an ``enqueue`` once its write is durable, as ``_answer`` does, and hold its messages (``held``,
+        None if it is not held; ``size``: its frame's bytes) for the lock replies to name (``wire.Held``) as its
+        reply goes: the front end adds them as it reads that reply."""
+
+        def done(f: Future) -> None:
+            try:
+                ok, value = True, f.result()
+            except Exception as exc:
+                ok, value = False, wire.encode_error(exc)
+            self.worker.call_soon(self._enqueued, request_id, key, ok, value, held, size)
+
+        write.add_done_callback(done)
+
+    def _enqueued(self, request_id: int, key: str, ok: bool, value: Any, held: list[Any] | None, size: int) -> None:
+        if ok and held is not None:
+            self.held.add(key, value, held, size)
+        self._reply(request_id, key, ok, value)
 
     def _applied(self, request_id: int, key: str, write: LingeringWrite) -> None:
         """A settlement is applied and its write lingers for company (20 ms at most, as in one process): say so now
@@ -370,12 +401,18 @@ class WorkerConnection:
     def _health(self, _key: str) -> dict[str, str | None]:
         return self.host.health()
 
-    def _lock_messages(self, key: str, slot: int, queue: int, max_count: int) -> wire.Records:
+    def _lock_messages(self, key: str, slot: int, queue: int, max_count: int) -> wire.Records | wire.Locked:
         """The partition interface's ``lock_messages``, the locked messages made their wire records at once: the
         broker's copies of them would only be read into the records. They are lent (``PartitionBroker.
         lock_messages_as``: a locked message is never changed in place) and made records in one loop
-        (``wire.records_of``), a Python call per message fewer than a record made under the lock by each."""
-        return wire.Records(wire.records_of(self.host.get(key).lock_messages_as(slot, queue, max_count, LEND)))
+        (``wire.records_of``), a Python call per message fewer than a record made under the lock by each. Of a
+        slot's main queue this front end sent messages to, those it still holds go named, not carried
+        (``wire.Held``)."""
+        messages = self.host.get(key).lock_messages_as(slot, queue, max_count, LEND)
+        held = self.held.of(key) if queue == SubQueue.MAIN else None
+        if held is None:
+            return wire.Records(wire.records_of(messages))
+        return wire.Locked(wire.named_records_of(messages, held))
 
 
 def _settle_with(answer: Future, done: Future, value: Callable[[], Any]) -> None:
