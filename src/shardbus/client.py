@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 import uuid
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
@@ -212,14 +211,20 @@ class MessageReceiver:
         ``idle`` s. Never loses a message: credit left over is drained, and what was in flight is returned."""
         return self._client._call(self._receive(max_count, max_wait, idle))
 
-    def _received(self, d: Any) -> ReceivedMessage:
-        """A delivery as the caller gets it, decoded on the client's loop as it arrives: while the broker still
-        makes the rest of the batch, not after it (the link has no credit left while the caller decodes)."""
-        tag = d.delivery_tag
+    def _take(self, queued: Any, got: list[ReceivedMessage]) -> None:
+        """Every delivery queued on the link, appended to ``got`` as the caller gets it. Decoded on the client's
+        loop as they arrive: while the broker still makes the rest of the batch, not after it (the link has no
+        credit left while the caller decodes). One call per socket read, not per delivery."""
+        append, take = got.append, queued.popleft
         if self.receive_and_delete:
-            return ReceivedMessage(decode_message(d.payload))
-        # Another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling.
-        return ReceivedMessage(decode_message(d.payload), uuid_of_bytes_le(tag) if len(tag) == 16 else None, d)
+            while queued:
+                append(ReceivedMessage(decode_message(take().payload)))
+            return
+        while queued:
+            d = take()
+            tag = d.delivery_tag
+            # Another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling.
+            append(ReceivedMessage(decode_message(d.payload), uuid_of_bytes_le(tag) if len(tag) == 16 else None, d))
 
     def complete(self, messages: Iterable[ReceivedMessage]) -> None:
         """Complete peek-locked messages; raises ClientError when the broker refuses one (e.g. lock lost)."""
@@ -289,33 +294,34 @@ class MessageReceiver:
     async def _receive(self, max_count: int, max_wait: float, idle: float) -> list[ReceivedMessage]:
         link = self._link
         got: list[ReceivedMessage] = []
-        received = self._received
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait
         link.grant(max_count)
         queued = link.deliveries
-        while len(got) < max_count:
-            if not queued.empty():
-                # What one socket read brought is queued already: taken as it is. ``receive`` (wait_for) would
-                # make a task and a timer per delivery and give each its own turn of the loop.
-                got.append(received(queued.get_nowait()))
-                continue
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+        last = None  # when deliveries were last taken: a partial batch ends ``idle`` s after
+        while True:
+            # What the socket reads brought is queued already: taken as it is, in one loop (never more than
+            # max_count arrive: that is the credit granted). The link's waiter is one future per wait, woken by
+            # the read that brings deliveries: a wake-up per read, no task or timer per delivery.
+            if queued:
+                self._take(queued, got)
+                last = loop.time()
+            if len(got) >= max_count:
                 break
-            try:
-                got.append(received(await link.receive(timeout=min(remaining, idle) if got else remaining)))
-            except TimeoutError:
+            now = loop.time()
+            until = deadline if last is None else min(deadline, last + idle)
+            if now >= until:
                 break
+            await link.wait(until - now)
         if len(got) < max_count and link.link.attached:
             # Take the unused credit back (drain) and wait until the broker says it is spent, so nothing
-            # arrives after we return: a receive-and-delete delivery arriving later would be lost.
+            # arrives after we return: a receive-and-delete delivery arriving later would be lost. The
+            # broker's answer is a flow on the link, which wakes the waiter (as any delivery before it does).
             link.grant(link.link.link_credit, drain=True)
-            until = time.monotonic() + self._client.timeout
-            while link.link.link_credit > 0 and link.link.attached and time.monotonic() < until:
-                await asyncio.sleep(0.005)
-        while not link.deliveries.empty():
-            got.append(received(link.deliveries.get_nowait()))
+            until = loop.time() + self._client.timeout
+            while link.link.link_credit > 0 and link.link.attached and (left := until - loop.time()) > 0:
+                await link.wait(left)
+        self._take(queued, got)
         return got
 
 
