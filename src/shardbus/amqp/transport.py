@@ -18,6 +18,7 @@ our own tools, tests and benchmarks, not as a full-featured SDK.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import uuid
@@ -418,13 +419,31 @@ class ClientSender:
         await self._session.client._detach(self.link)
 
 
+class _Deliveries(collections.deque):  # type: ignore[type-arg]
+    """A receiver's arrived deliveries, oldest first: a deque (appended and popped in C, no future per delivery
+    as ``asyncio.Queue.put_nowait`` makes when a getter waits), with the ``asyncio.Queue`` names that callers
+    taking a read's deliveries as they are use (``empty``, ``get_nowait``, ``qsize``). It holds what the link's
+    credit let the peer send and nobody took yet: bounded by the credit granted."""
+
+    __slots__ = ()
+    get_nowait = collections.deque.popleft
+    qsize = collections.deque.__len__
+
+    def empty(self) -> bool:
+        return not self
+
+
 class ClientReceiver:
-    """A receiving link of ``AmqpClient``. Deliveries arrive in ``receive()`` order."""
+    """A receiving link of ``AmqpClient``. Deliveries arrive in ``receive()`` order.
+
+    One waiter future at a time stands for whoever waits (``wait``): a delivery or a flow on the link, or the
+    link or connection going, resolves it; no task, queue getter or ``wait_for`` per wait."""
 
     def __init__(self, session: ClientSession, link: Link) -> None:
         self._session = session
         self.link = link
-        self.deliveries: asyncio.Queue[E.DeliveryReceived] = asyncio.Queue()
+        self.deliveries: _Deliveries = _Deliveries()
+        self._waiter: asyncio.Future[None] | None = None
 
     def grant(self, credit: int, drain: bool = False) -> None:
         """Set the link credit (absolute)."""
@@ -432,9 +451,46 @@ class ClientReceiver:
         client._conn.flow(self.link, link_credit=credit, drain=drain)
         client._flush()
 
+    async def wait(self, timeout: float | None) -> None:
+        """Return once a delivery or a flow came on the link, the link or connection went, or ``timeout`` s
+        passed (whichever first; the caller looks at what it waits for itself). Callers waiting together share
+        the waiter; each has its own timer, which wakes them all (they look again and wait on)."""
+        loop = asyncio.get_running_loop()
+        fut = self._waiter
+        shared = fut is not None and not fut.done()
+        if not shared:
+            fut = self._waiter = loop.create_future()
+        assert fut is not None
+        timer = None if timeout is None else loop.call_later(timeout, _wake, fut)
+        try:
+            # a shared waiter is shielded: one caller cancelled must not cancel the others' wait
+            await (asyncio.shield(fut) if shared else fut)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not shared or (task is not None and task.cancelling()):
+                raise  # this caller was cancelled (not only the waiter it shared, by its creator's cancel)
+        finally:
+            if self._waiter is fut:
+                self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        fut = self._waiter
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     async def receive(self, timeout: float | None = 60) -> E.DeliveryReceived:
-        """The next delivery (grant credit first)."""
-        return await asyncio.wait_for(self.deliveries.get(), timeout)
+        """The next delivery (grant credit first); TimeoutError when none came within ``timeout`` s."""
+        if not self.deliveries:
+            loop = asyncio.get_running_loop()
+            until = None if timeout is None else loop.time() + timeout
+            while not self.deliveries:
+                left = None if until is None else until - loop.time()
+                if left is not None and left <= 0:
+                    raise TimeoutError()
+                await self.wait(left)
+        return self.deliveries.popleft()
 
     def settle(self, delivery: E.DeliveryReceived, state: Any) -> None:
         """Settle a delivery with an outcome (e.g. ``Accepted()``)."""
@@ -445,6 +501,11 @@ class ClientReceiver:
     async def close(self) -> None:
         """Detach (closed=true) and wait for the peer's answer."""
         await self._session.client._detach(self.link)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class ClientSession:
@@ -581,7 +642,9 @@ class AmqpClient:
         if isinstance(ev, E.DeliveryReceived):
             r = self._receivers.get(id(ev.link))
             if r is not None:
-                r.deliveries.put_nowait(ev)
+                r.deliveries.append(ev)
+                if r._waiter is not None:
+                    r._wake()
         elif isinstance(ev, E.DispositionReceived):
             for ref in ev.deliveries:
                 fut = self._outcomes.pop((id(ev.session), ref.delivery_id), None)
@@ -592,6 +655,9 @@ class AmqpClient:
                 s = self._senders.get(id(ev.link))
                 if s is not None:
                     s._credit.set()
+                r = self._receivers.get(id(ev.link))
+                if r is not None and r._waiter is not None:
+                    r._wake()  # e.g. the answer to a drain: the credit is spent
             for sender in self._senders.values():
                 if sender.link.session is ev.session:
                     sender._credit.set()
@@ -612,7 +678,9 @@ class AmqpClient:
             sender = self._senders.pop(id(ev.link), None)
             for window in [] if sender is None else list(sender._windows):  # no outcome comes on a detached link
                 window.set_exception(AmqpClientError(f"detached: {ev.error}", ev.error))
-            self._receivers.pop(id(ev.link), None)
+            receiver = self._receivers.pop(id(ev.link), None)
+            if receiver is not None:
+                receiver._wake()  # a waiter stops waiting for what a detached link cannot bring
         elif isinstance(ev, E.SessionEnded):
             if ev.reply_needed:
                 conn.end(ev.session)
@@ -675,6 +743,8 @@ class AmqpClient:
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()  # mark retrieved: nobody may be awaiting it any more
+        for receiver in self._receivers.values():
+            receiver._wake()
         for sender in list(self._senders.values()):
             sender._credit.set()
             for window in list(sender._windows):  # one waiting for credit has nothing in _outcomes
