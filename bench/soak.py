@@ -39,6 +39,7 @@ too while the broker's own I/O was flat, ``flatness``), but do not decide (the m
 
     python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
         [--disk-rate 50] [--data-dir DIR] [--keep] [--trace]
+    python bench/soak.py --verdicts DIR/rows.json   # a --trace run's intervals judged again
 """
 
 from __future__ import annotations
@@ -1287,10 +1288,11 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
     disk = disk_drift(after)
     if disk is not None:
         admitted = io_flat
-        drift["disk"] = [
-            d if not (abs(math.log(c)) >= abs(math.log(d))) else c  # (nan: the disk's)
-            for c, d in zip(drift["p99"], disk, strict=True)
-        ] if admitted else drift["p99"]  # fmt: skip
+        for pct in ("p99", "p99 without cpu"):
+            drift[pct.replace("p99", "disk")] = [
+                d if not (abs(math.log(c)) >= abs(math.log(d))) else c  # (nan: the disk's)
+                for c, d in zip(drift[pct], disk, strict=True)
+            ] if admitted else drift[pct]  # fmt: skip
         shown = ", ".join(f"{d:.2f}" for d in disk)
         use = "in the drift of send and receive p99" if admitted else "not in the drift"
         out.append(("disk drift", f"{shown} per interval (the disk probe's p99 against its median, as far as its "
@@ -1334,10 +1336,10 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
             verdict = "follows the machine" if net_spread <= FLAT else "MOVED"
         of = f"{pct} drift and the disk's" if machine is not drift[pct] else f"{pct} drift"
         if cpu and spread > FLAT:  # what the verdict was before the CPU probe, beside it
-            bare = dict(zip(map(id, after), drift[f"{pct} without cpu"], strict=True))
+            # the disk's drift where it was admitted, as above, against the two probes' p99 drift
+            two = drift["disk without cpu"] if machine is not drift[pct] else drift[f"{pct} without cpu"]
+            bare = dict(zip(map(id, after), two, strict=True))
             bare_net = [r[name] / bare[id(r)] for r, _ in rows if bare[id(r)] > 0 and r[name] > 0]
-            if machine is not drift[pct]:  # the disk's drift where it was admitted, as above
-                bare_net = [r[name] / d for r, d in rows if d == d and d > 0 and r[name] > 0]
             if len(bare_net) >= 2:
                 of += f"; {max(bare_net) / min(bare_net):.2f}x net of the SQLite and echo probes' alone"
         out.append((name, f"{text}, {net_spread:.2f}x net of the machine's {of} ({verdict})"))
@@ -1387,7 +1389,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace", action="store_true", help="have the broker trace its stalls and match them with the slow sends"
     )
+    parser.add_argument(
+        "--verdicts", type=Path, metavar="ROWS", help="only print the flatness verdicts of a run's saved rows.json"
+    )
     args = parser.parse_args(argv)
+    if args.verdicts is not None:  # a run's intervals again, e.g. after the rule changed
+        for name, verdict in flatness(json.loads(args.verdicts.read_text())[1:]):
+            print(f"flatness: {name}: {verdict}")
+        return 0
 
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="shardbus-soak-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -1525,6 +1534,8 @@ def main(argv: list[str] | None = None) -> int:
         print("reconcile: clean (0 lost, 0 unexplained duplicates, 0 misrouted)")
     if trace is not None:
         _count_fsyncs(trace, rows)
+        # every interval's figures, kept beside the trace: ``--verdicts`` judges them again
+        (trace.parent / "rows.json").write_text(json.dumps(rows))
     after = rows[1:]  # the first interval is warm-up
     if len(after) >= 2:
         for name, verdict in flatness(after):
