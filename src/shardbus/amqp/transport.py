@@ -476,9 +476,8 @@ class ClientReceiver:
                 timer.cancel()
 
     def _wake(self) -> None:
-        fut = self._waiter
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     async def receive(self, timeout: float | None = 60) -> E.DeliveryReceived:
         """The next delivery (grant credit first); TimeoutError when none came within ``timeout`` s."""
