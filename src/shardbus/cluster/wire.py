@@ -169,6 +169,12 @@ def _encoding(indent: str) -> str:
     )
 
 
+# The generated lines that make message ``m``'s lock token from its 16 bytes ``token`` (a UUID made without
+# ``UUID.__init__``), and the same for a token that may be None: shared by every decoding below.
+_TOKEN = ["u = m.lock_token = _new_uuid(_UUID)", "_set_int(u, _from_bytes(token, 'big'))", "_set_safe(u, _SAFE)"]
+_TOKEN_OR_NONE = ["if token is None:", "    m.lock_token = None", "else:", *(f"    {line}" for line in _TOKEN)]
+
+
 def _decoding(indent: str) -> str:
     """Lines that make message ``m`` from compact record ``v``."""
     lines = [
@@ -181,12 +187,7 @@ def _decoding(indent: str) -> str:
         "    " + ", ".join(f"m.{f}" for f in _RARE) + ", = rare",
         "m.body_type = _BT[_bt]",
         "m.state = _ST[_st]",
-        "if token is None:",
-        "    m.lock_token = None",
-        "else:",
-        "    u = m.lock_token = _new_uuid(_UUID)",
-        "    _set_int(u, _from_bytes(token, 'big'))",
-        "    _set_safe(u, _SAFE)",
+        *_TOKEN_OR_NONE,
     ]
     return "".join(f"{indent}{line}\n" for line in lines)
 
@@ -301,12 +302,7 @@ def _send_decoding(indent: str) -> str:
         "    m.forward_hops = 0",
         "else:",
         "    " + ", ".join([f"m.{f}" for f in _RARE] + [kept.get(f, f"m.{f}") for f in _KEPT]) + ", = extra",
-        "    if token is None:",
-        "        m.lock_token = None",
-        "    else:",
-        "        u = m.lock_token = _new_uuid(_UUID)",
-        "        _set_int(u, _from_bytes(token, 'big'))",
-        "        _set_safe(u, _SAFE)",
+        *(f"    {line}" for line in _TOKEN_OR_NONE),
     ]
     return "".join(f"{indent}{line}\n" for line in lines)
 
@@ -329,9 +325,7 @@ def _named_decoding(indent: str) -> str:
         "        m.annotations = _dict(m.annotations)",
         ", ".join(_targets[f] for f in _BROKER) + ", = v",
         "m.state = _ST[_st]",
-        "u = m.lock_token = _new_uuid(_UUID)",
-        "_set_int(u, _from_bytes(token, 'big'))",
-        "_set_safe(u, _SAFE)",
+        *_TOKEN,
     ]
     return "".join(f"{indent}{line}\n" for line in lines)
 
