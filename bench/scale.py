@@ -422,7 +422,15 @@ def _mode(kind: str) -> str:
 class ShardbusServe:
     """``shardbus serve [mode flags]`` as a child process, with a Config.json holding one partitioned queue."""
 
-    def __init__(self, folder: Path, flags: list[str], profile: Path | None = None, tree: Path = ROOT) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        flags: list[str],
+        profile: Path | None = None,
+        tree: Path = ROOT,
+        wrapper: tuple[str, ...] = (),
+    ) -> None:
+        """``wrapper``: a command the server runs under (bench/workers_instructions.py: valgrind)."""
         self.folder = folder
         folder.mkdir(parents=True)
         self.port = _free_port()
@@ -445,6 +453,7 @@ class ShardbusServe:
         self.profile = profile
         if profile is not None:  # the same command under cProfile, every thread of every process
             args = [sys.executable, str(Path(__file__).with_name("profiled.py")), str(profile), *args[len(SERVE) - 1 :]]
+        args = [*wrapper, *args]
         self.log_path = folder / "serve.log"
         log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115 -- the child keeps writing to it
         self.proc = subprocess.Popen(
