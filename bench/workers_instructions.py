@@ -3,8 +3,8 @@
 bench/scale.py measures point 4 (all workers' CPU per message must not rise with their count by more than 15%)
 in CPU time. On a machine with fewer cores than processes, CPU time also counts what sharing the cores costs:
 with four workers, a front end and two clients on 2 cores, each process's work finds its caches taken by the
-others, so the same instructions take more cycles (at da75b4a: instructions x1.04, context switches x1.05, CPU
-time x1.2-1.35 for four workers over one). This script counts what the code does instead: it serves the
+others, so the same instructions take more cycles (2026-11-27, four workers over one: instructions x1.02-1.06,
+context switches x1.05, CPU time x1.2-1.35). This script counts what the code does instead: it serves the
 16-partition queue of bench/scale.py with ``shardbus serve --workers N`` under valgrind's callgrind (the forked
 workers are counted with it), warms up with our client (bench/scale.py's sending and receiving children, not
 counted), zeroes the counters of the server's processes, runs bench/scale.py's "both" phase (``--count`` messages
