@@ -302,3 +302,64 @@ def test_after_answers_runs_once_every_future_of_its_batch_resolved() -> None:
     later = committer.submit([("put", 0, [3])], on_commit=lambda: visible("c"))
     assert later.result(5) == "c" and committer.wait_idle(5)
     assert seen[-1][0] == "c"  # the failing one did not stop the drain
+
+
+class ThreadRecordingStore(RecordingStore):
+    """Also the name of the thread each batch was written on; ``hold`` keeps the first batch's write waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.hold: threading.Event | None = None
+        self.writing = threading.Event()
+
+    def apply(self, ops: list[Any], sync: bool = True) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.writing.set()
+        if self.hold is not None and len(self.threads) == 1:
+            assert self.hold.wait(5)
+        super().apply(ops, sync)
+
+
+class CountingPool(ThreadPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(max_workers=2, thread_name_prefix="test-commit")
+        self.tasks = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.tasks += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_lingering_writes_alone_are_written_on_the_deadline_thread() -> None:
+    """At its deadline a batch of lingering writes alone (unsynced) is written by the timer thread itself: no
+    pool thread is woken for a settlement commit."""
+    pool = CountingPool()
+    store = ThreadRecordingStore()
+    committer = GroupCommitter(store, lambda exc: RuntimeError(str(exc)), executor=pool)  # type: ignore[arg-type]
+    done = threading.Event()
+    committer.submit([("delete", 0, [1])], linger=0.02).add_done_callback(lambda f: done.set())
+    committer.submit([("delete", 0, [2])], linger=0.02)
+    assert done.wait(5)
+    assert store.batches == [[("delete", 0, [1]), ("delete", 0, [2])]] and store.synced == [False]
+    assert store.threads == ["shardbus-linger"] and pool.tasks == 0
+    pool.shutdown()
+
+
+def test_a_send_that_comes_while_the_deadline_thread_writes_goes_to_the_pool() -> None:
+    """A send submitted while the timer thread writes a lingering batch is written after it, synced, by a pool
+    thread: the timer thread never waits for an fsync, and the order holds."""
+    pool = CountingPool()
+    store = ThreadRecordingStore()
+    store.hold = threading.Event()
+    committer = GroupCommitter(store, lambda exc: RuntimeError(str(exc)), executor=pool)  # type: ignore[arg-type]
+    committer.submit([("delete", 0, [1])], linger=0.02)
+    assert store.writing.wait(5)  # the deadline came: the timer thread is writing the lingering batch
+    send = committer.submit([("put", 0, [2])])
+    store.hold.set()
+    assert send.result(5) is None
+    assert committer.wait_idle(5)
+    assert store.batches == [[("delete", 0, [1])], [("put", 0, [2])]] and store.synced == [False, True]
+    assert store.threads[0] == "shardbus-linger" and store.threads[1].startswith("test-commit")
+    assert pool.tasks == 1
+    pool.shutdown()

@@ -19,7 +19,9 @@ acknowledged only once stored) ends the wait at once and takes the lingering one
 writes linger holds no thread meanwhile: its drain starts at the deadline (``LINGERS``, one timer thread for all
 stores, store/pools.py) or with the first write that must not wait, and a drain that finds only lingering writes
 not yet due gives its pool thread back and sets that deadline. So sixteen lingering stores leave the commit pool
-free for the sends, and a linger may be long (partition/broker.py's ``SETTLE_LINGER``).
+free for the sends, and a linger may be long (partition/broker.py's ``SETTLE_LINGER``). At its deadline a batch
+of lingering writes alone (unsynced, below) is written on the timer thread itself, not handed to a pool thread:
+a settlement commit wakes one thread, not two (``_drain``'s ``inline``).
 Consecutive lingering submissions without ``on_commit`` also share one future: they are written in the same
 batch and so have the same outcome, and a future per settlement (a condition variable made on the event loop,
 resolved on the store's thread) was work every complete paid for nothing. A batch of lingering submissions
@@ -191,7 +193,9 @@ class GroupCommitter:
             LINGERS.at(self._write_by, self._linger_ended)
 
     def _linger_ended(self) -> None:
-        """(``LINGERS``' thread.) The deadline passed: drain unless a drain runs already or the linger moved on."""
+        """(``LINGERS``' thread.) The deadline passed: drain unless a drain runs already or the linger moved on.
+        A batch of lingering writes alone is written here, unsynced (``_drain``'s ``inline``); one to be synced
+        goes to the commit pool."""
         with self._lock:
             self._timed = False
             if self._running or not self._pending:
@@ -201,7 +205,11 @@ class GroupCommitter:
                 return
             if not self._start_if_due():
                 return
-        self._start_drain()
+            inline = not self._sync
+        if inline:
+            self._drain(inline=True)
+        else:
+            self._start_drain()
 
     def _start_if_due(self) -> bool:
         """(Lock held, not running.) Whether to start a drain now: not while a full store's retry is not due."""
@@ -226,8 +234,15 @@ class GroupCommitter:
                 return
         self._start_drain()
 
-    def _drain(self) -> None:
-        queued = self._queued_at
+    def _drain(self, inline: bool = False) -> None:
+        """Write what is pending, batch after batch, until nothing is (or only lingering writes not yet due).
+        ``inline``: on ``LINGERS``' thread, at a deadline (``_linger_ended``): one unsynced batch of lingering
+        writes, written there and not handed to a pool thread (a wake-up of another thread and a task less per
+        settlement commit, and the deadlines of several stores due together take one wake-up); whatever is to
+        be written after it, or a sync that joined it meanwhile, goes to the pool, so the timer thread never
+        waits for an fsync."""
+        queued = -1.0 if inline else self._queued_at
+        took = False  # (``inline``) a batch was taken here
         while True:
             with self._lock:
                 batch = self._pending
@@ -239,6 +254,9 @@ class GroupCommitter:
                     self._running = False
                     self._linger()
                     return
+                if inline and (took or self._sync):  # a second batch, or one to be synced: the pool's
+                    break
+                took = True
                 sync = self._sync
                 self._pending = []
                 self._shared = None
@@ -280,6 +298,7 @@ class GroupCommitter:
                 stalltrace.record(
                     "batch", started, time.monotonic() - started, f"{getattr(self.store, 'path', '')} ops={len(ops)}"
                 )
+        self._start_drain()  # (``inline`` only) still running: a pool thread takes over
 
     def after_answers(self, fn: Callable[[], Any]) -> None:
         """(An ``on_commit`` callback, on the drain's thread.) Run ``fn`` once every future of this batch has
