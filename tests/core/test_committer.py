@@ -305,9 +305,11 @@ def test_after_answers_runs_once_every_future_of_its_batch_resolved() -> None:
 
 
 class ThreadRecordingStore(RecordingStore):
-    """Also the name of the thread each batch was written on; ``hold`` keeps the first batch's write waiting."""
+    """Also the name of the thread each batch was written on; ``hold`` keeps the first batch's write waiting.
+    Its writes stay on this host, as SQLite's do (``LOCAL_WRITES``), unless ``local`` is False."""
 
-    def __init__(self) -> None:
+    def __init__(self, local: bool = True) -> None:
+        self.LOCAL_WRITES = local
         super().__init__()
         self.threads: list[str] = []
         self.hold: threading.Event | None = None
@@ -362,4 +364,17 @@ def test_a_send_that_comes_while_the_deadline_thread_writes_goes_to_the_pool() -
     assert store.batches == [[("delete", 0, [1])], [("put", 0, [2])]] and store.synced == [False, True]
     assert store.threads[0] == "shardbus-linger" and store.threads[1].startswith("test-commit")
     assert pool.tasks == 1
+    pool.shutdown()
+
+
+def test_a_remote_stores_lingering_writes_go_to_the_pool() -> None:
+    """A store whose unsynced write leaves the host (PostgreSQL: a round trip) is never written on the timer
+    thread, which every store's deadline shares."""
+    pool = CountingPool()
+    store = ThreadRecordingStore(local=False)
+    committer = GroupCommitter(store, lambda exc: RuntimeError(str(exc)), executor=pool)  # type: ignore[arg-type]
+    done = threading.Event()
+    committer.submit([("delete", 0, [1])], linger=0.02).add_done_callback(lambda f: done.set())
+    assert done.wait(5)
+    assert store.synced == [False] and store.threads[0].startswith("test-commit") and pool.tasks == 1
     pool.shutdown()

@@ -260,6 +260,8 @@ def _merge_deletes(ops: list[Op]) -> list[Op]:
 class SqliteStore:
     """A ``MessageStore`` in one SQLite file. Not thread-safe: its partition's committer serialises use."""
 
+    LOCAL_WRITES = True  # an unsynced ``apply`` is a write into the page cache: the committer's timer thread may run it
+
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         try:
