@@ -60,8 +60,8 @@ def _install_counters(out: Path) -> None:
         applied = len(frame) == 5 and frame[4] == 1  # (a five-element frame may also be a lock reply's messages)
         kind = "event" if rid == 0 else "written" if rid < 0 else "applied" if applied else "reply"
         add(**{f"frame {kind}": 1})
-        if len(frame) == 5 and frame[4] == 3:  # a lock reply naming what this front end sent (wire.LOCKED, SBW6)
-            named = sum(1 for r in frame[2] if len(r) == len(wire._BROKER))
+        if len(frame) >= 5 and frame[4] == 3:  # a lock reply naming what this front end sent (wire.LOCKED, SBW6)
+            named = sum(1 for r in frame[2] if len(r) == len(wire._NAMED))
             add(**{"locked named": named, "locked in full": len(frame[2]) - named})
         frame_fn(self, frame)
 
