@@ -1,4 +1,5 @@
-"""What crosses the hop to a worker per message in bench/scale.py's "both" phase: requests by operation, frames
+"""What crosses the hop to a worker per message in bench/scale.py's "both" phase (or, ``--phase receive``, its
+receive phase: a filled queue peek-locked and completed): requests by operation, frames
 back by kind, how many messages a lock request brings back and how many tokens a settle request carries.
 
 The front end of ``shardbus serve --workers 1`` runs with counters around ``cluster/remote.py``'s
@@ -7,7 +8,7 @@ written, event) and ``WorkerLink._flush`` (each write of a burst); SIGUSR1 makes
 before and after the measured phase. Same clients, queue and messages as bench/scale.py (``ShardbusServe``,
 ``Role``). Counts, not times: the machine's speed does not move them (the clients' pace does, a little).
 
-    python bench/hop_counts.py [--count N] [--rounds R] [--base DIR] [--flags "--workers 1"]
+    python bench/hop_counts.py [--count N] [--rounds R] [--base DIR] [--flags "--workers 1"] [--phase receive]
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import scale  # bench/scale.py, beside this file
+if TYPE_CHECKING:
+    import scale
 
 
 def _install_counters(out: Path) -> None:
@@ -33,6 +35,8 @@ def _install_counters(out: Path) -> None:
     from shardbus.cluster import remote, wire
 
     counts: collections.Counter[str] = collections.Counter()
+    # a named record's length: five elements since SBW7 (wire._NAMED), the nine broker fields before (a --base tree)
+    named_length = len(getattr(wire, "_NAMED", None) or wire._BROKER)
     lock = threading.Lock()
 
     def add(**kv: int) -> None:
@@ -60,8 +64,8 @@ def _install_counters(out: Path) -> None:
         applied = len(frame) == 5 and frame[4] == 1  # (a five-element frame may also be a lock reply's messages)
         kind = "event" if rid == 0 else "written" if rid < 0 else "applied" if applied else "reply"
         add(**{f"frame {kind}": 1})
-        if len(frame) == 5 and frame[4] == 3:  # a lock reply naming what this front end sent (wire.LOCKED, SBW6)
-            named = sum(1 for r in frame[2] if len(r) == len(wire._BROKER))
+        if len(frame) >= 5 and frame[4] == 3:  # a lock reply naming what this front end sent (wire.LOCKED, SBW6)
+            named = sum(1 for r in frame[2] if len(r) == named_length)
             add(**{"locked named": named, "locked in full": len(frame[2]) - named})
         frame_fn(self, frame)
 
@@ -103,10 +107,15 @@ def main() -> None:
 
         sys.argv = ["shardbus", *sys.argv[2:]]
         sys.exit(cli_main())
+    # Not in the serving process: importing scale puts this tree's src first on sys.path (and imports shardbus from
+    # it), so a --base server counted would have served this tree's code, not the base's.
+    import scale  # bench/scale.py, beside this file
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--flags", default="--workers 1")
+    parser.add_argument("--phase", choices=("both", "receive"), default="both", help="the phase counted")
     parser.add_argument("--base", type=Path, default=None, help="a checkout to serve from as well")
     args = parser.parse_args()
     n = args.count
@@ -124,11 +133,15 @@ def main() -> None:
                 try:
                     snd = scale.Role("send", serve.url, scale.QUEUE, 100)
                     rcv = scale.Role("recv", serve.url, scale.QUEUE, 100)
-                    for tag, count in (("w", 2000), ("b", n)):  # a warm-up, then the measured "both" phase
+                    for tag, count in (("w", 2000), ("b", n)):  # a warm-up, then the measured phase
+                        if args.phase == "receive":  # the queue filled first, then only the receive counted
+                            snd.command(f"send {count} r{run}{tag}")
+                            snd.result()
                         c0 = _snapshot(serve, out)
                         rcv.command(f"recv {count}")
-                        snd.command(f"send {count} r{run}{tag}")
-                        snd.result()
+                        if args.phase == "both":
+                            snd.command(f"send {count} r{run}{tag}")
+                            snd.result()
                         rcv.result()
                         time.sleep(0.2)  # the last written frames
                         c1 = _snapshot(serve, out)
@@ -151,7 +164,7 @@ def main() -> None:
                     if reqs:
                         row.setdefault(f"{op}: tokens /request", []).append(delta.get(f"{op} tokens", 0) / reqs)
                 print(f"round {run + 1} {name}: " + json.dumps(delta, sort_keys=True), flush=True)
-    print(f"\nmedians (min-max) over the rounds, 'both' phase of {n} messages, {args.flags}")
+    print(f"\nmedians (min-max) over the rounds, '{args.phase}' phase of {n} messages, {args.flags}")
     for name, row in figures.items():
         print(f"  {name}")
         for key, values in row.items():

@@ -18,6 +18,7 @@ from shardbus.cluster import wire
 from shardbus.cluster.remote import ClusterClient, RemotePartition
 from shardbus.cluster.worker import Worker
 from shardbus.model.message import Message
+from shardbus.model.routing import new_lock_token
 from shardbus.partition.broker import PartitionBroker
 from shardbus.partition.handle import PartitionSpec
 from shardbus.partition.values import PartitionConfig, SlotSettings
@@ -101,10 +102,10 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     counts = {"named": 0, "full": 0}
     locked_of = wire.locked_of
 
-    def counting(records: list, held: dict) -> list[Message]:
+    def counting(lock: list | None, records: list, held: dict) -> list[Message]:
         for r in records:
-            counts["named" if len(r) == len(wire._BROKER) else "full"] += 1
-        return locked_of(records, held)
+            counts["named" if len(r) == len(wire._NAMED) else "full"] += 1
+        return locked_of(lock, records, held)
 
     monkeypatch.setattr(wire, "locked_of", counting)
     return counts
@@ -192,3 +193,45 @@ def test_the_dead_letter_queue_comes_back_in_full(cluster: _Cluster, counted: di
     (rest,) = p.submit_lock_messages(0, 0, 10).result(5)
     assert (rest.message_id, rest.body) == ("dl1", sent[1].body)
     assert counted == {"named": 2, "full": 0}  # the dead-letter queue's lock went as a plain messages frame
+
+
+def test_the_lock_fields_sent_once_per_reply_are_each_message_s_own(cluster: _Cluster, counted: dict[str, int]) -> None:
+    """Since SBW7 a ``locked`` frame carries the fields a lock sets alike (``wire._LOCK``) once: every message
+    delivered has the worker's own values of them and of every broker field, through the socket."""
+    p = cluster.partition()
+    sent = _messages("lock", 4)
+    p.enqueue([(None, [(0, m)]) for m in sent]).result(5)
+    locked = p.submit_lock_messages(0, 0, 10).result(5)
+    assert counted == {"named": 4, "full": 0}
+    broker = cluster.worker.host.get(KEY)
+    for m in locked:
+        theirs = broker._locks[m.lock_token.int].msg
+        assert {f: getattr(m, f) for f in wire._BROKER} == {f: getattr(theirs, f) for f in wire._BROKER}
+    p.complete(0, [m.lock_token for m in locked]).result(5)
+
+
+def test_a_held_message_locked_unlike_the_others_of_its_reply_goes_in_full() -> None:
+    """The reply's ``_LOCK`` fields are its first named message's; one that differs (not seen from one
+    ``lock_messages``, but not assumed) travels as its full record, and both ends take every one out of what they
+    hold."""
+    sent = _messages("odd", 3)
+    arrays, records = wire.held_item_arrays([(None, [(0, m)]) for m in sent])
+    assert records is not None
+    stored = [wire.held_items_of(arrays)[1][i] for i in range(3)]  # the worker's objects (one decoding each)
+    for seq, m in enumerate(stored, start=10):
+        m.sequence_number = m.enqueued_sequence_number = seq
+        m.enqueued_time_ms, m.partition_id = 1_000 + seq, 0
+        m.lock_token, m.locked_until_ms, m.delivery_count = new_lock_token(0, seq), 61_000, 1
+    stored[2].locked_until_ms = 62_000  # renewed, say
+    stored[1].enqueued_sequence_number = 3  # (a scheduled message's is its schedule's, say)
+    worker_held = {m.sequence_number: m for m in stored}
+    lock, named = wire.named_records_of(stored, worker_held)
+    assert lock == [61_000, 0, 0] and [len(r) for r in named] == [len(wire._NAMED)] + [len(wire._COMMON) + 1] * 2
+    front_held = dict(zip((10, 11, 12), records, strict=True))
+    frame = wire.unpack_frame(wire.reply_frame(1, True, wire.Locked((lock, named)), None))
+    got = wire.locked_of(frame[5], frame[2], front_held)
+    assert worker_held == {} and front_held == {}
+    assert [{f: getattr(m, f) for f in _FIELDS} for m in got] == [{f: getattr(m, f) for f in _FIELDS} for m in stored]
+
+
+_FIELDS = [f.name for f in dataclasses.fields(Message)]

@@ -76,10 +76,10 @@ def test_a_reply_of_messages_travels_as_a_messages_frame() -> None:
 
 
 def test_a_worker_of_the_previous_version_is_named_as_such() -> None:
-    """Lock replies name the messages the front end holds from version 6 on: a version-5 worker is refused at
-    connect, saying so."""
-    assert wire.MAGIC == b"SBW6"
-    for older in (b"SBW2", b"SBW3", b"SBW4", b"SBW5"):
+    """A locked frame carries its lock's fields once from version 7 on (version 6 named the messages the front end
+    holds with every broker field): a version-6 worker is refused at connect, saying so."""
+    assert wire.MAGIC == b"SBW7"
+    for older in (b"SBW2", b"SBW3", b"SBW4", b"SBW5", b"SBW6"):
         with pytest.raises(ValueError, match="another version"):
             wire.answer("k", older + bytes(wire.NONCE_BYTES))
 

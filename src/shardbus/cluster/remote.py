@@ -390,17 +390,17 @@ class WorkerLink:
             else:  # written: settlements applied earlier are durable now (or their write failed)
                 self._written(frame[1], frame[2])
             return
-        if len(frame) == 5:
+        if len(frame) >= 5:
             if frame[4] == wire.APPLIED:  # a settlement's verdict, its write durable later (a written frame)
                 self._applied(request_id, frame[3])
                 return
-            _, ok, records, health, _ = frame  # a list of messages (wire.MESSAGES, wire.LOCKED): a lock reply
+            ok, records, health = frame[1], frame[2], frame[3]  # a list of messages (MESSAGES, LOCKED): a lock reply
             if frame[4] == wire.LOCKED:  # a lock reply naming messages this front end holds
                 future, partition = self._pending.get(request_id, (None, None))
                 held = self.held.of(partition.key) if partition is not None else None
                 if held is None:  # the worker names only what is held here: a peer out of step
                     raise ValueError("a lock reply names messages this front end does not hold")
-                value = wire.locked_of(records, held)  # a KeyError there too: the stream closes
+                value = wire.locked_of(frame[5], records, held)  # a KeyError there too: the stream closes
             else:
                 value = wire.messages_of(records)
         else:

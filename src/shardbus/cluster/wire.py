@@ -25,9 +25,10 @@ Frames (in order on each connection):
     reply    [id, ok, value | [error class, text], health]  worker -> front end
     messages [id, true, [record, ...], health, 2]           worker -> front end: a reply that is a list of
                                                             messages (a lock's, a peek's), as compact records
-    locked   [id, true, [record | named, ...], health, 3]   worker -> front end: a lock reply whose messages the
-                                                            front end sent and holds go *named*, by the broker's
-                                                            fields alone (``Held``, below)
+    locked   [id, true, [record | named, ...], health, 3,   worker -> front end: a lock reply whose messages the
+              lock]                                         front end sent and holds go *named*, by the broker's
+                                                            fields alone (``Held``, below), those its lock set
+                                                            alike once in ``lock`` (``_LOCK``)
     applied  [id, true, nil, health, 1]                     worker -> front end: a settlement is applied, its
                                                             write lingers (a ``written`` frame follows)
     written  [-1, [id, ...], nil | [error class, text]]     worker -> front end: those applied settlements'
@@ -248,6 +249,12 @@ _from_record = _namespace["_from_record"]
 # from the worker. A worker names a message only if the one it locked *is* the object it stored: the partition
 # never changes a locked message in place but replaces it with a copy (``PartitionBroker.lock_messages_as``), so
 # a message the worker names is the one the front end holds, with the broker's fields in the named record.
+# Of those fields, the ones one lock gives every message alike (``_LOCK``: the lock's end, the state, the partition)
+# travel once per reply, not once per message (since SBW7), and the enqueued sequence number, which an enqueue sets
+# to the sequence number, not at all: a named record is the five that differ (``_NAMED``), and a held message whose
+# ``_LOCK`` fields differ from the reply's or whose enqueued sequence number is another (neither seen from one
+# ``lock_messages``, but not assumed) goes as its full record instead. Four elements a message fewer for the
+# packer and the unpacker, and four assignments fewer for the front end (bench/hop_micro.py --callgrind).
 HELD_MESSAGES = 65536  # per connection; part of the protocol (both ends must drop at the same point)
 HELD_BYTES = 16 * 1024 * 1024  # enqueue frames' bytes per connection between drops; part of the protocol too
 _BROKER = (
@@ -262,6 +269,9 @@ _BROKER = (
     "enqueued_sequence_number",
 )
 assert all(f in _COMMON for f in _BROKER)
+_LOCK = ("locked_until_ms", "state", "partition_id")  # alike for a lock's messages: once per reply
+_NAMED = tuple(f for f in _BROKER if f not in _LOCK and f != "enqueued_sequence_number")  # a named record, in order
+assert _NAMED[0] == "sequence_number" and len(_NAMED) != len(_COMMON) + 1  # told apart from a full record by length
 _namespace["_dict"] = dict
 
 
@@ -310,7 +320,7 @@ def _send_decoding(indent: str) -> str:
 def _named_decoding(indent: str) -> str:
     """Lines that make message ``m`` from named record ``v`` and the send record ``c`` the front end sent: the
     sender's fields from ``c`` (its dictionaries copied, as a partition's lock copies them), the broker's from
-    ``v``."""
+    ``v`` and the reply's ``_LOCK`` fields (locals ``until``, ``state``, ``partition_id``)."""
     lines = [
         "m = _new(Message)",
         ", ".join(_targets[f] for f in _SEND).replace("m.application_properties", "ap") + ", extra = c",
@@ -323,8 +333,11 @@ def _named_decoding(indent: str) -> str:
         "    " + ", ".join(f"m.{f}" for f in _RARE) + ", " + ", ".join("_" for _ in _KEPT) + " = extra",
         "    if m.annotations is not None:",
         "        m.annotations = _dict(m.annotations)",
-        ", ".join(_targets[f] for f in _BROKER) + ", = v",
-        "m.state = _ST[_st]",
+        ", ".join(_targets[f] for f in _NAMED) + ", = v",
+        "m.locked_until_ms = until",
+        "m.state = state",
+        "m.partition_id = partition_id",
+        "m.enqueued_sequence_number = m.sequence_number",
         *_TOKEN,
     ]
     return "".join(f"{indent}{line}\n" for line in lines)
@@ -361,17 +374,28 @@ exec(
     "    out = []\n"
     "    append = out.append\n"
     "    pop = held.pop\n"
+    "    lock = None\n"
     "    for m in messages:\n"
     "        if pop(m.sequence_number, None) is m:\n"
-    f"            append([{', '.join(_expressions[f] for f in _BROKER)}])\n"
-    "            continue\n" + _encoding("        ") + "        append(record)\n"
-    "    return out\n"
-    "def locked_of(records, held):\n"
+    "            if lock is None:\n"
+    "                until, state, partition_id = m.locked_until_ms, m.state, m.partition_id\n"
+    "                lock = [until, state + 0, partition_id]\n"
+    "            if (\n"
+    "                m.locked_until_ms == until and m.state is state and m.partition_id == partition_id\n"
+    "                and m.enqueued_sequence_number == m.sequence_number\n"
+    "            ):\n"
+    f"                append([{', '.join(_expressions[f] for f in _NAMED)}])\n"
+    "                continue\n" + _encoding("        ") + "        append(record)\n"
+    "    return lock, out\n"
+    "def locked_of(lock, records, held):\n"
     "    out = []\n"
     "    append = out.append\n"
     "    pop = held.pop\n"
+    "    if lock is not None:\n"
+    "        until, state, partition_id = lock\n"
+    "        state = _ST[state]\n"
     "    for v in records:\n"
-    f"        if len(v) == {len(_BROKER)}:\n"
+    f"        if len(v) == {len(_NAMED)}:\n"
     "            c = pop(v[0])\n" + _named_decoding("            ") + "            append(m)\n"
     "            continue\n"
     f"        pop(v[{_COMMON.index('sequence_number')}], None)\n" + _decoding("        ") + "        append(m)\n"
@@ -385,12 +409,17 @@ held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[list[Any]] |
 # The items of ``held_item_arrays``' arrays, and the messages made to hold (None if an item has several copies): the
 # worker's enqueue.
 held_items_of: Callable[[list[list[Any]]], tuple[list[Any], list[Message] | None]] = _namespace["held_items_of"]
-# A ``locked`` reply's records (worker): each message named (``_BROKER``'s fields) if ``held`` (sequence number ->
-# the message stored) holds this very object, else its compact record; every one taken out of ``held``.
-named_records_of: Callable[[list[Message], dict[int, Message]], list[list[Any]]] = _namespace["named_records_of"]
+# A ``locked`` reply's lock fields and records (worker): the ``_LOCK`` fields of the first message ``held``
+# (sequence number -> the message stored) holds (None if none is), and each message named (``_NAMED``'s fields) if
+# ``held`` holds this very object and its ``_LOCK`` fields are those, else its compact record; every one taken out
+# of ``held``.
+named_records_of: Callable[[list[Message], dict[int, Message]], tuple[list[Any] | None, list[list[Any]]]] = _namespace[
+    "named_records_of"
+]
 # A ``locked`` reply read back (front end): a named record's message made from the compact record held for it
-# (sequence number -> record), any other record read as it is; every one taken out of ``held``.
-locked_of: Callable[[list[list[Any]], dict[int, list[Any]]], list[Message]] = _namespace["locked_of"]
+# (sequence number -> record) and the reply's lock fields, any other record read as it is; every one taken out of
+# ``held``.
+locked_of: Callable[[list[Any] | None, list[list[Any]], dict[int, list[Any]]], list[Message]] = _namespace["locked_of"]
 
 
 class Held:
@@ -496,20 +525,21 @@ def wrap_reply(value: Any) -> Any:
 # waits for that write hears of it in the ``written`` frame.
 ONE_WAY = frozenset({"hurry"})
 
-# The last element of a reply frame of five: what it is (a plain reply has four).
+# The fifth element of a reply frame of five or six: what it is (a plain reply has four).
 APPLIED = 1
 MESSAGES = 2
-LOCKED = 3  # a lock reply of named and compact records (since SBW6): [id, true, [record, ...], health, 3]
+LOCKED = 3  # a lock reply of named and compact records (since SBW6): [id, true, [record, ...], health, 3, lock]
 
 
 class Locked:
-    """A worker's lock reply whose records name what the front end holds (``named_records_of``): a ``locked``
-    frame, which the front end reads against what it holds of the partition (``locked_of``)."""
+    """A worker's lock reply whose records name what the front end holds (``named_records_of``: the lock's
+    ``_LOCK`` fields and the records): a ``locked`` frame, which the front end reads against what it holds of the
+    partition (``locked_of``)."""
 
-    __slots__ = ("records",)
+    __slots__ = ("lock", "records")
 
-    def __init__(self, records: list[list[Any]]) -> None:
-        self.records = records
+    def __init__(self, named: tuple[list[Any] | None, list[list[Any]]]) -> None:
+        self.lock, self.records = named
 
 
 class Records:
@@ -537,7 +567,7 @@ def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> by
     if value.__class__ is Records:
         return _pack([request_id, ok, value.records, health, MESSAGES])
     if value.__class__ is Locked:
-        return _pack([request_id, ok, value.records, health, LOCKED])
+        return _pack([request_id, ok, value.records, health, LOCKED, value.lock])
     if type(value) is list and value and type(value[0]) is Message:
         return _pack([request_id, ok, records_of(value), health, MESSAGES])
     return _pack([request_id, ok, value, health])
@@ -556,8 +586,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 # frames' version: 2 added the applied and written frames, which a version-1 front end cannot read; 3 the
 # messages frame and an enqueue's items in the request itself; 4 each frame's length before it; 5 a compact record's
 # fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``); 6 the
-# locked frame, whose records name the messages the front end holds (``Held``), and an enqueue's send records.
-MAGIC = b"SBW6"
+# locked frame, whose records name the messages the front end holds (``Held``), and an enqueue's send records; 7 the
+# locked frame's fields alike for a lock's messages once per frame (``_LOCK``), its named records five elements.
+MAGIC = b"SBW7"
 LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end

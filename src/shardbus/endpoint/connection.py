@@ -122,6 +122,9 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         self._pending_sends: dict[int, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
         self._sends_read_at = (0.0, 0.0)  # (``stalltrace.SENDS``) when the read came and its first send was decoded
         self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
+        # accepted echoes of remote partitions' verdicts, by session, sent once a ``_later`` batch has run
+        # (``ReceiveLinks._group_verdict``): cleared every batch, so at most one batch's deliveries
+        self._verdict_echoes: dict[int, tuple[Any, list[int]]] = {}
         self._watched: Future | None = None  # the settlement write ``_log_failure_of`` saw last
         self._coordinators: set[Any] = set()
         self._transactions: dict[bytes, _Txn] = {}
@@ -200,6 +203,10 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
             except Exception:  # a bug in one connection closes that connection only
                 log.exception("internal error", extra=self._context())
                 self.amqp.close(Error(condition=Symbol("amqp:internal-error"), description="internal error"))
+        if self._verdict_echoes:
+            echoes, self._verdict_echoes = self._verdict_echoes, {}
+            if not (self.closed or self.amqp.is_done):
+                self._send_echoes(echoes)
         if self.protocol is not None:
             self.protocol.flush_now()  # a burst's callback already: no need to wait for another loop turn
         if stalltrace.SENDS:

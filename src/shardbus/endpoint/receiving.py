@@ -444,11 +444,13 @@ class ReceiveLinks:
         self._later(lambda: self._group_verdict(future, receiver, items))
 
     def _group_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
-        """A remote partition answered a grouped complete: echo it, or settle one by one for each own outcome."""
+        """A remote partition answered a grouped complete: echo it, or settle one by one for each own outcome.
+        The echo waits for the end of the ``_later`` batch this runs in (``connection._run_later``), with the
+        other partitions' verdicts of that batch: a client's range of completes spread over 16 partitions got 16
+        range dispositions back, one per partition, where one process sends one (bench/scale.py's receive phase
+        with --workers 1: 0.084 dispositions per message against 0.010)."""
         if future.exception() is None:
-            echo: dict[int, tuple[Any, list[int]]] = {}
-            self._echo_accepted(items, echo)
-            self._send_echoes(echo)  # range dispositions, as for local partitions
+            self._echo_accepted(items, self._verdict_echoes)  # range dispositions, as for local partitions
             return
         for ref, _, token, settled in items:
             self._settle_delivery(ref, receiver, token, Accepted(), settled)
