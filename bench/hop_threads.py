@@ -190,9 +190,9 @@ def main() -> None:
                             row.setdefault(f"{roles[pid]} {call}", []).append(counted[call] / n)
                 print(f"round {run + 1} {name:<14} broker {total:5.1f} us/msg  " + "; ".join(text), flush=True)
     what = "kernel (system) time" if args.kernel else "CPU"
-    print(f"\nmedians (min-max) over the rounds, per message in {args.phase}: threads' {what} and the broker's total")
-    print("CPU (us); context switches of the loop and of the other threads (voluntary: 'switches'; involuntary:")
-    print("'preempted')" + ("; system calls" if args.syscalls else ""))
+    print(f"\nmedians (min-max) over the rounds, us/msg in {args.phase}; threads' {what}, broker's total CPU; per")
+    print("message: context switches of the loop and of the other threads (voluntary: 'switches', involuntary:")
+    print("'preempted')" + (", system calls" if args.syscalls else ""))
     for name, row in figures.items():
         print(f"  {name}")
         for key, values in row.items():

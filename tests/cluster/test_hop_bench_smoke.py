@@ -28,7 +28,13 @@ def test_hop_threads_splits_both_by_process_and_thread() -> None:
     assert re.search(
         r"^round 1 workers1 +broker +[\d.]+ us/msg +front end: loop [\d.]+, others .*worker 1: loop", out, re.M
     ), out
-    for key in ("front end loop", "worker 1 loop", "worker 1 others"):
+    for key in (
+        "front end loop",
+        "worker 1 loop",
+        "worker 1 others",
+        "worker 1 loop switches",
+        "front end others preempted",
+    ):
         assert re.search(rf"^    {key} +[\d.]+", out, re.M), out
 
 
