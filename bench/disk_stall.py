@@ -8,8 +8,9 @@ fresh broker and data directory.
 The hog is ``dd if=/dev/zero of=HOG bs=1M count=--hog-mb conv=fsync`` in a loop: it fills the page cache with
 dirty pages and syncs them, so every fsync on the device waits behind its writeback (a small fdatasync's p99 goes
 from ~5 ms to 100-500 ms on this VM), and writes into the page cache may be throttled (``balance_dirty_pages``).
-A probe thread here times a 4 KB ``pwrite`` + ``fdatasync`` every 50 ms beside the load (``fsync`` column), so a
-round says how badly the disk stalled. Filling the page cache is CPU as well (the kernel's copy: dd's system time
+bench/soak.py's ``DiskProbe`` (bench/disk_probe.py, a process of its own) times a 4 KB overwrite + ``fdatasync``
+``--disk-rate`` times a second beside the load, each counted from when it was due (``fsync`` column), so a round
+says how badly the disk stalled. Filling the page cache is CPU as well (the kernel's copy: dd's system time
 is a core's worth while it fills), so a third condition, ``shm``, runs the same dd into ``/dev/shm`` (tmpfs: the
 same copy, no disk at all), pausing ``--shm-pause`` seconds between rounds so that its CPU matches the disk hog's
 (``hog_cpu``: the hog's CPU seconds per second of the run, from its processes' rusage): a latency that moves as much
@@ -21,11 +22,11 @@ completing what it gets; ``--defer`` of the messages are deferred first and then
 completed (a read of the store: deferred messages leave memory once their write is stored). Measured, after
 ``--warmup`` seconds: a first delivery's latency from its send's due time (it holds the send's synced commit, which
 must wait for the disk) and a ``complete_message`` call's (which must not: the broker echoes a complete once
-applied, its delete written later). The timed clients share this process (as the soak's do); the probes' and the
+applied, its delete written later). The timed clients share this process (as the soak's do); the probe's and the
 hog's work is the same for both trees.
 
     python bench/disk_stall.py --base /tmp/base [--rounds 3] [--seconds 40] [--rate 40] [--consumers 4]
-        [--defer 0.1] [--hog-mb 1500] [--hogs quiet,disk,shm] [--trace] [--dir /var/tmp/disk_stall]
+        [--defer 0.1] [--hog-mb 1500] [--hogs quiet,disk,shm] [--disk-rate 20] [--trace] [--dir /var/tmp/disk_stall]
 
 Held in memory: every timed latency of the round running (a few thousand floats) and the per-round summaries.
 """
@@ -49,7 +50,7 @@ from pathlib import Path
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusError
 
-from soak import Broker, Q, _pct  # this script's own folder is on the path
+from soak import Broker, DiskProbe, Q, _pct  # this script's own folder is on the path
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -63,21 +64,28 @@ class Load:
         self.due: dict[str, float] = {}
         self.recv_ms: list[float] = []
         self.cmpl_ms: list[float] = []
-        self.fsync_ms: list[float] = []
         self.errors = 0
         self.stop = threading.Event()
         self.timed_from = time.monotonic() + warmup
         self.threads = [threading.Thread(target=self._send, daemon=True)]
         self.threads += [threading.Thread(target=self._consume, daemon=True) for _ in range(consumers)]
-        self.threads.append(threading.Thread(target=self._fsync_probe, daemon=True))
 
-    def run(self, seconds: float) -> None:
+    def run(self, seconds: float, probe: DiskProbe) -> list[float]:
+        """Run the load ``seconds`` beside ``probe`` (running); its syncs after the warm-up."""
+        end = time.monotonic() + seconds
         for t in self.threads:
             t.start()
-        time.sleep(seconds)
+        time.sleep(max(0.0, self.timed_from - time.monotonic()))
+        probe.take()  # the warm-up's
+        time.sleep(max(0.0, end - time.monotonic()))
         self.stop.set()
         for t in self.threads:
             t.join(10)
+        return probe.take()
+
+    def _error(self) -> None:
+        with self.lock:
+            self.errors += 1
 
     def _client(self) -> ServiceBusClient:
         return ServiceBusClient.from_connection_string(self.conn, retry_total=3)
@@ -98,8 +106,7 @@ class Load:
                 try:
                     sender.send_messages(msg)
                 except ServiceBusError:
-                    with self.lock:
-                        self.errors += 1
+                    self._error()
 
     def _timed(self, started: float) -> bool:
         return started >= self.timed_from
@@ -109,8 +116,7 @@ class Load:
         try:
             receiver.complete_message(msg)
         except ServiceBusError:
-            with self.lock:
-                self.errors += 1
+            self._error()
             return
         if self._timed(started):
             with self.lock:
@@ -135,8 +141,7 @@ class Load:
                             receiver.defer_message(msg)
                             deferred.append(msg.sequence_number)
                         except ServiceBusError:
-                            with self.lock:
-                                self.errors += 1
+                            self._error()
                     else:
                         self._complete(receiver, msg)
                 if len(deferred) >= 5:
@@ -144,23 +149,8 @@ class Load:
                         for msg in receiver.receive_deferred_messages(deferred):
                             self._complete(receiver, msg)
                     except ServiceBusError:
-                        with self.lock:
-                            self.errors += 1
+                        self._error()
                     deferred = []
-
-    def _fsync_probe(self) -> None:
-        path = Path(f"/var/tmp/disk_stall_probe.{os.getpid()}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while not self.stop.wait(0.05):
-                started = time.perf_counter()
-                os.pwrite(fd, b"p" * 4096, 0)
-                os.fdatasync(fd)
-                if self._timed(time.monotonic()):
-                    self.fsync_ms.append((time.perf_counter() - started) * 1000)
-        finally:
-            os.close(fd)
-            path.unlink(missing_ok=True)
 
 
 def _hog(path: Path, mb: int, pause: float) -> subprocess.Popen:
@@ -173,22 +163,17 @@ def _run(tree: Path, hog: str, args: argparse.Namespace, where: Path) -> dict[st
     data = where / "data"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(tree / "src")
-    try:
-        broker = Broker(data, 0, data / "stalls.trace" if args.trace else None)
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = saved
+    broker = Broker(data, 0, data / "stalls.trace" if args.trace else None, tree=tree)
     hog_file = Path(f"/dev/shm/disk_stall_hog.{os.getpid()}") if hog == "shm" else where / "hog"
     hogger = _hog(hog_file, args.hog_mb, args.shm_pause if hog == "shm" else 0) if hog != "quiet" else None
     hog_cpu = 0.0
+    probe = DiskProbe(data, args.disk_rate)
+    probe.start()
     try:
         load = Load(broker.connection_string, args.rate, args.consumers, args.defer, args.warmup)
-        load.run(args.seconds)
+        fsync_ms = load.run(args.seconds, probe)
     finally:
+        probe.close()
         if hogger is not None:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             os.killpg(hogger.pid, signal.SIGTERM)
@@ -203,7 +188,7 @@ def _run(tree: Path, hog: str, args: argparse.Namespace, where: Path) -> dict[st
         "recv_p50": _pct(load.recv_ms, 0.5), "recv_p99": _pct(load.recv_ms, 0.99),
         "cmpl_p50": _pct(load.cmpl_ms, 0.5), "cmpl_p99": _pct(load.cmpl_ms, 0.99),
         "cmpl_max": max(load.cmpl_ms, default=float("nan")),
-        "fsync_p99": _pct(load.fsync_ms, 0.99), "n_recv": len(load.recv_ms), "n_cmpl": len(load.cmpl_ms),
+        "fsync_p99": _pct(fsync_ms, 0.99), "n_recv": len(load.recv_ms), "n_cmpl": len(load.cmpl_ms),
         "errors": load.errors, "hog_cpu": hog_cpu,
     }  # fmt: skip
 
@@ -219,6 +204,7 @@ def main() -> None:
     parser.add_argument("--defer", type=float, default=0.1)
     parser.add_argument("--hog-mb", type=int, default=1500)
     parser.add_argument("--shm-pause", type=float, default=3.0, help="seconds between the shm hog's rounds")
+    parser.add_argument("--disk-rate", type=float, default=20, help="the disk probe's syncs a second")
     parser.add_argument("--trace", action="store_true", help="serve with SHARDBUS_STALL_TRACE (as soak.py --trace)")
     parser.add_argument("--dir", type=Path, default=Path("/var/tmp/disk_stall"))
     parser.add_argument("--hogs", default="quiet,disk,shm", help="conditions: quiet, disk (the hog), shm (its CPU)")

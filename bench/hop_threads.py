@@ -33,6 +33,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -155,7 +156,7 @@ def main() -> None:
                         after = snapshot(serve.proc.pid)
                         total = (scale.tree_cpu(serve.proc.pid) - total0) / count * 1e6
                     for _, _, proc in tracers:
-                        proc.send_signal(2)  # perf trace writes its summary on SIGINT
+                        proc.send_signal(signal.SIGINT)  # perf trace writes its summary on it
                         proc.wait(30)
                     parts = split(before, after, roles, n)
                     calls = {pid: perf_trace_counts(out) for pid, out, _ in tracers}

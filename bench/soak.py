@@ -173,13 +173,16 @@ def _config() -> dict:
 # the broker process and what it holds
 # --------------------------------------------------------------------------------------------------------------
 class Broker:
-    def __init__(self, data_dir: Path, workers: int, trace: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, workers: int, trace: Path | None = None, tree: Path | None = None) -> None:
+        """``tree``: a checkout whose ``src/`` is served instead of the installed package (bench/disk_stall.py)."""
         config = data_dir / "Config.json"
         config.write_text(json.dumps(_config()))
         self.stderr = open(data_dir / "serve.stderr", "w")  # noqa: SIM115 (open for the process's life)
         env = dict(os.environ)
         if trace is not None:  # the broker notes its slow commits, checkpoints, collections, ticks (stalltrace.py)
             env["SHARDBUS_STALL_TRACE"] = str(trace)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree / "src")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardbus.cli", "serve", "--port", "0", "--data-dir", str(data_dir / "data"),
              "--config", str(config), "--workers", str(workers)],
