@@ -39,7 +39,7 @@ too while the broker's own I/O was flat, ``flatness``), but do not decide (the m
 
     python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
         [--disk-rate 50] [--data-dir DIR] [--keep] [--trace]
-    python bench/soak.py --verdicts DIR/rows.json   # a --trace run's intervals judged again
+    python bench/soak.py --verdicts DIR/rows.json [...]   # --trace runs' intervals judged again (several: together)
 """
 
 from __future__ import annotations
@@ -1242,8 +1242,50 @@ def disk_drift(after: list[dict[str, float]]) -> list[float] | None:
     return out
 
 
-def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
-    """One verdict per metric over the intervals after warm-up.
+def _trend(values: list[float]) -> float:
+    """How much ``values`` (one per interval, in order) grew from the first interval to the last along their
+    Theil-Sen line (the median of every pair's slope of the log): a growth with uptime shows here, one slow
+    interval does not move it."""
+    slopes = [
+        (math.log(values[j]) - math.log(values[i])) / (j - i)
+        for i in range(len(values))
+        for j in range(i + 1, len(values))
+    ]
+    return math.exp(statistics.median(slopes) * (len(values) - 1))
+
+
+def runs_summary(runs: list[tuple[str, dict[str, float]]]) -> list[str]:
+    """Several runs' figures (``flatness``'s) judged together: each run's worst latency figure, their median and
+    range, and each run's largest growth along the intervals (``_trend``). On a shared machine one bad five
+    minutes can make one run miss (docs/operations.md, "The soak"); the median over quiet runs of the same code
+    is the figure held to ``FLAT``."""
+    worst = []
+    lines = []
+    for label, figures in runs:
+        latencies = {n: figures[n] for n in LATENCIES if n in figures}
+        trends = {n: figures[f"{n} trend"] for n in latencies if figures.get(f"{n} trend") == figures.get(f"{n} trend")}
+        if not latencies:
+            lines.append(f"runs: {label}: no latency judged")
+            continue
+        name = max(latencies, key=latencies.__getitem__)
+        grows = max(trends, key=trends.__getitem__) if trends else None
+        worst.append(latencies[name])
+        trend = f"; largest growth along the intervals {trends[grows]:.2f}x ({grows})" if grows else ""
+        lines.append(f"runs: {label}: worst latency {latencies[name]:.2f}x ({name}){trend}")
+    if worst:
+        middle = statistics.median(worst)
+        lines.append(
+            f"runs: worst latency per run {', '.join(f'{w:.2f}' for w in worst)}: median {middle:.2f}x "
+            f"({min(worst):.2f}-{max(worst):.2f}) over {len(worst)} runs "
+            f"(target <= {FLAT:.2f}: {'met' if middle <= FLAT else 'MISSED'})"
+        )
+    return lines
+
+
+def flatness(after: list[dict[str, float]], figures: dict[str, float] | None = None) -> list[tuple[str, str]]:
+    """One verdict per metric over the intervals after warm-up (``figures``, if given, gets each latency's figure:
+    the smaller of its spread and its spread net of the machine, so that it is within ``FLAT`` when the verdict
+    passes).
 
     RSS and descriptors: each interval against the first of them (interval 2); ``GREW`` past ``FLAT`` fails the
     run (a leak only grows). Latencies: their spread, the slowest interval's over the fastest's; ``flat`` within
@@ -1333,6 +1375,9 @@ def flatness(after: list[dict[str, float]]) -> list[tuple[str, str]]:
             continue
         net = [r[name] / d for r, d in rows if d == d and d > 0 and r[name] > 0]
         net_spread = max(net) / min(net) if len(net) >= 2 else float("nan")
+        if figures is not None:
+            figures[name] = min(spread, net_spread) if net_spread == net_spread else spread
+            figures[f"{name} trend"] = _trend(net) if len(net) >= 2 else float("nan")
         if spread <= FLAT:
             verdict = "flat"
         else:
@@ -1393,12 +1438,22 @@ def main(argv: list[str] | None = None) -> int:
         "--trace", action="store_true", help="have the broker trace its stalls and match them with the slow sends"
     )
     parser.add_argument(
-        "--verdicts", type=Path, metavar="ROWS", help="only print the flatness verdicts of a run's saved rows.json"
-    )
+        "--verdicts", type=Path, nargs="+", metavar="ROWS",
+        help="only print the flatness verdicts of runs' saved rows.json (several: each run's, then their median)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.verdicts is not None:  # a run's intervals again, e.g. after the rule changed
-        for name, verdict in flatness(json.loads(args.verdicts.read_text())[1:]):
-            print(f"flatness: {name}: {verdict}")
+        runs = []
+        for path in args.verdicts:
+            figures: dict[str, float] = {}
+            if len(args.verdicts) > 1:
+                print(f"run {path}:")
+            for name, verdict in flatness(json.loads(path.read_text())[1:], figures):
+                print(f"flatness: {name}: {verdict}")
+            runs.append((str(path), figures))
+        if len(runs) > 1:
+            for line in runs_summary(runs):
+                print(line)
         return 0
 
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="shardbus-soak-"))

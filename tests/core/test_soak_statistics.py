@@ -162,3 +162,17 @@ def test_a_p50_that_moved_with_every_probe_flat_still_reads_moved() -> None:
     rng = random.Random(17)
     verdicts = dict(soak.flatness([_cpu_row(p50, 1.0, rng) for p50 in (2.5, 2.5, 2.9, 2.5)]))
     assert "MOVED" in verdicts["recv_p50"], verdicts["recv_p50"]
+
+
+def test_runs_are_judged_together_by_their_median_and_a_growth_with_uptime_shows_in_the_trend() -> None:
+    rng = random.Random(13)
+    runs = []
+    for p99s in ((5.5, 5.6, 5.5, 5.7), (5.5, 5.5, 7.0, 5.6), (5.5, 5.6, 5.6, 5.5)):  # one slow interval in one run
+        figures: dict[str, float] = {}
+        soak.flatness([_row(p99, 1.0, rng) for p99 in p99s], figures)
+        runs.append((f"run{len(runs)}", figures))
+    lines = soak.runs_summary(runs)
+    assert "worst latency 1.27x (send_p99)" in lines[1], lines[1]
+    assert "over 3 runs" in lines[-1] and "met" in lines[-1] and "MISSED" not in lines[-1], lines[-1]
+    assert soak._trend([5.5, 5.5, 7.0, 5.6]) < 1.10  # one slow interval is not a growth
+    assert soak._trend([5.0, 5.5, 6.0, 6.5]) > 1.25  # a steady rise is
