@@ -1394,6 +1394,84 @@ def flatness(after: list[dict[str, float]], figures: dict[str, float] | None = N
     return out
 
 
+# --------------------------------------------------------------------------------------------------------------
+# a young broker beside the soak's: the same load at the same moments, started afresh every interval
+# --------------------------------------------------------------------------------------------------------------
+YOUNG_WARM = 60.0  # seconds of a young broker's interval not measured (a quarter of shorter intervals): its start
+
+
+def _latency_row(sends: list[float], receives: list[float], settles: list[float]) -> dict[str, float]:
+    return {
+        "send_p50": _pct(sends, 0.5), "send_p99": _pct(sends, 0.99), "recv_p50": _pct(receives, 0.5),
+        "recv_p99": _pct(receives, 0.99), "settle_p50": _pct(settles, 0.5), "settle_p99": _pct(settles, 0.99),
+        "n_send": len(sends), "n_recv": len(receives), "n_settle": len(settles),
+    }  # fmt: skip
+
+
+def young_yardstick(args: argparse.Namespace, root: Path, rows_out: Path) -> int:
+    """The soak's load against a broker that is never more than one interval old, in step with the soak that
+    started this process (``--young-of``: its start on the machine's monotonic clock, which every process shares):
+    each interval a new broker process over a new data directory and a new load, measured after its first
+    ``YOUNG_WARM`` seconds (a quarter of a shorter interval), one row per interval written to ``rows_out`` as it
+    ends. Nothing is reconciled: this is
+    a yardstick, and each interval's broker is stopped with its messages where they are."""
+    started, end = args.young_of, args.young_of + args.minutes * 60
+    warm = min(YOUNG_WARM, args.interval / 4)
+    rows: list[dict[str, float]] = []
+    k = 0
+    while (begin := started + k * args.interval) < end:
+        until = min(begin + args.interval, end)
+        data = root / f"interval{k + 1}"
+        data.mkdir(parents=True, exist_ok=True)
+        broker = Broker(data, args.workers)
+        ledger = Ledger()
+        load = Load(broker.connection_string, ledger, args.rate, args.consumers, args.prefetch)
+        load.start()
+        time.sleep(max(0.0, begin + warm - time.monotonic()))
+        measured = time.monotonic()
+        ledger.take_latencies()  # its start is not measured
+        time.sleep(max(0.0, until - time.monotonic()))
+        sends, receives, settles, _ = ledger.take_latencies()
+        row = _latency_row(sends, receives, settles)
+        row.update(t=until - started, seconds=time.monotonic() - measured, errors=sum(ledger.send_errors.values()))
+        rows.append(row)
+        rows_out.write_text(json.dumps(rows))
+        load.producing.clear()
+        load.consuming.clear()
+        broker.stop()
+        shutil.rmtree(data, ignore_errors=True)
+        k += 1
+    return 0
+
+
+def against_young(
+    after: list[dict[str, float]], young: list[dict[str, float]], interval: float
+) -> list[tuple[str, str]]:
+    """Each latency of the soak's broker over the young one's in the same interval (both after warm-up), and the
+    spread of that ratio over the intervals: the machine's weather is in both, so what is left is what uptime did.
+    ``flat`` within ``FLAT``; p99s only over intervals with ``MIN_P99_SAMPLES`` on both sides."""
+    # each interval with the young one's that ended with it (the soak's end by its clock, the young's by plan)
+    pairs = [(old, new) for old in after for new in young if abs(old["t"] - new["t"]) < interval / 2]
+    out = []
+    for name in LATENCIES:
+        kind = name.split("_")[0]
+        ratios = []
+        for old, new in pairs:
+            if name.endswith("p99") and min(old.get(_COUNTS[kind], 0), new.get(_COUNTS[kind], 0)) < MIN_P99_SAMPLES:
+                continue
+            if old[name] > 0 and new.get(name, 0) > 0:
+                ratios.append(old[name] / new[name])
+        if len(ratios) < 2:
+            out.append((name, "too few intervals measured on both"))
+            continue
+        spread = max(ratios) / min(ratios)
+        shown = ", ".join(f"{r:.2f}" for r in ratios)
+        young_ms = ", ".join(f"{new[name]:.2f}" for _, new in pairs)
+        out.append((name, f"old/young {shown} per interval (young {young_ms} ms), spread {spread:.2f}x "
+                          f"({'flat' if spread <= FLAT else 'MOVED'})"))  # fmt: skip
+    return out
+
+
 def _count_fsyncs(trace: Path, rows: list[dict[str, float]]) -> None:
     """Each interval's synced commits per second (``io_fsyncs``), from the broker's stall trace: its fsyncs."""
     import bisect
@@ -1438,6 +1516,12 @@ def main(argv: list[str] | None = None) -> int:
         "--trace", action="store_true", help="have the broker trace its stalls and match them with the slow sends"
     )
     parser.add_argument(
+        "--control", action="store_true",
+        help="beside the soak, the same load against a broker started afresh every interval (a process of its own);"
+        " each latency is also judged as the soak's over the young one's in the same interval",
+    )  # fmt: skip
+    parser.add_argument("--young-of", type=float, help=argparse.SUPPRESS)  # (--control's child: the soak's start)
+    parser.add_argument(
         "--verdicts", type=Path, nargs="+", metavar="ROWS",
         help="only print the flatness verdicts of runs' saved rows.json (several: each run's, then their median)",
     )  # fmt: skip
@@ -1458,6 +1542,8 @@ def main(argv: list[str] | None = None) -> int:
 
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="shardbus-soak-"))
     root.mkdir(parents=True, exist_ok=True)
+    if args.young_of is not None:
+        return young_yardstick(args, root, root / "young_rows.json")
     trace = root / "stalls.trace" if args.trace else None
     broker = Broker(root, args.workers, trace)
     ledger = Ledger()
@@ -1478,6 +1564,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{'wr_kB/s':>8} {'wr_n/s':>7}", flush=True)  # fmt: skip
     rows: list[dict[str, float]] = []
     started = time.monotonic()
+    young = None
+    if args.control:
+        young_dir = root / "young"
+        young_dir.mkdir(exist_ok=True)
+        young_log = open(young_dir / "young.log", "w")  # noqa: SIM115 (the child's for the run)
+        young = subprocess.Popen(
+            [sys.executable, __file__, "--young-of", repr(started), "--data-dir", str(young_dir),
+             "--minutes", str(args.minutes), "--interval", str(args.interval), "--rate", str(args.rate),
+             "--workers", str(args.workers), "--consumers", str(args.consumers), "--prefetch",
+             str(load.receiver_options["prefetch_count"])],
+            stdout=young_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
     load.start()
     probe.start()
     disk.start()
@@ -1516,12 +1614,9 @@ def main(argv: list[str] | None = None) -> int:
                 client_stalls.note("client-ledger", held, "interval totals")
             row = {
                 "t": time.monotonic() - started, "sent": sent_total - sent_before, "settled": settled, "rss": rss,
-                "fds": fds, "send_p50": _pct(sends, 0.5), "send_p99": _pct(sends, 0.99),
-                "recv_p50": _pct(receives, 0.5), "recv_p99": _pct(receives, 0.99),
-                "settle_p50": _pct(settles, 0.5), "settle_p99": _pct(settles, 0.99), "errors": errors - errors_before,
+                "fds": fds, **_latency_row(sends, receives, settles), "errors": errors - errors_before,
                 "sqlite": _pct(sqlite_ms, 0.5), "echo": _pct(echo_ms, 0.5),
                 "sqlite_p99": _pct(sqlite_ms, 0.99), "echo_p99": _pct(echo_ms, 0.99),
-                "n_send": len(sends), "n_recv": len(receives), "n_settle": len(settles),
                 "send_p99_ci": _pct_ci(sends, 0.99), "recv_p99_ci": _pct_ci(receives, 0.99),
                 "settle_p99_ci": _pct_ci(settles, 0.99), "sqlite_p99_ci": _pct_ci(sqlite_ms, 0.99),
                 "echo_p99_ci": _pct_ci(echo_ms, 0.99), "n_sqlite": len(sqlite_ms), "n_echo": len(echo_ms),
@@ -1600,6 +1695,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flatness: {name}: {verdict}")
             if "GREW" in verdict and len(after) >= 3 and status == 0:
                 status = 2
+        if young is not None:
+            try:
+                young.wait(args.interval + 60)  # its last interval ends with the soak's load; then it stops
+            except subprocess.TimeoutExpired:
+                young.kill()
+            young_rows = root / "young" / "young_rows.json"
+            young_after = json.loads(young_rows.read_text())[1:] if young_rows.exists() else []
+            for name, verdict in against_young(after, young_after, args.interval):
+                print(f"flatness against a young broker: {name}: {verdict}")
+            if trace is not None:
+                (trace.parent / "young_rows.json").write_text(json.dumps(young_after))
         for name, what in (("disk_ms", "ms per write/flush request"), ("io_stall", "ms stalled on I/O")):
             shown = ", ".join(f"{r[name]:.0f}" if r[name] == r[name] else "-" for r in after)
             print(f"flatness: {name}: the disk's worst second per interval: {shown} {what} (not in the net drift)")

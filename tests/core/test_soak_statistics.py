@@ -176,3 +176,19 @@ def test_runs_are_judged_together_by_their_median_and_a_growth_with_uptime_shows
     assert "over 3 runs" in lines[-1] and "met" in lines[-1] and "MISSED" not in lines[-1], lines[-1]
     assert soak._trend([5.5, 5.5, 7.0, 5.6]) < 1.10  # one slow interval is not a growth
     assert soak._trend([5.0, 5.5, 6.0, 6.5]) > 1.25  # a steady rise is
+
+
+def test_a_young_broker_beside_the_soak_takes_the_weather_out() -> None:
+    # the machine slows both brokers by 1.4x in the third interval; the old one's p50 also grows 1.2x by the end
+    def row(t: float, send: float) -> dict:
+        return {"t": t, "n_send": 5_000, "n_recv": 5_000, "n_settle": 5_000, **{n: send for n in soak.LATENCIES}}
+
+    weather = (1.0, 1.0, 1.4, 1.0)
+    young = [row(300.0 * (k + 2), 2.0 * w) for k, w in enumerate(weather)]
+    steady = dict(soak.against_young([row(300.0 * (k + 2) + 1, 2.2 * w) for k, w in enumerate(weather)], young, 300))
+    assert "spread 1.00x (flat)" in steady["send_p50"], steady["send_p50"]
+    growth = (1.0, 1.05, 1.1, 1.2)
+    growing = [row(300.0 * (k + 2) + 1, 2.2 * w * g) for k, (w, g) in enumerate(zip(weather, growth, strict=True))]
+    moved = dict(soak.against_young(growing, young, 300))
+    assert "spread 1.20x (MOVED)" in moved["send_p99"], moved["send_p99"]
+    assert "too few" in dict(soak.against_young(growing[:1], young, 300))["send_p50"]
