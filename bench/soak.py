@@ -35,10 +35,13 @@ message id is reconciled:
 and flatness: RSS, file descriptors and latencies of each interval after the first (warm-up) against the
 second interval's; the run fails (exit status 2) when RSS or descriptors grow by more than 10% (judged with at least
 three intervals after warm-up). Latencies are printed with their ratios, raw and net of the machine's drift (the disk's
-too while the broker's own I/O was flat, ``flatness``), but do not decide (the machine is shared).
+too while the broker's own I/O was flat, ``flatness``), but do not decide (the machine is shared). With ``--control``
+a second process runs the same load against a young broker, started afresh every interval, and each latency is
+also judged as the soak's broker's over the young one's in the same interval (``against_young``): the machine's
+weather is in both, so the ratio's spread over the intervals is what uptime did.
 
     python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
-        [--disk-rate 50] [--data-dir DIR] [--keep] [--trace]
+        [--disk-rate 50] [--data-dir DIR] [--keep] [--trace] [--control]
     python bench/soak.py --verdicts DIR/rows.json [...]   # --trace runs' intervals judged again (several: together)
 """
 

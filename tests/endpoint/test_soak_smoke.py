@@ -1,5 +1,6 @@
 """bench/soak.py runs for a minute against a real ``shardbus serve`` and reconciles every message id cleanly
-(with SHARDBUS_TEST_WORKERS=N, the broker runs its partitions in N worker processes)."""
+(with SHARDBUS_TEST_WORKERS=N, the broker runs its partitions in N worker processes), with a young broker beside it
+(``--control``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ WORKERS = os.environ.get("SHARDBUS_TEST_WORKERS", "0")
 
 def test_soak_one_minute() -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--minutes", "1", "--interval", "15", "--workers", WORKERS],
+        [sys.executable, str(BENCH), "--minutes", "1", "--interval", "15", "--workers", WORKERS, "--control"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -34,3 +35,5 @@ def test_soak_one_minute() -> None:
     for entity in ("soak-s session", "soak-t red", "soak-t blue", "soak-t green", "soak-ttl ttl"):
         assert f"{entity}: as planned:" in out, entity
     assert "ttl: expired into the dead-letter queue:" in out
+    # --control: a young broker beside it, under the same load, restarted every interval
+    assert "flatness against a young broker: send_p50: old/young" in out, out[-4000:]
