@@ -1535,8 +1535,13 @@ def main(argv: list[str] | None = None) -> int:
             figures: dict[str, float] = {}
             if len(args.verdicts) > 1:
                 print(f"run {path}:")
-            for name, verdict in flatness(json.loads(path.read_text())[1:], figures):
+            rows = json.loads(path.read_text())
+            for name, verdict in flatness(rows[1:], figures):
                 print(f"flatness: {name}: {verdict}")
+            if (young := path.parent / "young_rows.json").exists() and len(rows) >= 2:  # a --control run's
+                interval = rows[1]["t"] - rows[0]["t"]
+                for name, verdict in against_young(rows[1:], json.loads(young.read_text())[1:], interval):
+                    print(f"flatness against a young broker: {name}: {verdict}")
             runs.append((str(path), figures))
         if len(runs) > 1:
             for line in runs_summary(runs):
@@ -1704,11 +1709,11 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 young.kill()
             young_rows = root / "young" / "young_rows.json"
-            young_after = json.loads(young_rows.read_text())[1:] if young_rows.exists() else []
-            for name, verdict in against_young(after, young_after, args.interval):
+            young_all = json.loads(young_rows.read_text()) if young_rows.exists() else []
+            for name, verdict in against_young(after, young_all[1:], args.interval):
                 print(f"flatness against a young broker: {name}: {verdict}")
-            if trace is not None:
-                (trace.parent / "young_rows.json").write_text(json.dumps(young_after))
+            if trace is not None:  # beside rows.json: ``--verdicts`` judges them again
+                (trace.parent / "young_rows.json").write_text(json.dumps(young_all))
         for name, what in (("disk_ms", "ms per write/flush request"), ("io_stall", "ms stalled on I/O")):
             shown = ", ".join(f"{r[name]:.0f}" if r[name] == r[name] else "-" for r in after)
             print(f"flatness: {name}: the disk's worst second per interval: {shown} {what} (not in the net drift)")
