@@ -1416,8 +1416,9 @@ def young_yardstick(args: argparse.Namespace, root: Path, rows_out: Path) -> int
     started this process (``--young-of``: its start on the machine's monotonic clock, which every process shares):
     each interval a new broker process over a new data directory and a new load, measured after its first
     ``YOUNG_WARM`` seconds (a quarter of a shorter interval), one row per interval written to ``rows_out`` as it
-    ends. Nothing is reconciled: this is
-    a yardstick, and each interval's broker is stopped with its messages where they are."""
+    ends. Nothing is reconciled: this is a yardstick, and each interval's broker is stopped with its messages where
+    they are. Terminated (the soak ended early), it stops its broker first."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     started, end = args.young_of, args.young_of + args.minutes * 60
     warm = min(YOUNG_WARM, args.interval / 4)
     rows: list[dict[str, float]] = []
@@ -1429,20 +1430,22 @@ def young_yardstick(args: argparse.Namespace, root: Path, rows_out: Path) -> int
         broker = Broker(data, args.workers)
         ledger = Ledger()
         load = Load(broker.connection_string, ledger, args.rate, args.consumers, args.prefetch)
-        load.start()
-        time.sleep(max(0.0, begin + warm - time.monotonic()))
-        measured = time.monotonic()
-        ledger.take_latencies()  # its start is not measured
-        time.sleep(max(0.0, until - time.monotonic()))
-        sends, receives, settles, _ = ledger.take_latencies()
-        row = _latency_row(sends, receives, settles)
-        row.update(t=until - started, seconds=time.monotonic() - measured, errors=sum(ledger.send_errors.values()))
-        rows.append(row)
-        rows_out.write_text(json.dumps(rows))
-        load.producing.clear()
-        load.consuming.clear()
-        broker.stop()
-        shutil.rmtree(data, ignore_errors=True)
+        try:
+            load.start()
+            time.sleep(max(0.0, begin + warm - time.monotonic()))
+            measured = time.monotonic()
+            ledger.take_latencies()  # its start is not measured
+            time.sleep(max(0.0, until - time.monotonic()))
+            sends, receives, settles, _ = ledger.take_latencies()
+            row = _latency_row(sends, receives, settles)
+            row.update(t=until - started, seconds=time.monotonic() - measured, errors=sum(ledger.send_errors.values()))
+            rows.append(row)
+            rows_out.write_text(json.dumps(rows))
+        finally:
+            load.producing.clear()
+            load.consuming.clear()
+            broker.stop()
+            shutil.rmtree(data, ignore_errors=True)
         k += 1
     return 0
 
@@ -1576,14 +1579,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.control:
         young_dir = root / "young"
         young_dir.mkdir(exist_ok=True)
-        young_log = open(young_dir / "young.log", "w")  # noqa: SIM115 (the child's for the run)
-        young = subprocess.Popen(
-            [sys.executable, __file__, "--young-of", repr(started), "--data-dir", str(young_dir),
-             "--minutes", str(args.minutes), "--interval", str(args.interval), "--rate", str(args.rate),
-             "--workers", str(args.workers), "--consumers", str(args.consumers), "--prefetch",
-             str(load.receiver_options["prefetch_count"])],
-            stdout=young_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        with open(young_dir / "young.log", "w") as young_log:  # (the child holds it open)
+            young = subprocess.Popen(
+                [sys.executable, __file__, "--young-of", repr(started), "--data-dir", str(young_dir),
+                 "--minutes", str(args.minutes), "--interval", str(args.interval), "--rate", str(args.rate),
+                 "--workers", str(args.workers), "--consumers", str(args.consumers), "--prefetch",
+                 str(load.receiver_options["prefetch_count"])],
+                stdout=young_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
     load.start()
     probe.start()
     disk.start()
@@ -1672,6 +1675,8 @@ def main(argv: list[str] | None = None) -> int:
         late = [t.name for t in load.threads if t.is_alive()]
         print(f"load stopped in {time.monotonic() - stopping:.1f} s{f' (still running: {late})' if late else ''}")
     finally:
+        if young is not None and young.poll() is None and load.producing.is_set():  # the soak ended early
+            young.terminate()
         probe.close()
         disk.close()
         disk_probe.close()
@@ -1707,7 +1712,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 young.wait(args.interval + 60)  # its last interval ends with the soak's load; then it stops
             except subprocess.TimeoutExpired:
-                young.kill()
+                young.terminate()
             young_rows = root / "young" / "young_rows.json"
             young_all = json.loads(young_rows.read_text()) if young_rows.exists() else []
             for name, verdict in against_young(after, young_all[1:], args.interval):
