@@ -43,6 +43,7 @@ weather is in both, so the ratio's spread over the intervals is what uptime did.
     python bench/soak.py [--minutes 30] [--interval 300] [--rate 40] [--workers 0] [--consumers 2] [--prefetch 1]
         [--disk-rate 50] [--data-dir DIR] [--keep] [--trace] [--control]
     python bench/soak.py --verdicts DIR/rows.json [...]   # --trace runs' intervals judged again (several: together)
+    python bench/soak.py --young-of T --data-dir DIR      # only the young yardstick (twice with one T: two alike)
 """
 
 from __future__ import annotations
@@ -1526,7 +1527,11 @@ def main(argv: list[str] | None = None) -> int:
         help="beside the soak, the same load against a broker started afresh every interval (a process of its own);"
         " each latency is also judged as the soak's over the young one's in the same interval",
     )  # fmt: skip
-    parser.add_argument("--young-of", type=float, help=argparse.SUPPRESS)  # (--control's child: the soak's start)
+    parser.add_argument(
+        "--young-of", type=float, metavar="T",
+        help="run only the young broker's yardstick (--control's child), its intervals from T on the monotonic clock;"
+        " two of them with the same T measure how far apart two brokers of the same age read",
+    )  # fmt: skip
     parser.add_argument(
         "--verdicts", type=Path, nargs="+", metavar="ROWS",
         help="only print the flatness verdicts of runs' saved rows.json (several: each run's, then their median)",
