@@ -1189,6 +1189,13 @@ MIN_P99_SAMPLES = 1000  # a p99 from fewer samples is a handful of outliers (at 
 _COUNTS = {"send": "n_send", "recv": "n_recv", "settle": "n_settle"}
 
 
+def _judged(row: dict[str, float], name: str) -> bool:
+    """Whether ``row``'s ``name`` may be judged: a p99 of the broker's only from ``MIN_P99_SAMPLES`` samples (a row
+    without the count, from before it was kept, is judged)."""
+    kind = name.split("_")[0]
+    return not name.endswith("p99") or kind not in _COUNTS or row.get(_COUNTS[kind], MIN_P99_SAMPLES) >= MIN_P99_SAMPLES
+
+
 def _ci_weight(ci: tuple[float, float]) -> float:
     """1 / the variance of a p99's log, read from its 95% interval (``_pct_ci``); a zero-width one counts as a
     1% interval (a probe whose slowest samples tie)."""
@@ -1267,7 +1274,7 @@ def runs_summary(runs: list[tuple[str, dict[str, float]]]) -> list[str]:
     lines = []
     for label, figures in runs:
         latencies = {n: figures[n] for n in LATENCIES if n in figures}
-        trends = {n: figures[f"{n} trend"] for n in latencies if figures.get(f"{n} trend") == figures.get(f"{n} trend")}
+        trends = {n: figures[f"{n} trend"] for n in latencies if not math.isnan(figures[f"{n} trend"])}
         if not latencies:
             lines.append(f"runs: {label}: no latency judged")
             continue
@@ -1355,13 +1362,8 @@ def flatness(after: list[dict[str, float]], figures: dict[str, float] | None = N
     probes += ["dsync", "dsync_p99"] if disk is not None else []
     for name in (*LATENCIES, *probes):
         pct = "p99" if name.endswith("p99") else "p50"
-        kind = name.split("_")[0]
         machine = drift["disk"] if name in DISK_BOUND and "disk" in drift else drift[pct]
-        enough = [
-            pct == "p50" or kind not in _COUNTS or r.get(_COUNTS[kind], MIN_P99_SAMPLES) >= MIN_P99_SAMPLES
-            for r in after
-        ]
-        rows = [(r, d) for r, d, ok in zip(after, machine, enough, strict=True) if ok and r[name] == r[name]]
+        rows = [(r, d) for r, d in zip(after, machine, strict=True) if _judged(r, name) and r[name] == r[name]]
         values = [r[name] for r, _ in rows if r[name] > 0]
         if len(values) < 2:
             out.append((name, f"too few samples (p99s need {MIN_P99_SAMPLES} an interval)"))
@@ -1461,10 +1463,9 @@ def against_young(
     pairs = [(old, new) for old in after for new in young if abs(old["t"] - new["t"]) < interval / 2]
     out = []
     for name in LATENCIES:
-        kind = name.split("_")[0]
         ratios = []
         for old, new in pairs:
-            if name.endswith("p99") and min(old.get(_COUNTS[kind], 0), new.get(_COUNTS[kind], 0)) < MIN_P99_SAMPLES:
+            if not (_judged(old, name) and _judged(new, name)):
                 continue
             if old[name] > 0 and new.get(name, 0) > 0:
                 ratios.append(old[name] / new[name])
