@@ -178,7 +178,8 @@ def test_a_send_record_carries_what_a_partition_keeps_and_not_what_it_sets() -> 
     kept.sequence_number, kept.delivery_count, kept.state, kept.partition_id = 99, 3, MessageState.DEFERRED, 2
     topic = [(1, Message(b"t1", message_id="t")), (2, Message(b"t2", message_id="t"))]
     arrays, held = wire.held_item_arrays([("d1", [(0, plain)]), (None, [(0, kept)])])
-    assert held is not None and [len(r) for r in held] == [6, 6] and held[0][-1] is None
+    assert held is not None and [m is s for m, s in zip(held, (plain, kept), strict=True)] == [True, True]
+    assert [len(item[2]) for item in arrays] == [6, 6] and arrays[0][2][-1] is None
     (frame,) = _read(wire.pack_frame([1, "k", 1.0, "enqueue", [arrays, "b"]]))
     items, messages = wire.held_items_of(frame[4][0])
     assert [(key, [slot for slot, _ in copies]) for key, copies in items] == [("d1", [0]), (None, [0])]

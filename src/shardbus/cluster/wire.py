@@ -41,9 +41,10 @@ Frames (in order on each connection):
 Memory: a stream's receive buffer holds at most one partial frame besides what one read brought
 (``MAX_FRAME_BYTES``), and one grown for a big frame goes back to its size after it (``KEEP_READER_BELOW``).
 Each end of a connection holds what its front end sent and may yet lock (``Held``): the messages of the enqueue
-frames of at most ``HELD_BYTES`` (16 MB) and ``HELD_MESSAGES`` since both last dropped it all, the front end their
-compact records (what it would otherwise have got back in its lock replies), the worker the message objects its
-partitions store anyway (kept past their settlement only until the next drop).
+frames of at most ``HELD_BYTES`` (16 MB) and ``HELD_MESSAGES`` since both last dropped it all, the front end the
+message objects it sent (handed over to the partition, as a local one stores them; what it would otherwise have got
+back in its lock replies), the worker the message objects its partitions store anyway (kept past their settlement
+only until the next drop).
 """
 
 from __future__ import annotations
@@ -235,8 +236,8 @@ _from_record = _namespace["_from_record"]
 # --- lock replies that name what the front end sent (since SBW6) ------------------------------------------------
 # A front end that sent a message and then locks it (a queue's sends and receives through one front end: "both")
 # got its body and every field it had set back in the lock reply. Now both ends of a connection keep the messages
-# of its successful enqueues that the front end may yet lock (*held*: the front end their compact records as it
-# packed them, the worker the message objects it stored, by partition key and sequence number), and the worker's
+# of its successful enqueues that the front end may yet lock (*held*: the front end the message objects it sent,
+# the worker the message objects it stored, by partition key and sequence number), and the worker's
 # lock reply names such a message by its broker fields alone (``_BROKER``: what the partition set at enqueue and at
 # the lock) instead of its whole record: no body and no user field crosses back, and neither side packs or reads
 # them again. The two ends change what they hold at the same points of the one ordered stream, so they hold the
@@ -255,6 +256,14 @@ _from_record = _namespace["_from_record"]
 # ``_LOCK`` fields differ from the reply's or whose enqueued sequence number is another (neither seen from one
 # ``lock_messages``, but not assumed) goes as its full record instead. Four elements a message fewer for the
 # packer and the unpacker, and four assignments fewer for the front end (bench/hop_micro.py --callgrind).
+# The front end locks the very message it sent (``_named_locking``: the broker's fields set on it, nine stores),
+# not a copy of it made from its send record (thirty stores, its dictionaries copied): a sent message is handed
+# over to its partition (``Entity.submit_many``'s ``owned``, or the entity's copy), which in one process stores
+# that same object and lends it to the receiver it locks it for (``PartitionBroker.lock_messages_as``, ``LEND``),
+# and a named one is taken out of what is held as it is locked, so it is locked once and nobody else has it.
+# Nothing is changed on the object but the fields a partition sets at enqueue and at a lock (every one of them,
+# so it ends as a local partition's lock gives it). Half the front end's instructions for a named message
+# (bench/hop_micro.py --callgrind).
 HELD_MESSAGES = 65536  # per connection; part of the protocol (both ends must drop at the same point)
 HELD_BYTES = 16 * 1024 * 1024  # enqueue frames' bytes per connection between drops; part of the protocol too
 _BROKER = (
@@ -272,7 +281,6 @@ assert all(f in _COMMON for f in _BROKER)
 _LOCK = ("locked_until_ms", "state", "partition_id")  # alike for a lock's messages: once per reply
 _NAMED = tuple(f for f in _BROKER if f not in _LOCK and f != "enqueued_sequence_number")  # a named record, in order
 assert _NAMED[0] == "sequence_number" and len(_NAMED) != len(_COMMON) + 1  # told apart from a full record by length
-_namespace["_dict"] = dict
 
 
 # An enqueue's message travels as a *send record* (since SBW6): the fields its sender sets, in ``_SEND`` order, and
@@ -317,22 +325,12 @@ def _send_decoding(indent: str) -> str:
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
-def _named_decoding(indent: str) -> str:
-    """Lines that make message ``m`` from named record ``v`` and the send record ``c`` the front end sent: the
-    sender's fields from ``c`` (its dictionaries copied, as a partition's lock copies them), the broker's from
-    ``v`` and the reply's ``_LOCK`` fields (locals ``until``, ``state``, ``partition_id``)."""
+def _named_locking(indent: str) -> str:
+    """Lines that lock held message ``m`` (the very one the front end sent) as named record ``v`` says: the
+    broker's fields from ``v`` and the reply's ``_LOCK`` fields (locals ``until``, ``state``, ``partition_id``),
+    every field a partition sets at enqueue and at a lock (``_SET``, ``_KEPT``); the sender's are as it sent
+    them, which is what the partition kept."""
     lines = [
-        "m = _new(Message)",
-        ", ".join(_targets[f] for f in _SEND).replace("m.application_properties", "ap") + ", extra = c",
-        "m.application_properties = None if ap is None else _dict(ap)",
-        "m.body_type = _BT[_bt]",
-        "if extra is None:",
-        f"    {_none_defaults} = None",
-        "    m.forward_hops = 0",
-        "else:",
-        "    " + ", ".join(f"m.{f}" for f in _RARE) + ", " + ", ".join("_" for _ in _KEPT) + " = extra",
-        "    if m.annotations is not None:",
-        "        m.annotations = _dict(m.annotations)",
         ", ".join(_targets[f] for f in _NAMED) + ", = v",
         "m.locked_until_ms = until",
         "m.state = state",
@@ -340,6 +338,7 @@ def _named_decoding(indent: str) -> str:
         "m.enqueued_sequence_number = m.sequence_number",
         *_TOKEN,
     ]
+    assert set(_NAMED) | set(_LOCK) | {"enqueued_sequence_number"} == set(_SET) | set(_KEPT)
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
@@ -347,16 +346,16 @@ exec(
     "def held_item_arrays(items):\n"
     "    out = []\n"
     "    append = out.append\n"
-    "    records = []\n"
-    "    keep = records.append\n"
+    "    sent = []\n"
+    "    keep = sent.append\n"
     "    for key, copies in items:\n"
     "        if len(copies) == 1:\n"
     "            slot, m = copies[0]\n" + _send_encoding("            ") + "            append([key, slot, record])\n"
-    "            keep(record)\n"
+    "            keep(m)\n"
     "        else:\n"
-    "            records = None\n"
+    "            sent = None\n"
     "            append([key, [x for slot, m in copies for x in (slot, _record(m))]])\n"
-    "    return out, records\n"
+    "    return out, sent\n"
     "def held_items_of(arrays):\n"
     "    out = []\n"
     "    append = out.append\n"
@@ -396,16 +395,15 @@ exec(
     "        state = _ST[state]\n"
     "    for v in records:\n"
     f"        if len(v) == {len(_NAMED)}:\n"
-    "            c = pop(v[0])\n" + _named_decoding("            ") + "            append(m)\n"
+    "            m = pop(v[0])\n" + _named_locking("            ") + "            append(m)\n"
     "            continue\n"
     f"        pop(v[{_COMMON.index('sequence_number')}], None)\n" + _decoding("        ") + "        append(m)\n"
     "    return out\n",
     _namespace,
 )
 # An enqueue's items as their arrays (``ItemsArg``'s, an item of one copy's message as its send record), and their
-# send records to hold (None if an item has several copies): the front end's ``enqueue`` sends the arrays as they
-# are.
-held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[list[Any]] | None]] = _namespace["held_item_arrays"]
+# messages to hold (None if an item has several copies): the front end's ``enqueue`` sends the arrays as they are.
+held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[Message] | None]] = _namespace["held_item_arrays"]
 # The items of ``held_item_arrays``' arrays, and the messages made to hold (None if an item has several copies): the
 # worker's enqueue.
 held_items_of: Callable[[list[list[Any]]], tuple[list[Any], list[Message] | None]] = _namespace["held_items_of"]
@@ -416,20 +414,21 @@ held_items_of: Callable[[list[list[Any]]], tuple[list[Any], list[Message] | None
 named_records_of: Callable[[list[Message], dict[int, Message]], tuple[list[Any] | None, list[list[Any]]]] = _namespace[
     "named_records_of"
 ]
-# A ``locked`` reply read back (front end): a named record's message made from the compact record held for it
-# (sequence number -> record) and the reply's lock fields, any other record read as it is; every one taken out of
-# ``held``.
-locked_of: Callable[[list[Any] | None, list[list[Any]], dict[int, list[Any]]], list[Message]] = _namespace["locked_of"]
+# A ``locked`` reply read back (front end): a named record's message the one held for it (sequence number ->
+# the message sent), locked as the record and the reply's lock fields say, any other record read as it is; every
+# one taken out of ``held``.
+locked_of: Callable[[list[Any] | None, list[list[Any]], dict[int, Message]], list[Message]] = _namespace["locked_of"]
 
 
 class Held:
     """What one end of a connection holds of the messages its front end sent (see above): by partition key and
-    sequence number, the front end's compact records or the worker's stored messages. Changed only on the
+    sequence number, the messages the front end sent or those the worker stored. Changed only on the
     connection's loop thread, in the stream's order.
 
     Memory: the messages of the enqueue frames of at most ``HELD_BYTES`` (and ``HELD_MESSAGES``) since the last
     drop, their bodies as they were sent; the worker's entries are messages its partitions store anyway, unless
-    settled since."""
+    settled since, the front end's the messages it handed over to them (each about 250 bytes besides its body and
+    properties)."""
 
     __slots__ = ("by_key", "count", "size")
 
@@ -440,7 +439,7 @@ class Held:
 
     def add(self, key: str, sequence_numbers: list[int | None], held: list[Any], frame_bytes: int) -> None:
         """An enqueue stored as ``sequence_numbers`` say (None: a duplicate dropped, held under None, never named):
-        ``held`` (its records or messages, one per item) by them. ``frame_bytes``: its frame's length."""
+        ``held`` (its messages, one per item) by them. ``frame_bytes``: its frame's length."""
         count, size = self.count + len(held), self.size + frame_bytes
         if count > HELD_MESSAGES or size > HELD_BYTES:  # both ends drop everything at this same point
             self.by_key.clear()
