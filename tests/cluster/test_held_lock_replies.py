@@ -237,3 +237,21 @@ def test_a_held_message_locked_unlike_the_others_of_its_reply_goes_in_full() -> 
 
 
 _FIELDS = [f.name for f in dataclasses.fields(Message)]
+
+
+def test_a_complete_s_tokens_read_as_their_ints_settle_all_or_none(cluster: _Cluster) -> None:
+    """A worker reads a complete's tokens as their ints (``wire.Tokens``, ``PartitionBroker.complete_keys``),
+    through the socket: a token that locks nothing refuses the whole complete, the valid ones then complete, and
+    completing them again is refused."""
+    from shardbus.model.errors import MessageLockLost
+
+    p = cluster.partition()
+    p.enqueue([(None, [(0, m)]) for m in _messages("ints", 3)]).result(5)
+    locked = p.submit_lock_messages(0, 0, 10).result(5)
+    tokens = [m.lock_token for m in locked]
+    with pytest.raises(MessageLockLost):
+        p.complete(0, [*tokens, new_lock_token(0, 99)]).result(5)
+    p.complete(0, tokens).result(5)  # none of them was settled by the refused one
+    with pytest.raises(MessageLockLost):
+        p.complete(0, tokens[:1]).result(5)
+    assert p.submit_lock_messages(0, 0, 10).result(5) == []

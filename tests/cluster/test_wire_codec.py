@@ -20,15 +20,16 @@ def _read(data: bytes) -> list:
 
 
 def test_lock_tokens_come_back_as_the_constructors_uuids() -> None:
-    """A token rebuilt in line (a lock reply's, a complete's) equals, hashes, prints and pickles as
-    ``uuid.UUID(int=...)`` does."""
+    """A token rebuilt in line (a lock reply's) equals, hashes, prints and pickles as ``uuid.UUID(int=...)`` does;
+    a complete's come back as the tokens' ints, in order, the extremes too."""
     tokens = [*new_lock_tokens(7, 5), uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1)]
     messages = [Message(b"x", lock_token=t) for t in tokens]
     (reply, complete) = _read(
         wire.pack_frame([1, True, wire.wrap_reply(messages), None])
         + wire.pack_frame([2, "k", 1.0, "complete", [0, wire.Tokens(tokens)]])
     )
-    for got in ([m.lock_token for m in reply[2]], complete[4][1]):
+    assert complete[4][1] == [t.int for t in tokens] and all(type(k) is int for k in complete[4][1])
+    for got in ([m.lock_token for m in reply[2]],):
         for sent, back in zip(tokens, got, strict=True):
             made = uuid.UUID(int=sent.int)
             assert type(back) is uuid.UUID

@@ -73,7 +73,7 @@ _EXT_RECORD = 21  # a registered dataclass: (tag, field values...)
 _EXT_ENUM = 22  # (tag, value) of the model's IntEnums, which would otherwise arrive as plain ints
 _EXT_MESSAGES = 23  # a list of messages: one array of compact records (see ``Messages``)
 _EXT_ITEMS = 24  # an enqueue's items, their messages as compact records (see ``Items``)
-_EXT_TOKENS = 25  # lock tokens: their 16 bytes each, back to back (see ``Tokens``)
+_EXT_TOKENS = 25  # lock tokens: their 16 bytes each, back to back (see ``Tokens``), read back as their ints
 _EXT_ONE = 26  # one message elsewhere in a value: its compact record
 
 _MESSAGE_FIELDS = Message.__slots__
@@ -140,7 +140,8 @@ _at_default = " and ".join(f"m.{f} == 0" if _RARE_DEFAULTS[f] == 0 else f"m.{f} 
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
 # A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
-# reply builds one per message, a complete one per token, through the slots' own setters (model/routing.py).
+# reply builds one per message, through the slots' own setters (model/routing.py). A complete's tokens are read as
+# their ints only (``Tokens``).
 _new_uuid = uuid.UUID.__new__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 _set_int = SET_UUID_INT
@@ -480,7 +481,9 @@ class ItemsArg(list):  # type: ignore[type-arg]
 
 
 class Tokens(list):  # type: ignore[type-arg]
-    """Lock tokens (UUIDs) as one bytes value: 16 bytes each, in order (a ``complete``)."""
+    """Lock tokens (UUIDs) as one bytes value: 16 bytes each, in order (a ``complete``). Read back as their ints
+    (``uuid.UUID.int``, ``_unpack_tokens``): the worker's ``complete`` looks its locks up by them
+    (``PartitionBroker.complete_keys``), and never needs the UUIDs."""
 
 
 # The batching hints of the partition interface (``compact`` in partition/handle.py): encoding -> its wrapper.
@@ -500,17 +503,12 @@ def _copies_of(flat: list[Any]) -> list[tuple[int, Message]]:
     return [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
-def _unpack_tokens(data: bytes) -> list[uuid.UUID]:
-    new, cls, set_int, set_safe, safe = _new_uuid, uuid.UUID, _set_int, _set_safe, _SAFE_UNKNOWN
-    # every token's two 64-bit halves in one call: a slice and an ``int.from_bytes`` per token cost twice as much
+def _unpack_tokens(data: bytes) -> list[int]:
+    """A ``Tokens`` value's tokens, each as its ``int``: a UUID built per token (``uuid_of_int``'s two slot stores)
+    cost the worker three times as much per completed message (bench/hop_micro.py --callgrind)."""
+    # every token's two 64-bit halves in one call: a slice and an ``int.from_bytes`` per token cost a fifth more
     words = iter(struct.unpack(f">{len(data) >> 3}Q", data))
-    out = []
-    for high, low in zip(words, words, strict=True):  # ``uuid_of_int`` in line: a complete brings ~100
-        u = new(cls)
-        set_int(u, high << 64 | low)
-        set_safe(u, safe)
-        out.append(u)
-    return out
+    return [high << 64 | low for high, low in zip(words, words, strict=True)]
 
 
 def wrap_reply(value: Any) -> Any:
