@@ -288,7 +288,10 @@ assert _NAMED[0] == "sequence_number" and len(_NAMED) != len(_COMMON) + 1  # tol
 # one last element, None while every other field a partition keeps as sent (``_RARE``, ``_KEPT``) is at its
 # default, else an array of their values. The fields a partition sets at every enqueue (``_SET``: sequence number,
 # times, state, partition, delivery count: ``PartitionBroker._stage_enqueue`` and ``_new_entry`` overwrite each
-# one) do not travel: the worker gives them their defaults. Six elements a message instead of fifteen.
+# one) do not travel: the worker gives them their defaults. Six elements a message instead of fifteen. Since SBW8
+# they are elements of the item's own array, after its dedup id and slot (``[dedup id, slot, body, ..., extra]``,
+# eight elements): one array a message fewer for the front end to make and the packer to write, and for the
+# worker's unpacker to make and free (bench/hop_micro.py --callgrind).
 _SEND = ("body", "message_id", "application_properties", "body_type", "wire_sections")
 _KEPT = ("lock_token", "locked_until_ms", "enqueued_sequence_number")
 _SET = ("sequence_number", "enqueued_time_ms", "expires_at_ms", "partition_id", "delivery_count", "state")
@@ -297,21 +300,22 @@ _namespace["_ACTIVE"] = MessageState.ACTIVE
 _kept_at_default = " and ".join(f"m.{f} is None" for f in _KEPT)
 
 
-def _send_encoding(indent: str) -> str:
-    """Lines that set ``record``: message ``m``'s send record."""
+def _send_encoding(indent: str, head: str = "") -> str:
+    """Lines that set ``record``: message ``m``'s send record, after ``head``'s elements (``"key, slot, "``)."""
     extra = ", ".join(_expressions[f] for f in _RARE + _KEPT)
     return (
         f"{indent}extra = None if {_at_default} and {_kept_at_default} else [{extra}]\n"
-        f"{indent}record = [{', '.join(_expressions[f] for f in _SEND)}, extra]\n"
+        f"{indent}record = [{head}{', '.join(_expressions[f] for f in _SEND)}, extra]\n"
     )
 
 
-def _send_decoding(indent: str) -> str:
-    """Lines that make message ``m`` from send record ``v``."""
+def _send_decoding(indent: str, head: str, source: str) -> str:
+    """Lines that make message ``m`` from the send record in array ``source`` after ``head``'s elements (``"key,
+    slot, "``: the item's)."""
     kept = {"lock_token": "token"}
     lines = [
         "m = _new(Message)",
-        ", ".join(_targets[f] for f in _SEND) + ", extra = v",
+        head + ", ".join(_targets[f] for f in _SEND) + f", extra = {source}",
         "m.sequence_number = m.enqueued_time_ms = m.expires_at_ms = m.partition_id = None",
         "m.delivery_count = 0",
         "m.state = _ACTIVE",
@@ -351,7 +355,7 @@ exec(
     "    keep = sent.append\n"
     "    for key, copies in items:\n"
     "        if len(copies) == 1:\n"
-    "            slot, m = copies[0]\n" + _send_encoding("            ") + "            append([key, slot, record])\n"
+    "            slot, m = copies[0]\n" + _send_encoding("            ", "key, slot, ") + "            append(record)\n"
     "            keep(m)\n"
     "        else:\n"
     "            sent = None\n"
@@ -363,8 +367,9 @@ exec(
     "    messages = []\n"
     "    keep = messages.append\n"
     "    for item in arrays:\n"
-    "        if len(item) == 3:\n"
-    "            v = item[2]\n" + _send_decoding("            ") + "            append((item[0], [(item[1], m)]))\n"
+    f"        if len(item) == {len(_SEND) + 3}:\n"
+    + _send_decoding("            ", "key, slot, ", "item")
+    + "            append((key, [(slot, m)]))\n"
     "            keep(m)\n"
     "        else:\n"
     "            messages = None\n"
@@ -402,7 +407,8 @@ exec(
     "    return out\n",
     _namespace,
 )
-# An enqueue's items as their arrays (``ItemsArg``'s, an item of one copy's message as its send record), and their
+# An enqueue's items as their arrays (``ItemsArg``'s, an item of one copy as its dedup id, slot and its message's
+# send record in one array), and their
 # messages to hold (None if an item has several copies): the front end's ``enqueue`` sends the arrays as they are.
 held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[Message] | None]] = _namespace["held_item_arrays"]
 # The items of ``held_item_arrays``' arrays, and the messages made to hold (None if an item has several copies): the
@@ -584,8 +590,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 # messages frame and an enqueue's items in the request itself; 4 each frame's length before it; 5 a compact record's
 # fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``); 6 the
 # locked frame, whose records name the messages the front end holds (``Held``), and an enqueue's send records; 7 the
-# locked frame's fields alike for a lock's messages once per frame (``_LOCK``), its named records five elements.
-MAGIC = b"SBW7"
+# locked frame's fields alike for a lock's messages once per frame (``_LOCK``), its named records five elements; 8 an
+# enqueue's send record in its item's array (``_SEND``).
+MAGIC = b"SBW8"
 LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end
