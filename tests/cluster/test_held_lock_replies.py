@@ -129,12 +129,14 @@ def test_a_lock_reply_names_what_was_sent_and_delivers_what_a_local_lock_gives(
     try:
         local.create_slot(0, SlotSettings("q")).result(5)
         remote = cluster.partition()
-        got = {}
+        got, sent = {}, {}
         for name, p in (("local", local), ("remote", remote)):
-            sent = _messages("a")
-            p.enqueue([(None, [(0, m)]) for m in sent]).result(5)
+            sent[name] = _messages("a")
+            p.enqueue([(None, [(0, m)]) for m in sent[name]]).result(5)
             got[name] = _lock_all(p)
         assert counted == {"named": 4, "full": 0}
+        # handed over to the partition, a sent message is what its lock delivers (a local one lends it as well)
+        assert all(r is s for r, s in zip(got["remote"], sent["remote"], strict=True))
         for r, loc in zip(got["remote"], got["local"], strict=True):
             assert {k: v for k, v in _fields(r).items() if v != _fields(loc)[k]} == {}
         assert all(m.lock_token is not None and m.delivery_count == 1 for m in got["remote"])
@@ -215,8 +217,8 @@ def test_a_held_message_locked_unlike_the_others_of_its_reply_goes_in_full() -> 
     ``lock_messages``, but not assumed) travels as its full record, and both ends take every one out of what they
     hold."""
     sent = _messages("odd", 3)
-    arrays, records = wire.held_item_arrays([(None, [(0, m)]) for m in sent])
-    assert records is not None
+    arrays, held = wire.held_item_arrays([(None, [(0, m)]) for m in sent])
+    assert held is not None
     stored = [wire.held_items_of(arrays)[1][i] for i in range(3)]  # the worker's objects (one decoding each)
     for seq, m in enumerate(stored, start=10):
         m.sequence_number = m.enqueued_sequence_number = seq
@@ -227,7 +229,7 @@ def test_a_held_message_locked_unlike_the_others_of_its_reply_goes_in_full() -> 
     worker_held = {m.sequence_number: m for m in stored}
     lock, named = wire.named_records_of(stored, worker_held)
     assert lock == [61_000, 0, 0] and [len(r) for r in named] == [len(wire._NAMED)] + [len(wire._COMMON) + 1] * 2
-    front_held = dict(zip((10, 11, 12), records, strict=True))
+    front_held = dict(zip((10, 11, 12), held, strict=True))
     frame = wire.unpack_frame(wire.reply_frame(1, True, wire.Locked((lock, named)), None))
     got = wire.locked_of(frame[5], frame[2], front_held)
     assert worker_held == {} and front_held == {}
@@ -235,3 +237,21 @@ def test_a_held_message_locked_unlike_the_others_of_its_reply_goes_in_full() -> 
 
 
 _FIELDS = [f.name for f in dataclasses.fields(Message)]
+
+
+def test_a_complete_s_tokens_read_as_their_ints_settle_all_or_none(cluster: _Cluster) -> None:
+    """A worker reads a complete's tokens as their ints (``wire.Tokens``, ``PartitionBroker.complete_keys``),
+    through the socket: a token that locks nothing refuses the whole complete, the valid ones then complete, and
+    completing them again is refused."""
+    from shardbus.model.errors import MessageLockLost
+
+    p = cluster.partition()
+    p.enqueue([(None, [(0, m)]) for m in _messages("ints", 3)]).result(5)
+    locked = p.submit_lock_messages(0, 0, 10).result(5)
+    tokens = [m.lock_token for m in locked]
+    with pytest.raises(MessageLockLost):
+        p.complete(0, [*tokens, new_lock_token(0, 99)]).result(5)
+    p.complete(0, tokens).result(5)  # none of them was settled by the refused one
+    with pytest.raises(MessageLockLost):
+        p.complete(0, tokens[:1]).result(5)
+    assert p.submit_lock_messages(0, 0, 10).result(5) == []

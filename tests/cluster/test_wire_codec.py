@@ -20,15 +20,16 @@ def _read(data: bytes) -> list:
 
 
 def test_lock_tokens_come_back_as_the_constructors_uuids() -> None:
-    """A token rebuilt in line (a lock reply's, a complete's) equals, hashes, prints and pickles as
-    ``uuid.UUID(int=...)`` does."""
+    """A token rebuilt in line (a lock reply's) equals, hashes, prints and pickles as ``uuid.UUID(int=...)`` does;
+    a complete's come back as the tokens' ints, in order, the extremes too."""
     tokens = [*new_lock_tokens(7, 5), uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1)]
     messages = [Message(b"x", lock_token=t) for t in tokens]
     (reply, complete) = _read(
         wire.pack_frame([1, True, wire.wrap_reply(messages), None])
         + wire.pack_frame([2, "k", 1.0, "complete", [0, wire.Tokens(tokens)]])
     )
-    for got in ([m.lock_token for m in reply[2]], complete[4][1]):
+    assert complete[4][1] == [t.int for t in tokens] and all(type(k) is int for k in complete[4][1])
+    for got in ([m.lock_token for m in reply[2]],):
         for sent, back in zip(tokens, got, strict=True):
             made = uuid.UUID(int=sent.int)
             assert type(back) is uuid.UUID
@@ -76,10 +77,10 @@ def test_a_reply_of_messages_travels_as_a_messages_frame() -> None:
 
 
 def test_a_worker_of_the_previous_version_is_named_as_such() -> None:
-    """A locked frame carries its lock's fields once from version 7 on (version 6 named the messages the front end
-    holds with every broker field): a version-6 worker is refused at connect, saying so."""
-    assert wire.MAGIC == b"SBW7"
-    for older in (b"SBW2", b"SBW3", b"SBW4", b"SBW5", b"SBW6"):
+    """An enqueue's send records are in their items' arrays from version 8 on (version 7 nested each in an array of
+    its own): a version-7 worker, and any older, is refused at connect, saying so."""
+    assert wire.MAGIC == b"SBW8"
+    for older in (b"SBW2", b"SBW3", b"SBW4", b"SBW5", b"SBW6", b"SBW7"):
         with pytest.raises(ValueError, match="another version"):
             wire.answer("k", older + bytes(wire.NONCE_BYTES))
 
@@ -169,16 +170,17 @@ def test_a_record_gives_back_every_field_whichever_are_at_their_defaults(rare: s
 
 
 def test_a_send_record_carries_what_a_partition_keeps_and_not_what_it_sets() -> None:
-    """An enqueue's message of one copy travels as a send record (SBW6): the sender's fields and those a partition
-    keeps as sent (a lock token, an enqueued sequence number, the rare ones), not those every enqueue sets (the
-    worker gives them their defaults, which the partition overwrites)."""
+    """An enqueue's message of one copy travels as a send record (SBW6), in its item's array (SBW8): the sender's
+    fields and those a partition keeps as sent (a lock token, an enqueued sequence number, the rare ones), not those
+    every enqueue sets (the worker gives them their defaults, which the partition overwrites)."""
     plain = Message(b"p" * 100, message_id="p")
     kept = Message(b"k", message_id="k", subject="s", application_properties={"n": 1}, time_to_live=timedelta(1))
     kept.lock_token, kept.locked_until_ms, kept.enqueued_sequence_number = uuid.uuid4(), 5, 7
     kept.sequence_number, kept.delivery_count, kept.state, kept.partition_id = 99, 3, MessageState.DEFERRED, 2
     topic = [(1, Message(b"t1", message_id="t")), (2, Message(b"t2", message_id="t"))]
     arrays, held = wire.held_item_arrays([("d1", [(0, plain)]), (None, [(0, kept)])])
-    assert held is not None and [len(r) for r in held] == [6, 6] and held[0][-1] is None
+    assert held is not None and [m is s for m, s in zip(held, (plain, kept), strict=True)] == [True, True]
+    assert [len(item) for item in arrays] == [8, 8] and arrays[0][:2] == ["d1", 0] and arrays[0][-1] is None
     (frame,) = _read(wire.pack_frame([1, "k", 1.0, "enqueue", [arrays, "b"]]))
     items, messages = wire.held_items_of(frame[4][0])
     assert [(key, [slot for slot, _ in copies]) for key, copies in items] == [("d1", [0]), (None, [0])]

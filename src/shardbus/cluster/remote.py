@@ -31,7 +31,7 @@ its sends in doubt are revoked. Abandon and release need nothing: the message co
 end keeps of them is bounded: at most the settlements one link had applied and not yet durable when it dropped,
 i.e. what 20 ms of settlements (the linger) plus the requests in flight on it hold, a few ints each.
 
-Sent messages held: each link keeps the compact records of its successful enqueues (``wire.Held``) so that its
+Sent messages held: each link keeps the messages of its successful enqueues (``wire.Held``) so that its
 worker's lock replies name those messages instead of carrying them back; bounded by ``wire.HELD_BYTES`` of
 enqueue frames (16 MB) per link, dropped with the connection. The worker holds the same, in step (wire.py).
 
@@ -55,7 +55,7 @@ from functools import partial
 from typing import Any
 
 from ..model.errors import ArgumentError, PartitionFull, PartitionUnavailable, ShardbusError
-from ..model.message import SubQueue
+from ..model.message import Message, SubQueue
 from ..model.routing import local_seq_of_lock_token
 from ..partition.handle import OPERATIONS, Items, Kind, Operation, PartitionSpec, RemoteVerdict
 from ..partition.values import SlotSettings
@@ -199,9 +199,9 @@ class WorkerLink:
         self._stream: FrameStream | None = None
         self._pending: dict[int, tuple[Future, RemotePartition | None]] = {}
         self._writing: dict[int, Future] = {}  # settlements applied, their writes not yet durable (loop thread)
-        # Enqueues in flight, by request id: their partition key, records to hold once stored (``held``) and
+        # Enqueues in flight, by request id: their partition key, messages to hold once stored (``held``) and
         # frame's length
-        self._enqueues: dict[int, tuple[str, list[list[Any]], int]] = {}
+        self._enqueues: dict[int, tuple[str, list[Message], int]] = {}
         # What this front end sent that the worker's lock replies name instead of carrying back (``wire.Held``:
         # bounded by wire.HELD_MESSAGES and wire.HELD_BYTES; the worker holds the same, in step); loop thread
         self.held = wire.Held()
@@ -221,9 +221,9 @@ class WorkerLink:
         operation: str,
         args: list[Any],
         now: float,
-        held: list[list[Any]] | None = None,
+        held: list[Message] | None = None,
     ) -> Future:
-        """Send a request; ``held``: an enqueue's compact records, held once it is stored (``wire.Held``)."""
+        """Send a request; ``held``: an enqueue's messages, held once it is stored (``wire.Held``)."""
         request_id = next(self._ids)
         future: Future = (
             RemoteSettlement(self, request_id, partition, operation, args)
@@ -763,7 +763,7 @@ class RemotePartition:
             refused.set_exception(PartitionUnavailable(self._unavailable_text()))
             return refused
         batch_id = batch_id or _batch_ids.next()  # what ``revoke_in_doubt`` names if the send fails in flight
-        # its item arrays made here, and its records to hold once stored (``wire.Held``): packed as they are
+        # its item arrays made here, and its messages to hold once stored (``wire.Held``): packed as they are
         arrays, held = wire.held_item_arrays(items)
         future = self.link.call(self, self.key, "enqueue", [arrays, batch_id], self.clock(), held)
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
@@ -772,7 +772,8 @@ class RemotePartition:
 
     def submit_lock_messages(self, slot: int, queue: int, max_count: int, lend: bool = False) -> Future:
         """``lock_messages`` without waiting: the future completes (on the cluster loop) with the reply (messages
-        made from its records: the caller's own, whatever ``lend`` says)."""
+        made from its records, or those this front end sent and held, locked: the caller's own either way, whatever
+        ``lend`` says)."""
         return self._call("lock_messages", slot, queue, max_count)
 
     def tick(self) -> None:

@@ -41,9 +41,10 @@ Frames (in order on each connection):
 Memory: a stream's receive buffer holds at most one partial frame besides what one read brought
 (``MAX_FRAME_BYTES``), and one grown for a big frame goes back to its size after it (``KEEP_READER_BELOW``).
 Each end of a connection holds what its front end sent and may yet lock (``Held``): the messages of the enqueue
-frames of at most ``HELD_BYTES`` (16 MB) and ``HELD_MESSAGES`` since both last dropped it all, the front end their
-compact records (what it would otherwise have got back in its lock replies), the worker the message objects its
-partitions store anyway (kept past their settlement only until the next drop).
+frames of at most ``HELD_BYTES`` (16 MB) and ``HELD_MESSAGES`` since both last dropped it all, the front end the
+message objects it sent (handed over to the partition, as a local one stores them; what it would otherwise have got
+back in its lock replies), the worker the message objects its partitions store anyway (kept past their settlement
+only until the next drop).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ _EXT_RECORD = 21  # a registered dataclass: (tag, field values...)
 _EXT_ENUM = 22  # (tag, value) of the model's IntEnums, which would otherwise arrive as plain ints
 _EXT_MESSAGES = 23  # a list of messages: one array of compact records (see ``Messages``)
 _EXT_ITEMS = 24  # an enqueue's items, their messages as compact records (see ``Items``)
-_EXT_TOKENS = 25  # lock tokens: their 16 bytes each, back to back (see ``Tokens``)
+_EXT_TOKENS = 25  # lock tokens: their 16 bytes each, back to back (see ``Tokens``), read back as their ints
 _EXT_ONE = 26  # one message elsewhere in a value: its compact record
 
 _MESSAGE_FIELDS = Message.__slots__
@@ -139,7 +140,8 @@ _at_default = " and ".join(f"m.{f} == 0" if _RARE_DEFAULTS[f] == 0 else f"m.{f} 
 _BODY_TYPES = {int(b): b for b in BodyType}
 _STATES = {int(s): s for s in MessageState}
 # A lock token's UUID is built in line (``routing.uuid_of_int``'s two slot stores, without its call): a lock
-# reply builds one per message, a complete one per token, through the slots' own setters (model/routing.py).
+# reply builds one per message, through the slots' own setters (model/routing.py). A complete's tokens are read as
+# their ints only (``Tokens``).
 _new_uuid = uuid.UUID.__new__
 _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 _set_int = SET_UUID_INT
@@ -235,8 +237,8 @@ _from_record = _namespace["_from_record"]
 # --- lock replies that name what the front end sent (since SBW6) ------------------------------------------------
 # A front end that sent a message and then locks it (a queue's sends and receives through one front end: "both")
 # got its body and every field it had set back in the lock reply. Now both ends of a connection keep the messages
-# of its successful enqueues that the front end may yet lock (*held*: the front end their compact records as it
-# packed them, the worker the message objects it stored, by partition key and sequence number), and the worker's
+# of its successful enqueues that the front end may yet lock (*held*: the front end the message objects it sent,
+# the worker the message objects it stored, by partition key and sequence number), and the worker's
 # lock reply names such a message by its broker fields alone (``_BROKER``: what the partition set at enqueue and at
 # the lock) instead of its whole record: no body and no user field crosses back, and neither side packs or reads
 # them again. The two ends change what they hold at the same points of the one ordered stream, so they hold the
@@ -255,6 +257,14 @@ _from_record = _namespace["_from_record"]
 # ``_LOCK`` fields differ from the reply's or whose enqueued sequence number is another (neither seen from one
 # ``lock_messages``, but not assumed) goes as its full record instead. Four elements a message fewer for the
 # packer and the unpacker, and four assignments fewer for the front end (bench/hop_micro.py --callgrind).
+# The front end locks the very message it sent (``_named_locking``: the broker's fields set on it, nine stores),
+# not a copy of it made from its send record (thirty stores, its dictionaries copied): a sent message is handed
+# over to its partition (``Entity.submit_many``'s ``owned``, or the entity's copy), which in one process stores
+# that same object and lends it to the receiver it locks it for (``PartitionBroker.lock_messages_as``, ``LEND``),
+# and a named one is taken out of what is held as it is locked, so it is locked once and nobody else has it.
+# Nothing is changed on the object but the fields a partition sets at enqueue and at a lock (every one of them,
+# so it ends as a local partition's lock gives it). Half the front end's instructions for a named message
+# (bench/hop_micro.py --callgrind).
 HELD_MESSAGES = 65536  # per connection; part of the protocol (both ends must drop at the same point)
 HELD_BYTES = 16 * 1024 * 1024  # enqueue frames' bytes per connection between drops; part of the protocol too
 _BROKER = (
@@ -272,14 +282,16 @@ assert all(f in _COMMON for f in _BROKER)
 _LOCK = ("locked_until_ms", "state", "partition_id")  # alike for a lock's messages: once per reply
 _NAMED = tuple(f for f in _BROKER if f not in _LOCK and f != "enqueued_sequence_number")  # a named record, in order
 assert _NAMED[0] == "sequence_number" and len(_NAMED) != len(_COMMON) + 1  # told apart from a full record by length
-_namespace["_dict"] = dict
 
 
 # An enqueue's message travels as a *send record* (since SBW6): the fields its sender sets, in ``_SEND`` order, and
 # one last element, None while every other field a partition keeps as sent (``_RARE``, ``_KEPT``) is at its
 # default, else an array of their values. The fields a partition sets at every enqueue (``_SET``: sequence number,
 # times, state, partition, delivery count: ``PartitionBroker._stage_enqueue`` and ``_new_entry`` overwrite each
-# one) do not travel: the worker gives them their defaults. Six elements a message instead of fifteen.
+# one) do not travel: the worker gives them their defaults. Six elements a message instead of fifteen. Since SBW8
+# they are elements of the item's own array, after its dedup id and slot (``[dedup id, slot, body, ..., extra]``,
+# eight elements): one array a message fewer for the front end to make and the packer to write, and for the
+# worker's unpacker to make and free (bench/hop_micro.py --callgrind).
 _SEND = ("body", "message_id", "application_properties", "body_type", "wire_sections")
 _KEPT = ("lock_token", "locked_until_ms", "enqueued_sequence_number")
 _SET = ("sequence_number", "enqueued_time_ms", "expires_at_ms", "partition_id", "delivery_count", "state")
@@ -288,21 +300,22 @@ _namespace["_ACTIVE"] = MessageState.ACTIVE
 _kept_at_default = " and ".join(f"m.{f} is None" for f in _KEPT)
 
 
-def _send_encoding(indent: str) -> str:
-    """Lines that set ``record``: message ``m``'s send record."""
+def _send_encoding(indent: str, head: str = "") -> str:
+    """Lines that set ``record``: message ``m``'s send record, after ``head``'s elements (``"key, slot, "``)."""
     extra = ", ".join(_expressions[f] for f in _RARE + _KEPT)
     return (
         f"{indent}extra = None if {_at_default} and {_kept_at_default} else [{extra}]\n"
-        f"{indent}record = [{', '.join(_expressions[f] for f in _SEND)}, extra]\n"
+        f"{indent}record = [{head}{', '.join(_expressions[f] for f in _SEND)}, extra]\n"
     )
 
 
-def _send_decoding(indent: str) -> str:
-    """Lines that make message ``m`` from send record ``v``."""
+def _send_decoding(indent: str, head: str, source: str) -> str:
+    """Lines that make message ``m`` from the send record in array ``source`` after ``head``'s elements (``"key,
+    slot, "``: the item's)."""
     kept = {"lock_token": "token"}
     lines = [
         "m = _new(Message)",
-        ", ".join(_targets[f] for f in _SEND) + ", extra = v",
+        head + ", ".join(_targets[f] for f in _SEND) + f", extra = {source}",
         "m.sequence_number = m.enqueued_time_ms = m.expires_at_ms = m.partition_id = None",
         "m.delivery_count = 0",
         "m.state = _ACTIVE",
@@ -317,22 +330,12 @@ def _send_decoding(indent: str) -> str:
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
-def _named_decoding(indent: str) -> str:
-    """Lines that make message ``m`` from named record ``v`` and the send record ``c`` the front end sent: the
-    sender's fields from ``c`` (its dictionaries copied, as a partition's lock copies them), the broker's from
-    ``v`` and the reply's ``_LOCK`` fields (locals ``until``, ``state``, ``partition_id``)."""
+def _named_locking(indent: str) -> str:
+    """Lines that lock held message ``m`` (the very one the front end sent) as named record ``v`` says: the
+    broker's fields from ``v`` and the reply's ``_LOCK`` fields (locals ``until``, ``state``, ``partition_id``),
+    every field a partition sets at enqueue and at a lock (``_SET``, ``_KEPT``); the sender's are as it sent
+    them, which is what the partition kept."""
     lines = [
-        "m = _new(Message)",
-        ", ".join(_targets[f] for f in _SEND).replace("m.application_properties", "ap") + ", extra = c",
-        "m.application_properties = None if ap is None else _dict(ap)",
-        "m.body_type = _BT[_bt]",
-        "if extra is None:",
-        f"    {_none_defaults} = None",
-        "    m.forward_hops = 0",
-        "else:",
-        "    " + ", ".join(f"m.{f}" for f in _RARE) + ", " + ", ".join("_" for _ in _KEPT) + " = extra",
-        "    if m.annotations is not None:",
-        "        m.annotations = _dict(m.annotations)",
         ", ".join(_targets[f] for f in _NAMED) + ", = v",
         "m.locked_until_ms = until",
         "m.state = state",
@@ -340,6 +343,7 @@ def _named_decoding(indent: str) -> str:
         "m.enqueued_sequence_number = m.sequence_number",
         *_TOKEN,
     ]
+    assert set(_NAMED) | set(_LOCK) | {"enqueued_sequence_number"} == set(_SET) | set(_KEPT)
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
@@ -347,24 +351,25 @@ exec(
     "def held_item_arrays(items):\n"
     "    out = []\n"
     "    append = out.append\n"
-    "    records = []\n"
-    "    keep = records.append\n"
+    "    sent = []\n"
+    "    keep = sent.append\n"
     "    for key, copies in items:\n"
     "        if len(copies) == 1:\n"
-    "            slot, m = copies[0]\n" + _send_encoding("            ") + "            append([key, slot, record])\n"
-    "            keep(record)\n"
+    "            slot, m = copies[0]\n" + _send_encoding("            ", "key, slot, ") + "            append(record)\n"
+    "            keep(m)\n"
     "        else:\n"
-    "            records = None\n"
+    "            sent = None\n"
     "            append([key, [x for slot, m in copies for x in (slot, _record(m))]])\n"
-    "    return out, records\n"
+    "    return out, sent\n"
     "def held_items_of(arrays):\n"
     "    out = []\n"
     "    append = out.append\n"
     "    messages = []\n"
     "    keep = messages.append\n"
     "    for item in arrays:\n"
-    "        if len(item) == 3:\n"
-    "            v = item[2]\n" + _send_decoding("            ") + "            append((item[0], [(item[1], m)]))\n"
+    f"        if len(item) == {len(_SEND) + 3}:\n"
+    + _send_decoding("            ", "key, slot, ", "item")
+    + "            append((key, [(slot, m)]))\n"
     "            keep(m)\n"
     "        else:\n"
     "            messages = None\n"
@@ -396,16 +401,16 @@ exec(
     "        state = _ST[state]\n"
     "    for v in records:\n"
     f"        if len(v) == {len(_NAMED)}:\n"
-    "            c = pop(v[0])\n" + _named_decoding("            ") + "            append(m)\n"
+    "            m = pop(v[0])\n" + _named_locking("            ") + "            append(m)\n"
     "            continue\n"
     f"        pop(v[{_COMMON.index('sequence_number')}], None)\n" + _decoding("        ") + "        append(m)\n"
     "    return out\n",
     _namespace,
 )
-# An enqueue's items as their arrays (``ItemsArg``'s, an item of one copy's message as its send record), and their
-# send records to hold (None if an item has several copies): the front end's ``enqueue`` sends the arrays as they
-# are.
-held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[list[Any]] | None]] = _namespace["held_item_arrays"]
+# An enqueue's items as their arrays (``ItemsArg``'s, an item of one copy as its dedup id, slot and its message's
+# send record in one array), and their
+# messages to hold (None if an item has several copies): the front end's ``enqueue`` sends the arrays as they are.
+held_item_arrays: Callable[[list[Any]], tuple[list[list[Any]], list[Message] | None]] = _namespace["held_item_arrays"]
 # The items of ``held_item_arrays``' arrays, and the messages made to hold (None if an item has several copies): the
 # worker's enqueue.
 held_items_of: Callable[[list[list[Any]]], tuple[list[Any], list[Message] | None]] = _namespace["held_items_of"]
@@ -416,20 +421,21 @@ held_items_of: Callable[[list[list[Any]]], tuple[list[Any], list[Message] | None
 named_records_of: Callable[[list[Message], dict[int, Message]], tuple[list[Any] | None, list[list[Any]]]] = _namespace[
     "named_records_of"
 ]
-# A ``locked`` reply read back (front end): a named record's message made from the compact record held for it
-# (sequence number -> record) and the reply's lock fields, any other record read as it is; every one taken out of
-# ``held``.
-locked_of: Callable[[list[Any] | None, list[list[Any]], dict[int, list[Any]]], list[Message]] = _namespace["locked_of"]
+# A ``locked`` reply read back (front end): a named record's message the one held for it (sequence number ->
+# the message sent), locked as the record and the reply's lock fields say, any other record read as it is; every
+# one taken out of ``held``.
+locked_of: Callable[[list[Any] | None, list[list[Any]], dict[int, Message]], list[Message]] = _namespace["locked_of"]
 
 
 class Held:
     """What one end of a connection holds of the messages its front end sent (see above): by partition key and
-    sequence number, the front end's compact records or the worker's stored messages. Changed only on the
+    sequence number, the messages the front end sent or those the worker stored. Changed only on the
     connection's loop thread, in the stream's order.
 
     Memory: the messages of the enqueue frames of at most ``HELD_BYTES`` (and ``HELD_MESSAGES``) since the last
     drop, their bodies as they were sent; the worker's entries are messages its partitions store anyway, unless
-    settled since."""
+    settled since, the front end's the messages it handed over to them (each about 250 bytes besides its body and
+    properties)."""
 
     __slots__ = ("by_key", "count", "size")
 
@@ -440,7 +446,7 @@ class Held:
 
     def add(self, key: str, sequence_numbers: list[int | None], held: list[Any], frame_bytes: int) -> None:
         """An enqueue stored as ``sequence_numbers`` say (None: a duplicate dropped, held under None, never named):
-        ``held`` (its records or messages, one per item) by them. ``frame_bytes``: its frame's length."""
+        ``held`` (its messages, one per item) by them. ``frame_bytes``: its frame's length."""
         count, size = self.count + len(held), self.size + frame_bytes
         if count > HELD_MESSAGES or size > HELD_BYTES:  # both ends drop everything at this same point
             self.by_key.clear()
@@ -481,7 +487,9 @@ class ItemsArg(list):  # type: ignore[type-arg]
 
 
 class Tokens(list):  # type: ignore[type-arg]
-    """Lock tokens (UUIDs) as one bytes value: 16 bytes each, in order (a ``complete``)."""
+    """Lock tokens (UUIDs) as one bytes value: 16 bytes each, in order (a ``complete``). Read back as their ints
+    (``uuid.UUID.int``, ``_unpack_tokens``): the worker's ``complete`` looks its locks up by them
+    (``PartitionBroker.complete_keys``), and never needs the UUIDs."""
 
 
 # The batching hints of the partition interface (``compact`` in partition/handle.py): encoding -> its wrapper.
@@ -501,17 +509,12 @@ def _copies_of(flat: list[Any]) -> list[tuple[int, Message]]:
     return [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
-def _unpack_tokens(data: bytes) -> list[uuid.UUID]:
-    new, cls, set_int, set_safe, safe = _new_uuid, uuid.UUID, _set_int, _set_safe, _SAFE_UNKNOWN
-    # every token's two 64-bit halves in one call: a slice and an ``int.from_bytes`` per token cost twice as much
+def _unpack_tokens(data: bytes) -> list[int]:
+    """A ``Tokens`` value's tokens, each as its ``int``: a UUID built per token (``uuid_of_int``'s two slot stores)
+    cost the worker three times as much per completed message (bench/hop_micro.py --callgrind)."""
+    # every token's two 64-bit halves in one call: a slice and an ``int.from_bytes`` per token cost a fifth more
     words = iter(struct.unpack(f">{len(data) >> 3}Q", data))
-    out = []
-    for high, low in zip(words, words, strict=True):  # ``uuid_of_int`` in line: a complete brings ~100
-        u = new(cls)
-        set_int(u, high << 64 | low)
-        set_safe(u, safe)
-        out.append(u)
-    return out
+    return [high << 64 | low for high, low in zip(words, words, strict=True)]
 
 
 def wrap_reply(value: Any) -> Any:
@@ -587,8 +590,9 @@ _RECORD_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in
 # messages frame and an enqueue's items in the request itself; 4 each frame's length before it; 5 a compact record's
 # fields mostly at their defaults in one last element (``_RARE``), and ``hurry`` one way (``ONE_WAY``); 6 the
 # locked frame, whose records name the messages the front end holds (``Held``), and an enqueue's send records; 7 the
-# locked frame's fields alike for a lock's messages once per frame (``_LOCK``), its named records five elements.
-MAGIC = b"SBW7"
+# locked frame's fields alike for a lock's messages once per frame (``_LOCK``), its named records five elements; 8 an
+# enqueue's send record in its item's array (``_SEND``).
+MAGIC = b"SBW8"
 LENGTH = 4  # bytes of a frame's length, which precedes it (big-endian)
 NONCE_BYTES = 32
 CHALLENGE_BYTES = len(MAGIC) + NONCE_BYTES  # worker -> front end

@@ -401,6 +401,11 @@ class WorkerConnection:
     def _health(self, _key: str) -> dict[str, str | None]:
         return self.host.health()
 
+    def _complete(self, key: str, slot: int, keys: list[int]) -> Future:
+        """The partition interface's ``complete``, its tokens as the wire reads them: their ints (``wire.Tokens``),
+        all a partition finds a lock by (``PartitionBroker.complete_keys``)."""
+        return self.host.get(key).complete_keys(slot, keys)
+
     def _lock_messages(self, key: str, slot: int, queue: int, max_count: int) -> wire.Records | wire.Locked:
         """The partition interface's ``lock_messages``, the locked messages made their wire records at once: the
         broker's copies of them would only be read into the records. They are lent (``PartitionBroker.
@@ -437,6 +442,7 @@ HANDLERS: dict[str, Handler] = {
     "health": WorkerConnection._health,
     "hurry": WorkerConnection._hurry,
     "lock_messages": WorkerConnection._lock_messages,  # a broker call, answered as records (no copy first)
+    "complete": WorkerConnection._complete,  # a broker call, its tokens read as ints (``wire.Tokens``)
 }
 
 
