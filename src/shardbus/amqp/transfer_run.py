@@ -75,6 +75,11 @@ def take_transfers(
     by_handle: dict[int, Any] = {}
     unsettled: dict[int, DeliveryRef] = {}
     limit = 0
+    tail_size = count = -1  # the last tail seen (its size, the list's count, its bytes) and its fields
+    tail = b""
+    fmt: Any = 0
+    settled = False
+    batchable: Any = False
     try:
         while n - pos >= 8:
             size, doff, ftype, ch = _HDR_unpack(buf, pos)
@@ -109,10 +114,14 @@ def take_transfers(
             p = s + buf[p + 1]  # the tag's end
             if p > start:
                 break
-            known = tails.get((buf[q + 5], bytes(view[p:start])))
-            if known is None:
-                break
-            fmt, settled, batchable = known
+            # The fields after the tag: a sender repeats the same few, so the last one's are compared in place (no
+            # slice, no key) before they are looked up.
+            if start - p != tail_size or buf[q + 5] != count or not buf.startswith(tail, p):
+                tail_size, count, tail = start - p, buf[q + 5], bytes(view[p:start])
+                known = tails.get((count, tail))
+                if known is None:
+                    break
+                fmt, settled, batchable = known
             if ch != channel:  # (a run changes no session's or link's state: what was checked stays true)
                 session = sessions.get(ch)
                 if session is None or session.state is not _MAPPED:
