@@ -6,8 +6,8 @@ The layered path takes each transfer frame through four steps, each with objects
 ``FrameReader.next_frame`` (a ``Frame`` tuple and the body copied out of the read buffer), ``decode_performative``
 (a ``Transfer``), ``Session.on_transfer`` (window and handle; the payload sliced out of the body again) and
 ``Link.on_transfer`` (credit and size bound; an 8-tuple back). A sender in its steady state (our client's window of
-100, the SDK's sends) sends nothing else, dozens of such frames per socket read, and those steps were a quarter of
-the event loop's work on a send (bench/amqp_instructions.py). ``take_transfers`` handles such a run in one loop:
+100, the SDK's sends) sends nothing else, dozens of such frames per socket read; taking them in one loop cut the
+broker's instructions per send by 8.5% (bench/amqp_instructions.py --path produce). ``take_transfers`` does it:
 the same checks, the same state changes in the same order and the same ``DeliveryReceived`` events, with the payload
 copied once, straight out of the read buffer, and no frame, performative or tuple made per frame.
 
