@@ -19,6 +19,13 @@ Input runs through phases:
   PLAIN), and queues every AMQP frame the application produces before the SASL outcome, releasing them right
   after the AMQP header: header, open, begin and attaches go out pipelined, as the Azure SDK does.
 
+In the AMQP phase each frame goes through the layers: the reader cuts it out, ``decode_performative`` decodes it,
+the session (``session.py``) and its link (``link.py``) take it. One shortcut, for the commonest input a server
+has: a run of plain single-frame transfers (a sender's steady state, dozens per read) is taken in one loop,
+``transfer_run.take_transfers``, with the same checks, state changes and events and without a frame, performative
+or tuple per transfer. It takes only frames whose outcome is plain and leaves every other frame, untouched, to the
+layers, so errors and unusual deliveries are decided in one place (see that module).
+
 The open/close handshake is tracked with four flags (``open_sent``, ``open_received``, ``close_sent``,
 ``close_received``) rather than the spec's 13 named states, which they encode exactly (e.g. OC_PIPE =
 open_sent and close_sent before anything was received). Sessions (``session.py``) and links (``link.py``) own
@@ -102,6 +109,7 @@ from .performatives import (
 from .performatives import SaslInit as SaslInitFrame
 from .performatives import SaslOutcome as SaslOutcomeFrame
 from .session import Session, SessionState
+from .transfer_run import take_transfers
 from .types import Symbol
 
 __all__ = ["Connection", "Role"]
@@ -234,6 +242,10 @@ class Connection:
     ``username``/``password``) or None for no SASL layer.
     """
 
+    transfer_runs = True
+    """Plain transfer frames go through ``transfer_run.take_transfers`` (False: all through the layered path,
+    which tests compare it with)."""
+
     def __init__(
         self,
         role: Role,
@@ -290,6 +302,7 @@ class Connection:
         self.open_received = False
         self.close_sent = False
         self.close_received = False
+        self._transfer_runs = False  # from the peer's open until its close (``_process``)
         self.sasl_done = False
         self.authenticated_as: SaslInit | None = None
         """Server side: the accepted ``SaslInit`` (mechanism and credentials)."""
@@ -908,6 +921,20 @@ class Connection:
                 if phase is _AMQP_PHASE:  # the steady state: a tight loop over the frames of this read
                     next_frame, on_frame = reader.next_frame, self._on_amqp_frame
                     while True:
+                        # A transfer next (its performative code at byte 10 of a frame without extended header) on
+                        # an open connection: the run of plain transfers from here goes through ``take_transfers``
+                        # (transfer_run.py), the first frame it leaves through the layered path below. (The
+                        # reader's buffer is read here directly: a call per frame would cost what the run saves.)
+                        buf, pos = reader._buf, reader._pos
+                        if len(buf) - pos > 16 and buf[pos + 10] == 0x14 and self._transfer_runs:
+                            reader._pos = take_transfers(
+                                buf,
+                                pos,
+                                reader.max_frame_size,
+                                self._remote_sessions,
+                                self.max_message_size,
+                                self._events,
+                            )
                         frame = next_frame()
                         if frame is None:
                             return
@@ -1070,6 +1097,7 @@ class Connection:
         if perf.max_frame_size < framing.MIN_MAX_FRAME_SIZE:
             raise ConnectionViolation(Condition.INVALID_FIELD, "max-frame-size below 512")
         self.open_received = True
+        self._transfer_runs = self.transfer_runs
         self._reader.max_frame_size = self.max_frame_size
         self.remote_open = perf
         self.remote_max_frame_size = min(perf.max_frame_size, 0xFFFFFFFF)
@@ -1079,6 +1107,7 @@ class Connection:
 
     def _on_close(self, perf: Close) -> None:
         self.close_received = True
+        self._transfer_runs = False  # nothing may follow close: the layered path discards it
         self.error = perf.error
         reply_needed = not self.close_sent
         if not reply_needed:

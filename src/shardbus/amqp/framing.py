@@ -89,7 +89,10 @@ _new_frame = tuple.__new__  # Frame(...) without the NamedTuple's Python-level _
 class FrameReader:
     """Incremental splitter over a growing buffer: ``feed`` bytes, then pull headers or frames.
 
-    ``max_frame_size`` bounds accepted frames; it can be changed at any time (e.g. after ``open``).
+    ``max_frame_size`` bounds accepted frames; it can be changed at any time (e.g. after ``open``). One reader
+    besides ``next_frame``: the connection hands ``_buf`` and ``_pos`` to ``transfer_run.take_transfers``, which
+    reads a run of transfer frames in place and moves ``_pos`` past them (never while a frame is gathered: ``_buf``
+    is empty then).
     """
 
     __slots__ = ("_buf", "_have", "_parts", "_pos", "_want", "max_frame_size")

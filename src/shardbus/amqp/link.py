@@ -22,7 +22,10 @@ chunks are dropped at once, the delivery is reported (``TOO_LARGE``) for the app
 frames that still follow for it are counted and discarded, so a peer never makes us hold more than the bound.
 
 The session (``session.py``) routes frames to links and owns handles and delivery ids; the connection
-(``connection.py``) owns the wire. Only this module changes a link's ``state``.
+(``connection.py``) owns the wire. Only this module changes a link's ``state``. A run of plain single-frame
+transfers (``transfer_run.py``: a sender's steady state, taken in one loop because the layers cost four or five
+calls and as many objects per frame) spends credit and records unsettled deliveries as ``on_transfer`` does for
+them; every other transfer comes here.
 """
 
 from __future__ import annotations

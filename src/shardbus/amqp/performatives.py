@@ -863,6 +863,10 @@ _UINT0 = codec._UINTS[0]
 # so once the generated decoder has read such a tail it is looked up instead of read again, as dispositions' are.
 # Only stateless tails are kept (a state is an object per transfer); bounded as ``_DISPOSITION_TAILS``.
 _TRANSFER_TAILS: dict[tuple[int, bytes], tuple[Any, ...]] = {}  # (count, tail) -> fields 3 to 10
+PLAIN_TRANSFER_TAILS: dict[tuple[int, bytes], tuple[Any, bool, Any]] = {}
+"""The tails of ``_TRANSFER_TAILS`` whose transfer is plain (no more, aborted, resume, state or rcv-settle-mode):
+(count, tail) -> (message format or 0, settled, batchable), as ``Link.on_transfer`` reads them. Filled and
+cleared with ``_TRANSFER_TAILS``; ``transfer_run`` takes only transfers whose tail is here."""
 _decode_transfer = _FAST_DECODERS[Transfer.CODE]
 
 
@@ -913,7 +917,11 @@ def _fast_transfer(b: bytes) -> tuple[Any, int] | None:
                     if done is not None and done[0].state is None:
                         if len(_TRANSFER_TAILS) >= 64:
                             _TRANSFER_TAILS.clear()
+                            PLAIN_TRANSFER_TAILS.clear()
                         t = done[0]
+                        if not (t.more or t.aborted or t.resume) and t.rcv_settle_mode is None:
+                            fields = (t.message_format or 0, t.settled is True, t.batchable)
+                            PLAIN_TRANSFER_TAILS[b[5], b[p:end]] = fields
                         _TRANSFER_TAILS[b[5], b[p:end]] = (
                             t.message_format,
                             t.settled,

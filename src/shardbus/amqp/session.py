@@ -19,7 +19,10 @@ we send, ``next_incoming_id``/``incoming_window`` what we accept. When our incom
 its configured size the session refreshes it with a ``flow`` automatically (``auto_flow``), so the application
 only deals with link credit. Delivery ids (per session, per direction) and the unsettled maps also live here.
 
-Frames arrive through ``on_frame``/``on_transfer`` and ``on_begin``/``on_end`` (called by the connection);
+Frames arrive through ``on_frame``/``on_transfer`` and ``on_begin``/``on_end`` (called by the connection),
+except plain single-frame transfers in a run, which ``transfer_run.take_transfers`` takes in one loop (a sender's
+steady state, where the layers cost four or five calls and as many objects per frame): it makes
+the same changes to the window, the ids and the unsettled map as ``on_transfer``, which takes every other transfer;
 application actions come through the ``Connection`` methods, which call the ``local_*`` methods here and put the
 returned performatives on the wire. Those methods, without a leading underscore but not for the application, are
 the engine's internal interface between connection, session and link (each typed; the rest stays private here).
