@@ -9,8 +9,8 @@ import socket
 import struct
 
 import pytest
+from raw_amqp import AMQP_HEADER, SASL_HEADER, frame, performatives
 
-from shardbus.amqp.framing import FrameReader
 from shardbus.amqp.performatives import (
     Attach,
     Begin,
@@ -22,17 +22,8 @@ from shardbus.amqp.performatives import (
     Source,
     Target,
     Transfer,
-    decode_performative,
 )
 from shardbus.amqp.types import Symbol
-
-AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
-
-
-def _frame(perf, channel: int = 0, payload: bytes = b"", frame_type: int = 0) -> bytes:
-    body = perf.encode() + payload
-    return struct.pack(">IBBH", 8 + len(body), 2, frame_type, channel) + body
 
 
 def _handshake() -> bytes:
@@ -40,28 +31,12 @@ def _handshake() -> bytes:
     return b"".join(
         [
             SASL_HEADER,
-            _frame(SaslInit(mechanism=Symbol("PLAIN"), initial_response=plain, hostname="localhost"), frame_type=1),
+            frame(SaslInit(mechanism=Symbol("PLAIN"), initial_response=plain, hostname="localhost"), frame_type=1),
             AMQP_HEADER,
-            _frame(Open(container_id="bad-peer", hostname="localhost")),
-            _frame(Begin(next_outgoing_id=0, incoming_window=100, outgoing_window=100)),
+            frame(Open(container_id="bad-peer", hostname="localhost")),
+            frame(Begin(next_outgoing_id=0, incoming_window=100, outgoing_window=100)),
         ]
     )
-
-
-def _performatives(data: bytes) -> list:
-    reader = FrameReader()
-    reader.feed(data)
-    perfs = []
-    while reader.buffered:
-        if reader.peek(4) == b"AMQP":
-            reader.read_protocol_header()
-            continue
-        frame = reader.next_frame()
-        if frame is None:
-            break
-        if frame.body:
-            perfs.append(decode_performative(frame.body)[0])
-    return perfs
 
 
 def _answers(port: int, data: bytes | tuple[bytes, bytes], close_after: bool = False) -> list:
@@ -70,17 +45,17 @@ def _answers(port: int, data: bytes | tuple[bytes, bytes], close_after: bool = F
     out = bytearray()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(_handshake())
-        while not any(isinstance(p, Begin) for p in _performatives(bytes(out))):
+        while not any(isinstance(p, Begin) for p in performatives(bytes(out))):
             chunk = sock.recv(65536)
             assert chunk, "the broker closed during the handshake"
             out += chunk
         if isinstance(data, tuple):  # (a prelude whose answer we wait for, the violation)
             prelude, data = data
-            answered = len(_performatives(bytes(out)))
+            answered = len(performatives(bytes(out)))
             sock.sendall(prelude)
-            while len(_performatives(bytes(out))) <= answered:
+            while len(performatives(bytes(out))) <= answered:
                 out += sock.recv(65536)
-        seen = len(_performatives(bytes(out)))
+        seen = len(performatives(bytes(out)))
         sock.sendall(data)
         if close_after:
             sock.settimeout(0.5)
@@ -89,27 +64,27 @@ def _answers(port: int, data: bytes | tuple[bytes, bytes], close_after: bool = F
                 out += chunk
         except TimeoutError:
             assert close_after, "the broker did not close the connection"
-    return _performatives(bytes(out))[seen:]
+    return performatives(bytes(out))[seen:]
 
 
 CASES = {
     # connection-scoped: close with the condition
-    "open twice": (_frame(Open(container_id="again")), Close, "amqp:illegal-state"),
+    "open twice": (frame(Open(container_id="again")), Close, "amqp:illegal-state"),
     "frame type 7": (struct.pack(">IBBH", 9, 2, 7, 0) + b"\x00", Close, "amqp:connection:framing-error"),
     "not a performative": (struct.pack(">IBBH", 12, 2, 0, 0) + b"\xa1\x02hi", Close, "amqp:decode-error"),
     "doff below 2": (struct.pack(">IBBH", 12, 1, 0, 0) + b"\x00\x00\x00\x00", Close, "amqp:connection:framing-error"),
-    "begin on a used channel": (_frame(Begin(incoming_window=1, outgoing_window=1)), Close, "amqp:illegal-state"),
-    "end on an unused channel": (_frame(End(), channel=9), Close, "amqp:not-found"),
+    "begin on a used channel": (frame(Begin(incoming_window=1, outgoing_window=1)), Close, "amqp:illegal-state"),
+    "end on an unused channel": (frame(End(), channel=9), Close, "amqp:not-found"),
     # session-scoped: end with the condition
     "transfer on no link": (
-        _frame(Transfer(handle=5, delivery_id=0, delivery_tag=b"t"), payload=b"\x00Su\xa0\x01x"),
+        frame(Transfer(handle=5, delivery_id=0, delivery_tag=b"t"), payload=b"\x00Su\xa0\x01x"),
         End,
         "amqp:session:unattached-handle",
     ),
     # link-scoped: detach with the condition
     "first transfer without id": (
         (
-            _frame(
+            frame(
                 Attach(
                     name="s",
                     handle=0,
@@ -119,7 +94,7 @@ CASES = {
                     initial_delivery_count=0,
                 )
             ),
-            _frame(Transfer(handle=0), payload=b"\x00Su\xa0\x01x"),
+            frame(Transfer(handle=0), payload=b"\x00Su\xa0\x01x"),
         ),
         Detach,
         "amqp:invalid-field",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
-import struct
 import time
 from typing import Any
 
@@ -17,9 +16,9 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import MessageSizeExceededError
+from raw_amqp import AMQP_HEADER, SASL_HEADER, frame, performatives
 
 from shardbus.amqp.connection import Connection
-from shardbus.amqp.framing import FrameReader
 from shardbus.amqp.message import AmqpMessage, Properties
 from shardbus.amqp.performatives import (
     Accepted,
@@ -35,19 +34,11 @@ from shardbus.amqp.performatives import (
     Source,
     Target,
     Transfer,
-    decode_performative,
 )
 from shardbus.amqp.types import Symbol
 
-AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 KB = 1024
 _names = itertools.count()
-
-
-def _frame(perf: Any, payload: bytes = b"", channel: int = 0, frame_type: int = 0) -> bytes:
-    body = perf.encode() + payload
-    return struct.pack(">IBBH", 8 + len(body), 2, frame_type, channel) + body
 
 
 def _message(i: int, size: int = 1 * KB) -> bytes:
@@ -57,23 +48,7 @@ def _message(i: int, size: int = 1 * KB) -> bytes:
 def _plain(did: int, settled: bool = False, size: int = 1 * KB) -> bytes:
     # our client's first transfer: message format and settled after the tag, nothing else
     t = Transfer(handle=0, delivery_id=did, delivery_tag=b"t%d" % did, message_format=0, settled=settled)
-    return _frame(t, _message(did, size))
-
-
-def _performatives(data: bytes) -> list[Any]:
-    reader = FrameReader()
-    reader.feed(data)
-    perfs = []
-    while reader.buffered:
-        if reader.peek(4) == b"AMQP":
-            reader.read_protocol_header()
-            continue
-        frame = reader.next_frame()
-        if frame is None:
-            break
-        if frame.body:
-            perfs.append(decode_performative(frame.body)[0])
-    return perfs
+    return frame(t, _message(did, size))
 
 
 def _exchange(port: int, address: str, data: bytes, expect: int) -> list[Any]:
@@ -84,26 +59,26 @@ def _exchange(port: int, address: str, data: bytes, expect: int) -> list[Any]:
     hello = b"".join(
         [
             SASL_HEADER,
-            _frame(SaslInit(mechanism=Symbol("PLAIN"), initial_response=plain, hostname="localhost"), frame_type=1),
+            frame(SaslInit(mechanism=Symbol("PLAIN"), initial_response=plain, hostname="localhost"), frame_type=1),
             AMQP_HEADER,
-            _frame(Open(container_id="raw", hostname="localhost")),
-            _frame(Begin(next_outgoing_id=0, incoming_window=1000, outgoing_window=1000)),
-            _frame(attach),
+            frame(Open(container_id="raw", hostname="localhost")),
+            frame(Begin(next_outgoing_id=0, incoming_window=1000, outgoing_window=1000)),
+            frame(attach),
         ]
     )
     out = bytearray()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(hello)
-        while not any(isinstance(p, Flow) for p in _performatives(bytes(out))):
+        while not any(isinstance(p, Flow) for p in performatives(bytes(out))):
             chunk = sock.recv(65536)
             assert chunk, "the broker closed during the handshake"
             out += chunk
-        seen = len(_performatives(bytes(out)))
+        seen = len(performatives(bytes(out)))
         sock.sendall(data)
         deadline = time.monotonic() + 5
         sock.settimeout(0.2)
         while time.monotonic() < deadline:
-            answers = _performatives(bytes(out))[seen:]
+            answers = performatives(bytes(out))[seen:]
             if len(_settled(answers)) >= expect or any(isinstance(p, End | Close) for p in answers):
                 break
             try:
@@ -113,7 +88,7 @@ def _exchange(port: int, address: str, data: bytes, expect: int) -> list[Any]:
             if not chunk:
                 break
             out += chunk
-    return _performatives(bytes(out))[seen:]
+    return performatives(bytes(out))[seen:]
 
 
 def _settled(answers: list[Any]) -> dict[int, str]:
@@ -156,16 +131,16 @@ def _multi(did: int) -> bytes:
     m = _message(did, 3 * KB)
     return b"".join(
         [
-            _frame(Transfer(handle=0, delivery_id=did, delivery_tag=b"m", message_format=0, more=True), m[:1000]),
-            _frame(Transfer(handle=0, more=True), m[1000:2000]),
-            _frame(Transfer(handle=0), m[2000:]),
+            frame(Transfer(handle=0, delivery_id=did, delivery_tag=b"m", message_format=0, more=True), m[:1000]),
+            frame(Transfer(handle=0, more=True), m[1000:2000]),
+            frame(Transfer(handle=0), m[2000:]),
         ]
     )
 
 
 def _aborted(did: int) -> bytes:
     m = _message(did)
-    return _frame(Transfer(handle=0, delivery_id=did, delivery_tag=b"a", more=True), m[:500]) + _frame(
+    return frame(Transfer(handle=0, delivery_id=did, delivery_tag=b"a", more=True), m[:500]) + frame(
         Transfer(handle=0, aborted=True)
     )
 
@@ -176,7 +151,7 @@ SCENARIOS = {  # the bytes, and how many deliveries the broker settles
     "settled deliveries in a run": (_run(0, 10) + _plain(10, True) + _run(11, 5) + _plain(16, True) + _run(17, 3), 18),
     "a delivery with a state in a run": (
         _run(0, 10)
-        + _frame(Transfer(handle=0, delivery_id=10, delivery_tag=b"s", state=Accepted()), _message(10))
+        + frame(Transfer(handle=0, delivery_id=10, delivery_tag=b"s", state=Accepted()), _message(10))
         + _run(11, 10),
         21,
     ),
@@ -184,7 +159,7 @@ SCENARIOS = {  # the bytes, and how many deliveries the broker settles
     "a delivery too large in a run": (_run(0, 10) + _plain(10, size=300 * KB) + _run(11, 10), 21),
     "a handle never attached in a run": (
         _run(0, 10)
-        + _frame(Transfer(handle=9, delivery_id=10, delivery_tag=b"x", message_format=0, settled=False), _message(10))
+        + frame(Transfer(handle=9, delivery_id=10, delivery_tag=b"x", message_format=0, settled=False), _message(10))
         + _run(11, 10),
         10,
     ),
