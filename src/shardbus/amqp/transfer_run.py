@@ -34,6 +34,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from . import codec, framing
 from .codec import UInt
 from .events import DeliveryReceived, DeliveryRef, Event
 from .link import LinkState
@@ -43,9 +44,9 @@ from .session import Session, SessionState
 __all__ = ["take_transfers"]
 
 _MASK = 0xFFFFFFFF
-_HDR_unpack = struct.Struct(">IBBH").unpack_from  # the frame header, as framing reads it
-_uint_at = struct.Struct(">I").unpack_from
-_UINTS = tuple(UInt(i) for i in range(256))  # delivery ids as the decoder gives them (``UInt``)
+_HDR_unpack = framing._HDR_unpack  # the frame header, as the reader reads it
+_uint_at = codec._I
+_UINTS = codec._UINTS  # small delivery ids, the very ``UInt`` objects the decoder gives
 _int_new = int.__new__
 _new_ref = tuple.__new__  # DeliveryRef(...) without the NamedTuple's Python-level __new__
 _new_event = object.__new__
