@@ -282,6 +282,16 @@ _UUID = b"\x98" + bytes(range(16))
         b"\x00\x53\x73\xc0\x04\x01\xa1\x02id\x00\x53\x77\xa1\x01v",  # a value body
         b"\x00\x53\x73\xc0\x04\x01\xa1\x02id",  # no body
         b"\x00\x53\x73\xc0\x04\x01\xa1\x03id\x00\x53\x75\xa0\x00",  # an id past its list
+        # its bodies read eight bytes at a time: short ones (fewer than 8 bytes after the properties), long ones
+        *[b"\x00\x53\x73\xc0\x04\x01\xa1\x02id\x00\x53\x75\xa0" + bytes((k,)) + b"x" * k for k in (0, 1, 2, 3, 4, 255)],
+        *[
+            b"\x00\x53\x73\xc0\x04\x01\xa1\x02id\x00\x53\x75\xb0" + k.to_bytes(4, "big") + b"y" * k
+            for k in (0, 1, 1024)
+        ],
+        b"\x00\x53\x73\xc0\x03\x01\xa1\x00\x00\x53\x75\xa0\x00",  # an empty id and body: 13 bytes in all
+        b"\x00\x53\x73\xc0\x04\x01\xa1\x02id\x00\x53\x75\xa0\x03xy",  # a vbin8 body cut short
+        b"\x00\x53\x73\xc0\x04\x01\xa1\x02id\x00\x53\x75\xb1\x00\x00\x00\x00",  # not a binary constructor
+        b"\x00\x53\x75\xa0\x00",  # a body alone, shorter than 8 bytes
     ],
 )
 def test_plain_properties_give_the_general_paths_values_types_and_errors(payload: bytes) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from . import codec, framing
+from . import codec
 from .codec import UInt
 from .events import DeliveryReceived, DeliveryRef, Event
 from .link import LinkState
@@ -44,7 +44,10 @@ from .session import Session, SessionState
 __all__ = ["take_transfers"]
 
 _MASK = 0xFFFFFFFF
-_HDR_unpack = framing._HDR_unpack  # the frame header, as the reader reads it
+# The frame header (as ``framing._HDR``), then the performative's descriptor (0x00 0x53 code), list8 constructor,
+# size and count, the first field's constructor and the byte after it
+_HEAD_unpack = struct.Struct(">IBBHBBBBBBBB").unpack_from
+_B4_unpack = struct.Struct(">BBBB").unpack_from
 _uint_at = codec._I
 _UINTS = codec._UINTS  # small delivery ids, the very ``UInt`` objects the decoder gives
 _int_new = int.__new__
@@ -83,42 +86,43 @@ def take_transfers(
     batchable: Any = False
     try:
         while n - pos >= 8:
-            size, doff, ftype, ch = _HDR_unpack(buf, pos)
+            # The frame header and the performative's first bytes in one unpack (an index into the buffer costs
+            # about as much as this whole call); a read that ends sooner raises struct.error: not plain.
+            size, doff, ftype, ch, d0, d1, code, ctor, lsize, fields, c, h = _HEAD_unpack(buf, pos)
             end = pos + size
             if doff != 2 or ftype or size > max_frame_size or end > n or size < 17:
                 break
-            q = pos + 8  # the performative
-            if buf[q + 2] != 0x14 or buf[q + 3] != 0xC0 or buf[q] or buf[q + 1] != 0x53:
+            if code != 0x14 or ctor != 0xC0 or d0 or d1 != 0x53:  # the performative: a transfer as a list8
                 break
-            start = q + 5 + buf[q + 4]  # the list's end: the payload's start
+            start = pos + 13 + lsize  # the list's end: the payload's start
             if start > end:
                 break
-            c = buf[q + 6]
-            if c == 0x52:
-                h, p = buf[q + 7], q + 8
+            if c == 0x52:  # the handle (``h``: its value)
+                p = pos + 16
             elif c == 0x43:
-                h, p = 0, q + 7
+                h, p = 0, pos + 15
             else:
                 break
-            c = buf[p]
+            c, b1, b2, b3 = _B4_unpack(buf, p)  # the delivery id's constructor, then what follows it
             if c == 0x52:
-                did, p = _UINTS[buf[p + 1]], p + 2
+                did, c, t, s = _UINTS[b1], b2, b3, p + 4
+            elif c == 0x43:
+                did, c, t, s = _UINTS[0], b1, b2, p + 3
             elif c == 0x70:
                 did, p = _int_new(UInt, _uint_at(buf, p + 1)[0]), p + 5
-            elif c == 0x43:
-                did, p = _UINTS[0], p + 1
+                c, t = buf[p], buf[p + 1]
+                s = p + 2
             else:
                 break
-            if buf[p] != 0xA0:
+            if c != 0xA0:  # the tag: a vbin8 of ``t`` bytes from ``s``
                 break
-            s = p + 2
-            p = s + buf[p + 1]  # the tag's end
+            p = s + t  # the tag's end
             if p > start:
                 break
             # The fields after the tag: a sender repeats the same few, so the last one's are compared in place (no
             # slice, no key) before they are looked up.
-            if start - p != tail_size or buf[q + 5] != count or not buf.startswith(tail, p):
-                tail_size, count, tail = start - p, buf[q + 5], bytes(view[p:start])
+            if start - p != tail_size or fields != count or not buf.startswith(tail, p):
+                tail_size, count, tail = start - p, fields, bytes(view[p:start])
                 known = tails.get((count, tail))
                 if known is None:
                     break
