@@ -31,6 +31,7 @@ the engine's internal interface between connection, session and link (each typed
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import Condition, ConnectionViolation, LocalProtocolError, SessionViolation
@@ -86,6 +87,14 @@ class SessionState(enum.Enum):
 _MAPPED = SessionState.MAPPED
 _END_SENT = SessionState.END_SENT
 _END_RCVD = SessionState.END_RCVD
+
+
+def _ids(first: int, last: int, count: int) -> Iterable[int]:
+    """The delivery ids ``first`` .. ``last`` (``count`` = ``(last - first) & _MASK``), wrapped as serial numbers: a
+    range's ints as they are (one object each, where ``(first + i) & _MASK`` made two) unless the range wraps."""
+    if first <= last:
+        return range(first, last + 1)
+    return [(first + i) & _MASK for i in range(count + 1)]
 
 
 class Session:
@@ -321,14 +330,14 @@ class Session:
         if count < len(mine):
             if pop:  # a range we settle: each delivery is forgotten as it is found
                 take = mine.pop
-                for i in range(count + 1):
-                    ref = take((first + i) & _MASK, None)
+                for did in _ids(first, last, count):
+                    ref = take(did, None)
                     if ref is not None:
                         out.append(ref)
                         ref.link.unsettled.pop(ref.delivery_tag, None)
                 return out
-            for i in range(count + 1):
-                ref = mine.get((first + i) & _MASK)
+            for did in _ids(first, last, count):
+                ref = mine.get(did)
                 if ref is not None:
                     out.append(ref)
         else:

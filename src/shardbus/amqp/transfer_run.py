@@ -48,7 +48,7 @@ _MASK = 0xFFFFFFFF
 # size and count, the first field's constructor and the byte after it
 _HEAD_unpack = struct.Struct(">IBBHBBBBBBBB").unpack_from
 _B4_unpack = struct.Struct(">BBBB").unpack_from
-_uint_at = codec._I
+_UINT_TAG_unpack = struct.Struct(">BIBB").unpack_from  # a uint delivery id's constructor and value, the tag's head
 _UINTS = codec._UINTS  # small delivery ids, the very ``UInt`` objects the decoder gives
 _int_new = int.__new__
 _new_ref = tuple.__new__  # DeliveryRef(...) without the NamedTuple's Python-level __new__
@@ -85,44 +85,50 @@ def take_transfers(
     settled = False
     batchable: Any = False
     try:
-        while n - pos >= 8:
+        # Offsets inside a frame are kept relative to its start (small ints, which Python does not allocate): an
+        # absolute position in a read of dozens of frames is a new int object at every addition.
+        last = n - 8  # a frame header fits while ``pos <= last``
+        while pos <= last:
             # The frame header and the performative's first bytes in one unpack (an index into the buffer costs
             # about as much as this whole call); a read that ends sooner raises struct.error: not plain.
             size, doff, ftype, ch, d0, d1, code, ctor, lsize, fields, c, h = _HEAD_unpack(buf, pos)
+            if doff != 2 or ftype or size > max_frame_size or size < 17:
+                break
             end = pos + size
-            if doff != 2 or ftype or size > max_frame_size or end > n or size < 17:
+            if end > n:
                 break
             if code != 0x14 or ctor != 0xC0 or d0 or d1 != 0x53:  # the performative: a transfer as a list8
                 break
-            start = pos + 13 + lsize  # the list's end: the payload's start
-            if start > end:
+            head = 13 + lsize  # the list's end: the payload's offset
+            if head > size:
                 break
-            if c == 0x52:  # the handle (``h``: its value)
-                p = pos + 16
+            if c == 0x52:  # the handle (``h``: its value), then the delivery id at offset ``r``
+                r = 16
             elif c == 0x43:
-                h, p = 0, pos + 15
+                h, r = 0, 15
             else:
                 break
-            c, b1, b2, b3 = _B4_unpack(buf, p)  # the delivery id's constructor, then what follows it
+            c, b1, b2, b3 = _B4_unpack(buf, pos + r)  # the delivery id's constructor, then what follows it
             if c == 0x52:
-                did, c, t, s = _UINTS[b1], b2, b3, p + 4
+                did, c, t, r = _UINTS[b1], b2, b3, r + 4
             elif c == 0x43:
-                did, c, t, s = _UINTS[0], b1, b2, p + 3
-            elif c == 0x70:
-                did, p = _int_new(UInt, _uint_at(buf, p + 1)[0]), p + 5
-                c, t = buf[p], buf[p + 1]
-                s = p + 2
+                did, c, t, r = _UINTS[0], b1, b2, r + 3
+            elif c == 0x70:  # a uint (any id past 255): read again with its value and the tag's head
+                _, value, c, t = _UINT_TAG_unpack(buf, pos + r)
+                did, r = _int_new(UInt, value), r + 7
             else:
                 break
-            if c != 0xA0:  # the tag: a vbin8 of ``t`` bytes from ``s``
+            if c != 0xA0:  # the tag: a vbin8 of ``t`` bytes at offset ``r``
                 break
+            rest = head - r - t  # the fields after the tag (their size)
+            if rest < 0:
+                break
+            s = pos + r
             p = s + t  # the tag's end
-            if p > start:
-                break
             # The fields after the tag: a sender repeats the same few, so the last one's are compared in place (no
             # slice, no key) before they are looked up.
-            if start - p != tail_size or fields != count or not buf.startswith(tail, p):
-                tail_size, count, tail = start - p, fields, bytes(view[p:start])
+            if rest != tail_size or fields != count or not buf.startswith(tail, p):
+                tail_size, count, tail = rest, fields, bytes(view[p : pos + head])
                 known = tails.get((count, tail))
                 if known is None:
                     break
@@ -145,22 +151,26 @@ def take_transfers(
                 own = link.max_message_size
                 if own and own < limit:
                     limit = own
-            if end - start > limit:
+            length = size - head  # the payload's
+            if length > limit:
                 break
             if link.format_limits is not None:
                 own = link.format_limits.get(fmt)
-                if own is not None and end - start > own:
+                if own is not None and length > own:
                     break
-            # Plain: what Session.on_transfer and Link.on_transfer do with it, in their order.
+            # Plain: what Session.on_transfer and Link.on_transfer do with it, in their order. A serial number's
+            # ``(x + 1) & _MASK`` as ``x + 1``, wrapped only past the mask: one int made, not two.
             session.incoming_window = window
             next_id = session.next_incoming_id
             if next_id is not None:
-                session.next_incoming_id = (next_id + 1) & _MASK
+                next_id += 1
+                session.next_incoming_id = next_id if next_id <= _MASK else next_id & _MASK
             session.remote_outgoing_window -= 1
             if session.auto_flow and window * 2 < session.configured_incoming_window:
                 session.incoming_window = session.configured_incoming_window
                 session.connection.send_for_session(session, session.make_flow())
-            link.delivery_count = (link.delivery_count + 1) & _MASK
+            sent = link.delivery_count + 1
+            link.delivery_count = sent if sent <= _MASK else sent & _MASK
             if link.link_credit > 0:
                 link.link_credit -= 1
             tag = bytes(view[s:p])
@@ -173,7 +183,7 @@ def take_transfers(
             e.delivery_tag = tag
             e.settled = settled
             e.message_format = fmt
-            e.payload = bytes(view[start:end])
+            e.payload = bytes(view[pos + head : end])
             e.state = None
             e.batchable = batchable
             events.append(e)
