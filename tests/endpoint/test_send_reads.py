@@ -14,6 +14,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from shardbus.amqp.message import BATCH_MESSAGE_FORMAT, AmqpMessage, Properties, build_batch
 from shardbus.amqp.performatives import Accepted, Rejected
 from shardbus.amqp.types import Symbol
+from shardbus.model.message import BodyType as ModelBody
 from shardbus.model.routing import decode_sequence_number, partition_for_key
 
 KB = 1024
@@ -166,3 +167,23 @@ def test_sends_to_two_queues_interleaved_in_one_read_are_each_stored_in_order(ro
         for m in stored:  # a read's keyless sends share a partition; each partition keeps the order they came in
             by_partition.setdefault(decode_sequence_number(m.sequence_number)[0], []).append(int(m.body[1:]))
         assert all(numbers == sorted(numbers) for numbers in by_partition.values())
+
+
+def test_a_run_of_sends_with_messages_the_plain_decoder_leaves_keeps_each_outcome_in_order(root_client, ns, queue):
+    """``SendLinks._on_sends`` takes a read's run of sends in one loop and hands what the plain decoder leaves (a
+    malformed message, a value body, a batch) to ``_on_send``: each keeps its own outcome, the rest of the run goes
+    on, and what was stored is stored in the order it came."""
+    name = queue()
+    value = AmqpMessage.with_value("a value", properties=Properties(message_id="v")).encode()
+    malformed = b"\x00\x53\x75\xb0\x00\x00\x00\x09ab"  # a data section shorter than its length
+    batch = build_batch([AmqpMessage.with_data(b"in batch").encode()])
+    sends = [(_message(b"p0"), 0), (malformed, 0), (_message(b"p1"), 0), (value, 0), (batch, BATCH_MESSAGE_FORMAT)]
+    sends += [(_message(b"p2"), 0), (malformed, 0), (_message(b"p3"), 0)]
+    outcomes = asyncio.run(_send_together(root_client, name, sends))
+    refused = [i for i, o in enumerate(outcomes) if isinstance(o, Rejected)]
+    assert refused == [1, 6]
+    assert all(outcomes[i].error.condition == Symbol("amqp:decode-error") for i in refused)
+    assert all(isinstance(o, Accepted) for i, o in enumerate(outcomes) if i not in refused)
+    stored = list(ns.browse(name))
+    assert [m.body_type == ModelBody.DATA for m in stored] == [True, True, False, True, True, True]  # p1, the value
+    assert [m.body for m in stored if m.body_type == ModelBody.DATA] == [b"p0", b"p1", b"in batch", b"p2", b"p3"]

@@ -119,8 +119,8 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         self._mgmt_out: dict[tuple[Any, str], Any] = {}  # (session, node) -> our sending management link
         self._mgmt_receivers: dict[tuple[int, int], Receiver] = {}
         self._sessions: dict[tuple[int, str], SessionReceiver] = {}  # held sessions, for $management calls
-        # a read's sends by entity (``id``), in arrival order: (entity, events, their messages)
-        self._pending_sends: dict[int, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
+        # a read's sends by entity, in arrival order: (entity, events, their messages)
+        self._pending_sends: dict[Any, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
         self._sends_read_at = (0.0, 0.0)  # (``stalltrace.SENDS``) when the read came and its first send was decoded
         self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
         # accepted echoes of remote partitions' verdicts, by session, sent once a ``_later`` batch has run
@@ -144,23 +144,19 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         completed before any other kind of event. One shortcut: a send on a client's sender link (a
         ``DeliveryReceived`` without a state, no settlements waiting) goes straight to ``_on_send``, with
         ``_on_delivery``'s credit top-up. A read of a sender's window is a run of them, and the general dispatch
-        cost two Python calls per message."""
+        cost two Python calls per message; ``_on_sends`` takes the run of sends that follows in one loop."""
         self.protocol = protocol
         senders = self._senders
         e: Any
-        for e in events:
+        i = 0
+        n = len(events)
+        while i < n:
+            e = events[i]
             cls = e.__class__
-            if cls is _DELIVERY_RECEIVED and e.state is None and not self._pending_completes:
-                link = e.link
-                entity = senders.get(link)
-                if entity is not None:
-                    if link.link_credit < _SENDER_CREDIT_LOW:
-                        self.amqp.flow(link, link_credit=SENDER_CREDIT)
-                    try:
-                        self._on_send(e, entity)
-                    except ShardbusError as exc:  # a refusal already answered on the wire, as below
-                        log.info("refused: %s", exc, extra=self._context(link))
-                    continue
+            if cls is _DELIVERY_RECEIVED and e.state is None and not self._pending_completes and e.link in senders:
+                i = self._on_sends(events, i)  # this send and those after it, up to the first other event
+                continue
+            i += 1
             handler = _HANDLERS.get(cls)
             if handler is None:
                 continue

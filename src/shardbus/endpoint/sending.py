@@ -22,10 +22,13 @@ from ..amqp.performatives import Error, Rejected
 from ..amqp.types import Symbol
 from ..entity.entity import QueueEntity, TopicEntity
 from ..metrics import SEND_SECONDS
+from ..model.errors import ShardbusError
+from ..model.message import Message
 from .links import _ACCEPTED, _SENDER_CREDIT_LOW, SENDER_CREDIT, _error, log
 from .mapping import _decode_plain, decode_batch_to_messages, decode_to_message
 
 MESSAGE_SIZE_EXCEEDED = Symbol("amqp:link:message-size-exceeded")
+_DELIVERY_RECEIVED = ev.DeliveryReceived
 
 
 def _observe_repeated(histogram: Any, value: float, count: int) -> None:
@@ -69,11 +72,56 @@ class SendLinks:
             # and its first send decoded: the group's "arrived" and "read" in its trace line
             self._sends_read_at = (getattr(self.amqp, "_last_received", 0.0), time.monotonic())
         # stored in ``events_done``, grouped by entity as they come (no tuple per send, no regrouping there)
-        group = self._pending_sends.get(id(entity))
+        group = self._pending_sends.get(entity)  # (entities hash by identity)
         if group is None:
-            group = self._pending_sends[id(entity)] = (entity, [], [])
+            group = self._pending_sends[entity] = (entity, [], [])
         group[1].append(e)
         group[2].append(messages)
+
+    def _on_sends(self, events: list[ev.Event] | tuple[ev.Event, ...], i: int) -> int:
+        """``handle_events``' shortcut for a run of sends: from ``events[i]`` on, each ``DeliveryReceived`` without a
+        state on a client's sender link gets ``_on_delivery``'s credit top-up and ``_on_send``'s work, in one loop
+        (the plain message decoded here, anything else through ``_on_send`` itself); returns where the run ends. A
+        read of a sender's window is a run, and a call per send and the group's look-up per send were a tenth of
+        its Python work. The caller checks that no settlements wait (sends add none)."""
+        senders = self._senders
+        pending = self._pending_sends
+        entity: Any = None  # the entity of the last send, and its group's lists
+        group_events: list[ev.DeliveryReceived] = []
+        group_messages: list[list[Message]] = []
+        kind, low, batch, decode = _DELIVERY_RECEIVED, _SENDER_CREDIT_LOW, BATCH_MESSAGE_FORMAT, _decode_plain
+        traced = stalltrace.SENDS
+        n = len(events)
+        while i < n:
+            e: Any = events[i]
+            if e.__class__ is not kind or e.state is not None:
+                break
+            link = e.link
+            target = senders.get(link)
+            if target is None:
+                break
+            i += 1
+            if link.link_credit < low:
+                self.amqp.flow(link, link_credit=SENDER_CREDIT)
+            payload = e.payload
+            m = decode(payload) if payload.__class__ is bytes and e.message_format != batch else None
+            if m is None:  # a batch, or a message the general decoder takes (with its errors)
+                try:
+                    self._on_send(e, target)
+                except ShardbusError as exc:  # a refusal already answered on the wire (as ``handle_events``)
+                    log.info("refused: %s", exc, extra=self._context(link))
+                continue
+            e.payload = b""  # (see ``_on_send``)
+            if traced and not pending:
+                self._sends_read_at = (getattr(self.amqp, "_last_received", 0.0), time.monotonic())
+            if target is not entity:
+                group = pending.get(target)
+                if group is None:
+                    group = pending[target] = (target, [], [])
+                entity, group_events, group_messages = target, group[1], group[2]
+            group_events.append(e)
+            group_messages.append([m])
+        return i
 
     def _flush_sends(self) -> None:
         """Hand all pending sends to the core at once: one store operation per partition, one callback each."""
@@ -113,7 +161,7 @@ class SendLinks:
         for e in events:
             if e.settled:
                 continue
-            if e.link is link and e.delivery_id == last + 1:
+            if e.link is link and e.delivery_id - last == 1:  # (a difference of 1 is a cached int; ``last + 1`` is not)
                 last = e.delivery_id  # the run goes on
                 continue
             if link is not None:
