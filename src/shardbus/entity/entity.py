@@ -75,16 +75,16 @@ def _keyless_items(batches: list[list[Message]]) -> list[Any] | None:
     ``submit_many``'s loop makes them one by one; None as soon as one batch is anything else."""
     flat = []
     append = flat.append
-    for messages in batches:
-        if len(messages) != 1:
-            return None
-        m = messages[0]
-        if m.session_id is not None or m.partition_key is not None or m.transfer_id is not None:
-            return None  # (a forwarded copy is keyed by its transfer id: model/routing.py)
-        dedup_id = m.message_id
-        if dedup_id is not None and type(dedup_id) is not str:
-            dedup_id = str(dedup_id)
-        append((dedup_id, [(QUEUE_SLOT, m)]))
+    try:
+        for (m,) in batches:  # (a batch of any other length raises ValueError: not this shape)
+            if m.session_id is not None or m.partition_key is not None or m.transfer_id is not None:
+                return None  # (a forwarded copy is keyed by its transfer id: model/routing.py)
+            dedup_id = m.message_id
+            if dedup_id.__class__ is not str and dedup_id is not None:
+                dedup_id = str(dedup_id)
+            append((dedup_id, [(QUEUE_SLOT, m)]))
+    except ValueError:
+        return None
     return flat
 
 

@@ -107,6 +107,7 @@ _packer = PackerPool(default=_default, use_bin_type=True, strict_types=True)
 
 
 _free_packers = _packer._free
+_DATA = BodyType.DATA
 _new_packer = partial(msgpack.Packer, **_packer._options)
 
 
@@ -121,7 +122,7 @@ def pack_message(m: Message) -> bytes:
     data = packer.pack(
         [  # a list: MessagePack's strict types take a tuple as an unknown type
             m.body,
-            int(m.body_type),
+            0 if m.body_type is _DATA else int(m.body_type),  # (``int()`` of an IntEnum member is a call)
             m.message_id,
             m.session_id,
             m.partition_key,
