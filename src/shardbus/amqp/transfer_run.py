@@ -44,10 +44,14 @@ from .session import Session, SessionState
 __all__ = ["take_transfers"]
 
 _MASK = 0xFFFFFFFF
-# The frame header (as ``framing._HDR``), then the performative's descriptor (0x00 0x53 code), list8 constructor,
-# size and count, the first field's constructor and the byte after it
-_HEAD_unpack = struct.Struct(">IBBHBBBBBBBB").unpack_from
+# The frame header (as ``framing._HDR``, its doff and type as one 16-bit value), the performative's descriptor and
+# list8 constructor as one 32-bit value (0x00 0x53 code 0xC0), the list's size and count, the first field's
+# constructor and the two bytes after it: one unpack, and one comparison for each constant part
+_HEAD_unpack = struct.Struct(">IHHIBBBBB").unpack_from
+_AMQP_FRAME = 0x0200  # doff 2 (no extended header), type 0 (AMQP)
+_TRANSFER_LIST8 = 0x005314C0
 _B4_unpack = struct.Struct(">BBBB").unpack_from
+_B3_unpack = struct.Struct(">BBB").unpack_from
 _UINT_TAG_unpack = struct.Struct(">BIBB").unpack_from  # a uint delivery id's constructor and value, the tag's head
 _UINTS = codec._UINTS  # small delivery ids, the very ``UInt`` objects the decoder gives
 _int_new = int.__new__
@@ -91,31 +95,32 @@ def take_transfers(
         while pos <= last:
             # The frame header and the performative's first bytes in one unpack (an index into the buffer costs
             # about as much as this whole call); a read that ends sooner raises struct.error: not plain.
-            size, doff, ftype, ch, d0, d1, code, ctor, lsize, fields, c, h = _HEAD_unpack(buf, pos)
-            if doff != 2 or ftype or size > max_frame_size or size < 17:
+            size, kind, ch, perf, lsize, fields, c, b15, b16 = _HEAD_unpack(buf, pos)
+            if kind != _AMQP_FRAME or size > max_frame_size or size < 17:
                 break
             end = pos + size
             if end > n:
                 break
-            if code != 0x14 or ctor != 0xC0 or d0 or d1 != 0x53:  # the performative: a transfer as a list8
+            if perf != _TRANSFER_LIST8:  # the performative: a transfer as a list8
                 break
             head = 13 + lsize  # the list's end: the payload's offset
             if head > size:
                 break
-            if c == 0x52:  # the handle (``h``: its value), then the delivery id at offset ``r``
-                r = 16
-            elif c == 0x43:
-                h, r = 0, 15
+            if c == 0x43:  # the handle: 0 (uint0), then the delivery id's constructor at offset ``r``
+                h, c, r = 0, b15, 15
+            elif c == 0x52:  # a smalluint handle
+                h, c, r = b15, b16, 16
             else:
                 break
-            c, b1, b2, b3 = _B4_unpack(buf, pos + r)  # the delivery id's constructor, then what follows it
-            if c == 0x52:
-                did, c, t, r = _UINTS[b1], b2, b3, r + 4
-            elif c == 0x43:
-                did, c, t, r = _UINTS[0], b1, b2, r + 3
-            elif c == 0x70:  # a uint (any id past 255): read again with its value and the tag's head
+            if c == 0x70:  # a uint delivery id (any past 255): its value and the tag's head in one unpack
                 _, value, c, t = _UINT_TAG_unpack(buf, pos + r)
                 did, r = _int_new(UInt, value), r + 7
+            elif c == 0x52:
+                _, value, c, t = _B4_unpack(buf, pos + r)
+                did, r = _UINTS[value], r + 4
+            elif c == 0x43:
+                _, c, t = _B3_unpack(buf, pos + r)
+                did, r = _UINTS[0], r + 3
             else:
                 break
             if c != 0xA0:  # the tag: a vbin8 of ``t`` bytes at offset ``r``

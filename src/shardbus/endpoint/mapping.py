@@ -148,8 +148,13 @@ _TEXT_FIELDS = (True, False, True, True, True, True, True, True, False, False, T
 _UUID_FIELDS = (True, False, True, False, True, True, False, False, False, False, False, False, False)
 _uuid_of = _DEC[0x98]
 _uint32 = struct.Struct(">I").unpack_from
-_BYTES8 = struct.Struct(">8B").unpack_from
-_DATA_HEAD = struct.Struct(">4BI").unpack_from  # a section's descriptor (0x00 0x53 code), constructor, then 4 bytes
+# A message's first eight bytes: a section's descriptor and constructor as one 32-bit value (0x00 0x53 code ctor),
+# then (a list8) its size, and its count and first field's constructor as one 16-bit value, then that field's size
+_BYTES8 = struct.Struct(">IBHB").unpack_from
+_PROPERTIES_LIST8 = 0x00530000 | PROPERTIES << 8 | 0xC0
+_DATA_HEAD = struct.Struct(">II").unpack_from  # a section's descriptor and constructor, then 4 bytes
+_DATA_VBIN32 = 0x00530000 | DATA << 8 | 0xB0
+_DATA_VBIN8 = 0x00530000 | DATA << 8 | 0xA0
 _PROPERTY_NAMES = [f.name for f in Properties.__dataclass_fields__.values()]
 
 
@@ -224,19 +229,24 @@ def _decode_plain(buf: bytes) -> Message | None:
         # then one data section. The loop below's steps for it, without the loop: the same checks, on bytes read
         # eight at a time (one unpack costs about what one index into ``buf`` does).
         if n >= 8:
-            d0, d1, code, c, size, count, k_c, k = _BYTES8(buf, 0)
-            if code == PROPERTIES and count == 1 and k_c == 0xA1 and c == 0xC0 and d0 == 0 and d1 == 0x53:
+            section, size, one_str, k = _BYTES8(buf, 0)
+            if section == _PROPERTIES_LIST8 and one_str == 0x01A1:  # a list8 of one field, a str8-utf8
                 q = 5 + size
                 if 8 + k == q and n - q >= 8:
-                    d0, d1, code, c, length = _DATA_HEAD(buf, q)  # a vbin32's length, or a vbin8's and 3 bytes
-                    if d0 == 0 and d1 == 0x53 and code == DATA:
-                        # ``_data_span``'s two cases
-                        start = q + 8 if c == 0xB0 else q + 5 if c == 0xA0 else -1
-                        end = start + length if c == 0xB0 else start + (length >> 24) if c == 0xA0 else -1
-                        if end == n:
-                            m = new_message(buf[start:], buf[8:q].decode("utf-8"))
-                            m.wire_sections = buf[:start]
-                            return m
+                    section, length = _DATA_HEAD(buf, q)  # a vbin32's length, or a vbin8's and 3 bytes
+                    # ``_data_span``'s two cases
+                    if section == _DATA_VBIN32:
+                        start = q + 8
+                        end = start + length
+                    elif section == _DATA_VBIN8:
+                        start = q + 5
+                        end = start + (length >> 24)
+                    else:
+                        end = -1
+                    if end == n:
+                        m = new_message(buf[start:], buf[8:q].decode("utf-8"))
+                        m.wire_sections = buf[:start]
+                        return m
         if buf[2] == HEADER and buf[0] == 0 and buf[1] == 0x53 and buf[3] in _LISTS:
             p = 5 + buf[4] if buf[3] == 0xC0 else 4 if buf[3] == 0x45 else 0
             ttl = _HEADER_TTLS.get(buf[:p]) if p else None

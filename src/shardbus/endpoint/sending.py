@@ -86,7 +86,9 @@ class SendLinks:
         its Python work. The caller checks that no settlements wait (sends add none)."""
         senders = self._senders
         pending = self._pending_sends
-        entity: Any = None  # the entity of the last send, and its group's lists
+        last_link: Any = None  # the last send's link and its entity
+        target: Any = None
+        entity: Any = None  # the entity of the last group looked up, and its lists
         group_events: list[ev.DeliveryReceived] = []
         group_messages: list[list[Message]] = []
         kind, low, batch, decode = _DELIVERY_RECEIVED, _SENDER_CREDIT_LOW, BATCH_MESSAGE_FORMAT, _decode_plain
@@ -97,9 +99,11 @@ class SendLinks:
             if e.__class__ is not kind or e.state is not None:
                 break
             link = e.link
-            target = senders.get(link)
-            if target is None:
-                break
+            if link is not last_link:  # (a run is mostly one link's: its entity looked up once)
+                target = senders.get(link)
+                if target is None:
+                    break
+                last_link = link
             i += 1
             if link.link_credit < low:
                 self.amqp.flow(link, link_credit=SENDER_CREDIT)
