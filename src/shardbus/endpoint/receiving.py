@@ -31,7 +31,7 @@ from ..entity.sessions import SessionReceiver, accept_session
 from ..metrics import RECEIVE_SECONDS
 from ..model.errors import ArgumentError, OperationTimeout, ShardbusError
 from ..model.message import Message, ReceiveMode
-from ..model.routing import SET_UUID_INT, SET_UUID_SAFE, TAG_ORDER, UUID_ORDER, uuid_of_bytes_le
+from ..model.routing import TAG_ORDER, UUID_ORDER, uuid_of_bytes_le, uuid_of_int
 from ..namespace import RemoteVerdict
 from .links import _ACCEPTED, _error
 from .mapping import encode_deliveries
@@ -41,8 +41,7 @@ DEFAULT_SESSION_WAIT_MS = 60_000  # how long a next-available session attach wai
 DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
 _LINK_ATTACHED = LinkState.ATTACHED
-_new_uuid = uuid.UUID.__new__  # as model/routing.py builds a lock token from a delivery tag
-_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+_token_of = uuid_of_int  # a gathered complete's lock token (kept as its ``int``) as a UUID, where one is settled alone
 _from_bytes = int.from_bytes
 _tag_pack, _tag_unpack = TAG_ORDER.pack, TAG_ORDER.unpack  # a lock token's delivery tag and back
 _uuid_pack, _uuid_unpack = UUID_ORDER.pack, UUID_ORDER.unpack
@@ -288,7 +287,6 @@ class ReceiveLinks:
             return  # the client settling what it sent: nothing to do
         if type(e.state) is Accepted:  # completes, gathered for ``_flush_completes`` (see ``events_done``)
             pending, receivers, settled = self._pending_completes, self._receivers, e.settled
-            set_int, set_safe = SET_UUID_INT, SET_UUID_SAFE
             link = receiver = None
             for ref in e.deliveries:  # a range's deliveries are mostly of one link: its receiver is looked up once
                 if ref.link is not link:
@@ -298,10 +296,9 @@ class ReceiveLinks:
                 tag = ref.delivery_tag
                 if receiver is None or len(tag) != 16:
                     continue
-                token = _new_uuid(uuid.UUID)  # ``uuid_of_bytes_le``, inlined: every settled delivery comes here
-                set_int(token, _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
-                set_safe(token, _SAFE_UNKNOWN)
-                pending.append((ref, receiver, token, settled))
+                # the lock token's ``int`` (``uuid_of_bytes_le`` without the UUID): all a partition finds a lock
+                # by; a UUID is made only where a delivery is settled on its own (``_token_of``)
+                pending.append((ref, receiver, _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"), settled))
             return
         for ref in e.deliveries:
             state = self._receivers.get(ref.link)
@@ -324,11 +321,11 @@ class ReceiveLinks:
         if not pending or self.closed or self.amqp.is_done:
             return
         if len(pending) == 1:  # the SDK completes one message per call: the loop below for one, inlined
-            ref, receiver, token, settled = pending[0]
+            ref, receiver, key, settled = pending[0]
             try:  # the token's partition given (``partition_of_lock_token``, inlined): no grouping to do
-                future = receiver.submit_complete([token], token.int & 0xFFFF)[0]
+                future = receiver.submit_complete_keys([key], key & 0xFFFF)[0]
             except ShardbusError:
-                self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
                 return
             if isinstance(future, RemoteVerdict):
                 future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=pending))
@@ -340,13 +337,13 @@ class ReceiveLinks:
                 self.amqp.disposition(link, ref.delivery_id, None, state=_ACCEPTED)
             return
         # (receiver, partition) -> the receiver, the partition, its items (receivers hash by identity)
-        by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, int, bool]]]] = {}
         last_receiver: Any = None
         last_pid = -1
-        items: list[tuple[Any, Any, uuid.UUID, bool]] = []
+        items: list[tuple[Any, Any, int, bool]] = []
         for item in pending:
             receiver = item[1]
-            pid = item[2].int & 0xFFFF  # ``partition_of_lock_token``, inlined
+            pid = item[2] & 0xFFFF  # ``partition_of_lock_token``, inlined
             if pid != last_pid or receiver is not last_receiver:  # a range's deliveries come in runs of one
                 last_receiver, last_pid = receiver, pid  # partition (a take's chunk is its answers, one by one)
                 group = by_key.get((receiver, pid))
@@ -358,10 +355,10 @@ class ReceiveLinks:
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
         for receiver, pid, items in groups:
             try:  # grouped by partition here: the receiver hands them on without grouping them again
-                futures = receiver.submit_complete([token for _, _, token, _ in items], pid)
+                futures = receiver.submit_complete_keys([key for _, _, key, _ in items], pid)
             except ShardbusError:
-                for ref, _, token, settled in items:
-                    self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                for ref, _, key, settled in items:
+                    self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
                 continue
             if any(isinstance(f, RemoteVerdict) for f in futures):
                 for future in futures:  # a remote partition's refusal comes with its reply: echo after it
@@ -374,8 +371,19 @@ class ReceiveLinks:
         self._send_echoes(echo)
 
     @staticmethod
-    def _echo_accepted(items: list[tuple[Any, Any, uuid.UUID, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
+    def _echo_accepted(items: list[tuple[Any, Any, int, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Note the unsettled deliveries of ``items`` for an ``accepted`` echo, by session (``_send_echoes``)."""
+        link = items[0][0].link
+        ids = [ref.delivery_id for ref, _, _, settled in items if not settled and ref.link is link]
+        if len(ids) == len(items):  # the usual group: all unsettled, of one link (a range's run) in one pass
+            if not link.attached:
+                return
+            noted = echo.get(id(link.session))
+            if noted is None:
+                echo[id(link.session)] = (link, ids)
+            else:
+                noted[1].extend(ids)
+            return
         last: Any = None
         ids: list[int] | None = None
         for ref, _, _, settled in items:
@@ -395,6 +403,10 @@ class ReceiveLinks:
     def _send_echoes(self, echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Echo ``accepted`` for the noted deliveries: one range disposition per run of consecutive ids."""
         for link, ids in echo.values():
+            start = ids[0]
+            if ids == [*range(start, start + len(ids))]:  # the usual echo: one run, in order (a range accepted)
+                self.amqp.disposition(link, start, None if len(ids) == 1 else ids[-1], state=_ACCEPTED)
+                continue
             # Only ids in the list may be covered: the others in between may be another link's deliveries.
             ids.sort()
             start = prev = ids[0]
@@ -440,10 +452,10 @@ class ReceiveLinks:
         if not settled:
             self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=outcome)
 
-    def _later_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
+    def _later_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, int, bool]]) -> None:
         self._later(lambda: self._group_verdict(future, receiver, items))
 
-    def _group_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
+    def _group_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, int, bool]]) -> None:
         """A remote partition answered a grouped complete: echo it, or settle one by one for each own outcome.
         The echo waits for the end of the ``_later`` batch this runs in (``connection._run_later``), with the
         other partitions' verdicts of that batch: a client's range of completes spread over 16 partitions got 16
@@ -452,8 +464,8 @@ class ReceiveLinks:
         if future.exception() is None:
             self._echo_accepted(items, self._verdict_echoes)  # range dispositions, as for local partitions
             return
-        for ref, _, token, settled in items:
-            self._settle_delivery(ref, receiver, token, Accepted(), settled)
+        for ref, _, key, settled in items:
+            self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
 
     def _echo_verdict(self, ref: Any, future: Future, outcome: Any) -> None:
         if not ref.link.attached:

@@ -50,7 +50,7 @@ from functools import partial
 
 from ..model.errors import InvalidOperation, MessageLockLost, MessageNotFound, PartitionUnavailable
 from ..model.message import Message, ReceiveMode, SubQueue
-from ..model.routing import decode_sequence_number, partition_of_lock_token
+from ..model.routing import decode_sequence_number, partition_of_lock_token, uuid_of_int
 from ..partition.handle import PartitionHandle
 from ..partition.values import Settle
 from .entity import Target
@@ -92,6 +92,11 @@ class Settling:
 
     def submit_complete(self, refs: Iterable[LockRef], partition: int | None = None) -> list[Future]:
         raise NotImplementedError
+
+    def submit_complete_keys(self, keys: list[int], partition: int) -> list[Future]:
+        """``submit_complete(tokens, partition)`` of lock tokens given as their ``int``s (``uuid.UUID.int``), as a
+        front end reads them from settled deliveries' tags."""
+        return self.submit_complete([uuid_of_int(key) for key in keys], partition)
 
     def submit_settle(
         self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
@@ -459,6 +464,18 @@ class Receiver(Settling):
             token = _token(ref)
             by_partition.setdefault(partition_of_lock_token(token), []).append(token)
         return [self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()]
+
+    def submit_complete_keys(self, keys: list[int], partition: int) -> list[Future]:
+        """``Settling.submit_complete_keys`` without a UUID per token: a local partition finds a lock by its
+        ``int`` alone (``PartitionBroker.complete_keys``); a partition without it is given the UUIDs."""
+        partitions = self.target.partitions
+        if partition >= len(partitions):
+            raise MessageLockLost("The lock supplied is invalid for this entity.")
+        handle = partitions[partition]
+        complete_keys = getattr(handle, "complete_keys", None)
+        if complete_keys is None:
+            return [handle.complete(self.target.slot, [uuid_of_int(key) for key in keys])]
+        return [complete_keys(self.target.slot, keys)]
 
     def submit_settle(
         self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
