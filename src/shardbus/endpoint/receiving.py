@@ -97,6 +97,28 @@ def _observe_all(histogram: Any, values: list[float]) -> None:
         buckets[i].inc(n)
 
 
+def _observe_ages(histogram: Any, enqueued: list[int | None], now_ms: float) -> None:
+    """``_observe_all`` of the delivered messages' ages in seconds (0 for one enqueued at ``now_ms`` or later, or
+    with no enqueued time), from their enqueued times (ms): the usual chunk, all enqueued before now, takes no
+    age per message (its bounds are those of the times, its sum the times' sum's; rounding aside the same)."""
+    if not enqueued:
+        return
+    try:
+        first, last = min(enqueued), max(enqueued)  # type: ignore[type-var]
+    except TypeError:  # some without an enqueued time
+        first = last = None
+    if first is None or last is None or last >= now_ms:
+        _observe_all(histogram, [0.0 if e is None or e >= now_ms else (now_ms - e) / 1000 for e in enqueued])
+        return
+    bounds = histogram._upper_bounds
+    low = bisect.bisect_left(bounds, (now_ms - last) / 1000)
+    if low != bisect.bisect_left(bounds, (now_ms - first) / 1000):  # decades apart: each to its bucket
+        _observe_all(histogram, [(now_ms - e) / 1000 for e in enqueued])
+        return
+    histogram._sum.inc((now_ms * len(enqueued) - sum(enqueued)) / 1000)
+    histogram._buckets[low].inc(len(enqueued))
+
+
 class _ReceiveLink:
     """State of a client receiver link: the core receiver and the wake-up hook."""
 
@@ -244,25 +266,26 @@ class ReceiveLinks:
         max_frame = self.amqp.remote_max_frame_size
         room = link.session.remote_incoming_window
         now_ms = time.time() * 1000
-        deliveries: list[tuple[bytes, bytes]] = []
-        ages: list[float] = []
-        frames = 0
-        for m, payload in zip(messages, encode_deliveries(messages), strict=True):
-            frames += len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
-            if frames > room:
-                for rest in messages[len(deliveries) :]:
-                    receiver.submit_settle("release", rest)
-                break
-            # the token's ``bytes_le`` (.NET order), without its 2 calls
-            deliveries.append((_tag_pack(*_uuid_unpack(m.lock_token.int.to_bytes(16, "big"))), payload))
-            enqueued = m.enqueued_time_ms
-            ages.append(0.0 if enqueued is None or enqueued >= now_ms else (now_ms - enqueued) / 1000)
-        sent = len(deliveries)
+        payloads = encode_deliveries(messages)
+        sent = len(messages)
+        if sent > room or max(map(len, payloads)) >= max_frame:  # else each takes one frame, and all fit
+            frames = 0
+            for i, payload in enumerate(payloads):
+                frames += len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
+                if frames > room:
+                    for rest in messages[i:]:
+                        receiver.submit_settle("release", rest)
+                    sent = i
+                    break
+        delivered = messages if sent == len(messages) else messages[:sent]
         if sent:
-            self.amqp.send_deliveries(link, deliveries, settled=settled)
-        _observe_all(RECEIVE_SECONDS, ages)
+            # each tag is the token's ``bytes_le`` (.NET order), without its 2 calls
+            tags = [_tag_pack(*_uuid_unpack(m.lock_token.int.to_bytes(16, "big"))) for m in delivered]
+            # (the payloads past ``sent`` were given back)
+            self.amqp.send_deliveries(link, list(zip(tags, payloads, strict=False)), settled=settled)
+        _observe_ages(RECEIVE_SECONDS, [m.enqueued_time_ms for m in delivered], now_ms)
         if settled and sent:
-            for future in receiver.submit_complete(messages[:sent] if sent < len(messages) else messages):
+            for future in receiver.submit_complete(delivered):
                 self._log_failure_of(future)
         return sent
 
