@@ -241,12 +241,12 @@ class Receiver(Settling):
         now_ms = int(self._clock() * 1000)
         while cache and len(out) < max_count:  # taken a run at a time (comprehensions: no loop of calls each)
             room = max_count - len(out)
-            if len(cache) <= room:
-                taken = [m for m, _ in cache]
+            if len(cache) <= room:  # the usual take: the whole cache, in one pass
+                out += [m for m, _ in cache if (until := m.locked_until_ms) is not None and until > now_ms]
                 cache.clear()
-            else:
-                popleft = cache.popleft
-                taken = [popleft()[0] for _ in range(room)]
+                return
+            popleft = cache.popleft
+            taken = [popleft()[0] for _ in range(room)]
             out += [m for m in taken if m.locked_until_ms is not None and m.locked_until_ms > now_ms]
 
     def _plan(self, max_count: int, need: int, among: set[int] | None = None) -> list[tuple[int, int, int]]:
