@@ -18,6 +18,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from functools import partial
+from itertools import groupby, repeat
 from typing import Any
 
 from ..amqp import events as ev
@@ -41,6 +42,7 @@ DEFAULT_SESSION_WAIT_MS = 60_000  # how long a next-available session attach wai
 DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
 _LINK_ATTACHED = LinkState.ATTACHED
+_PARTITION_OF_KEY = (0xFFFF).__and__  # a lock token's int -> its partition, as a C call (``itertools.groupby``)
 _token_of = uuid_of_int  # a gathered complete's lock token (kept as its ``int``) as a UUID, where one is settled alone
 _from_bytes = int.from_bytes
 _tag_pack, _tag_unpack = TAG_ORDER.pack, TAG_ORDER.unpack  # a lock token's delivery tag and back
@@ -310,8 +312,23 @@ class ReceiveLinks:
             return  # the client settling what it sent: nothing to do
         if type(e.state) is Accepted:  # completes, gathered for ``_flush_completes`` (see ``events_done``)
             pending, receivers, settled = self._pending_completes, self._receivers, e.settled
+            refs = e.deliveries
+            if len(refs) > 1:  # a range: usually all of one link, kept as one run (``_flush_run``)
+                link = refs[0].link
+                state = receivers.get(link)
+                if state is not None:
+                    # the lock tokens' ``int``s (``uuid_of_bytes_le`` without the UUIDs): all a partition finds a
+                    # lock by; a UUID is made only where a delivery is settled on its own (``_token_of``)
+                    keys = [
+                        _from_bytes(_uuid_pack(*_tag_unpack(ref.delivery_tag)), "big")
+                        for ref in refs
+                        if ref.link is link and len(ref.delivery_tag) == 16
+                    ]
+                    if len(keys) == len(refs):
+                        pending.append((refs, state.receiver, keys, settled))
+                        return
             link = receiver = None
-            for ref in e.deliveries:  # a range's deliveries are mostly of one link: its receiver is looked up once
+            for ref in refs:  # a range's deliveries are mostly of one link: its receiver is looked up once
                 if ref.link is not link:
                     link = ref.link
                     state = receivers.get(link)
@@ -344,6 +361,9 @@ class ReceiveLinks:
         if not pending or self.closed or self.amqp.is_done:
             return
         if len(pending) == 1:  # the SDK completes one message per call: the loop below for one, inlined
+            if pending[0][0].__class__ is list:  # one range's run (our client's ranged complete)
+                self._flush_run(*pending[0])
+                return
             ref, receiver, key, settled = pending[0]
             try:  # the token's partition given (``partition_of_lock_token``, inlined): no grouping to do
                 future = receiver.submit_complete_keys([key], key & 0xFFFF)[0]
@@ -359,6 +379,14 @@ class ReceiveLinks:
             if not settled and link.attached:
                 self.amqp.disposition(link, ref.delivery_id, None, state=_ACCEPTED)
             return
+        if any(item[0].__class__ is list for item in pending):  # runs as their deliveries, in their order
+            pending = [
+                one
+                for item in pending
+                for one in (
+                    zip(item[0], repeat(item[1]), item[2], repeat(item[3])) if item[0].__class__ is list else (item,)
+                )
+            ]
         # (receiver, partition) -> the receiver, the partition, its items (receivers hash by identity)
         by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, int, bool]]]] = {}
         last_receiver: Any = None
@@ -391,6 +419,54 @@ class ReceiveLinks:
             for future in futures:
                 self._log_failure_of(future)
             self._echo_accepted(items, echo)
+        self._send_echoes(echo)
+
+    def _flush_run(self, refs: list[Any], receiver: Any, keys: list[int], settled: bool) -> None:
+        """``_flush_completes`` of a read whose completes are one run: one range of one link's deliveries
+        (``refs``, their lock tokens' ints ``keys``), as our client settles a receive. The same groups, calls
+        and echoes, with nothing made per delivery unless a group fails: its keys grouped by partition in their
+        order (runs of one partition, as a take's chunk brings them), and the run echoed whole."""
+        groups: dict[int, list[int]] = {}
+        for pid, run in groupby(keys, _PARTITION_OF_KEY):
+            group = groups.get(pid)
+            if group is None:
+                groups[pid] = list(run)
+            else:
+                group += run
+        failed: set[int] = set()
+        for pid, group in groups.items():
+            try:  # grouped by partition here: the receiver hands them on without grouping them again
+                futures = receiver.submit_complete_keys(group, pid)
+            except ShardbusError:
+                failed.add(pid)
+                for ref, key in zip(refs, keys, strict=True):
+                    if key & 0xFFFF == pid:
+                        self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
+                continue
+            if any(isinstance(f, RemoteVerdict) for f in futures):
+                failed.add(pid)
+                items = [
+                    (ref, receiver, key, settled) for ref, key in zip(refs, keys, strict=True) if key & 0xFFFF == pid
+                ]
+                for future in futures:  # a remote partition's refusal comes with its reply: echo after it
+                    future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=items))
+                continue
+            # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
+            for future in futures:
+                self._log_failure_of(future)
+        if settled:
+            return
+        echo: dict[int, tuple[Any, list[int]]] = {}
+        if not failed:
+            link = refs[0].link
+            if link.attached:
+                echo[id(link.session)] = (link, [ref.delivery_id for ref in refs])
+        else:
+            items = [
+                (ref, receiver, key, settled) for ref, key in zip(refs, keys, strict=True) if key & 0xFFFF not in failed
+            ]
+            if items:
+                self._echo_accepted(items, echo)
         self._send_echoes(echo)
 
     @staticmethod
