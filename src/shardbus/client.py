@@ -38,7 +38,7 @@ from .amqp.performatives import (
 )
 from .amqp.transport import AmqpClient, ClientReceiver, ClientSender, ClientSession
 from .message_wire import ENQUEUED_TIME, PARTITION_KEY, SEQUENCE_NUMBER, encode_sections
-from .model.routing import uuid_of_bytes_le
+from .model.routing import SET_UUID_INT, SET_UUID_SAFE, TAG_ORDER, UUID_ORDER
 
 T = TypeVar("T")
 
@@ -194,6 +194,10 @@ class _LazyAnnotations(AmqpMessage):
 _MESSAGE_FIELDS = tuple(AmqpMessage.__dataclass_fields__)
 
 
+_HEADER_LIST8 = b"\x00\x53\x70\xc0"  # a header section's descriptor and a list8's constructor
+_ANNOTATIONS_MAP8 = b"\x00\x53\x72\xc1"  # a message-annotations section's, and a map8's
+
+
 def _decode_received(payload: bytes) -> AmqpMessage:
     """``decode_message``, but a message-annotations map is left encoded until read (``_LazyAnnotations``): the
     sections before it (header, delivery annotations) are skipped to find it, it is cut out of what is decoded,
@@ -201,6 +205,15 @@ def _decode_received(payload: bytes) -> AmqpMessage:
     and raises as usual."""
     buf = payload if type(payload) is bytes else bytes(payload)
     n = len(buf)
+    # A shardbus delivery: a list8 header, then the map8 annotations (the loop below's first two steps, at once)
+    if n > 10 and buf[3] == 0xC0 and buf.startswith(_HEADER_LIST8):
+        p = 5 + buf[4]
+        end = p + 5 + buf[p + 4] if buf.startswith(_ANNOTATIONS_MAP8, p) and p + 5 <= n else 0
+        if p + 5 <= end <= n:
+            m = decode_message(buf[:p] + buf[end:])
+            _ANNOTATIONS_SLOT.__set__(m, buf[p + 3 : end])
+            m.__class__ = _LazyAnnotations
+            return m
     p = 0
     try:
         while p + 4 <= n and buf[p] == 0 and buf[p + 1] == 0x53:
@@ -267,6 +280,14 @@ class ReceivedMessage:
         return codec.encode(m.body)
 
 
+# ``MessageReceiver._take``'s parts of a ``ReceivedMessage`` and its lock token (``routing.uuid_of_bytes_le``)
+_new = object.__new__
+_UUID = uuid.UUID
+_SET_UUID_INT, _SET_UUID_SAFE, _SAFE_UNKNOWN = SET_UUID_INT, SET_UUID_SAFE, uuid.SafeUUID.unknown
+_from_bytes = int.from_bytes
+_uuid_pack, _tag_unpack = UUID_ORDER.pack, TAG_ORDER.unpack
+
+
 def _ms(value: Any) -> int:
     """A timestamp annotation (datetime or ms since the epoch) in ms since the epoch."""
     if hasattr(value, "timestamp"):
@@ -298,11 +319,23 @@ class MessageReceiver:
             while queued:
                 append(ReceivedMessage(_decode_received(take().payload)))
             return
+        new, received, set_int, set_safe = _new, ReceivedMessage, _SET_UUID_INT, _SET_UUID_SAFE
         while queued:
             d = take()
             tag = d.delivery_tag
-            # Another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling.
-            append(ReceivedMessage(_decode_received(d.payload), uuid_of_bytes_le(tag) if len(tag) == 16 else None, d))
+            # ``ReceivedMessage(message, uuid_of_bytes_le(tag), d)`` without the dataclass's ``__init__`` and the
+            # token's call: every delivery a peek-lock receive takes comes here
+            r = new(received)
+            r.message = _decode_received(d.payload)
+            if len(tag) == 16:
+                token = new(_UUID)
+                set_int(token, _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
+                set_safe(token, _SAFE_UNKNOWN)
+                r.lock_token = token
+            else:  # another AMQP broker's delivery tags are not lock tokens, but its deliveries still need settling
+                r.lock_token = None
+            r.delivery = d
+            append(r)
 
     def complete(self, messages: Iterable[ReceivedMessage]) -> None:
         """Complete peek-locked messages; raises ClientError when the broker refuses one (e.g. lock lost)."""
@@ -348,22 +381,27 @@ class MessageReceiver:
         amqp = self._link._session.client
         link = self._link.link
         session = id(link.session)
-        ids = sorted({d.delivery_id for d in deliveries})  # a message named twice is settled once
+        ids = [d.delivery_id for d in deliveries]
+        one_run = ids == [*range(ids[0], ids[0] + len(ids))]  # in order, none twice: a whole receive's batch
+        if not one_run:
+            ids = sorted(set(ids))  # a message named twice is settled once
         echoes = _Echoes(len(ids), asyncio.get_running_loop().create_future())
-        outcomes = amqp._outcomes
-        for did in ids:
-            outcomes[(session, did)] = echoes
+        amqp._outcomes.update(zip(zip(itertools.repeat(session), ids), itertools.repeat(echoes)))
         # One disposition per run of consecutive delivery ids (AMQP's first..last), as a batch of a receive
         # usually is: a frame for the broker to read and echo per run instead of per message. Only ids of ours
         # are covered; the broker echoes each run, which resolves every delivery of it.
         first = prev = ids[0]
-        for did in [*ids[1:], None]:
-            if did is not None and did == prev + 1:
-                prev = did
-                continue
-            amqp._conn.disposition(link, first, None if prev == first else prev, settled=False, state=outcome)
-            if did is not None:
-                first = prev = did
+        if one_run:
+            last = ids[-1]
+            amqp._conn.disposition(link, first, None if last == first else last, settled=False, state=outcome)
+        else:
+            for did in [*ids[1:], None]:
+                if did is not None and did == prev + 1:
+                    prev = did
+                    continue
+                amqp._conn.disposition(link, first, None if prev == first else prev, settled=False, state=outcome)
+                if did is not None:
+                    first = prev = did
         amqp._flush()
         refusal = await asyncio.wait_for(echoes.future, self._client.timeout)
         if refusal is not None:

@@ -64,6 +64,29 @@ def test_send_deliveries_writes_and_records_what_send_transfer_does(
         assert _state(batched, link2) == _state(one_by_one, link1)
 
 
+@pytest.mark.parametrize("settled", [False, True])
+@pytest.mark.parametrize(
+    "start", [256, 1000, 0xFFFFFFFF - 2, 0xFFFFFFFF - 40], ids=["256", "1000", "wraps", "wraps-later"]
+)
+def test_batches_from_long_delivery_ids_match_send_transfer(make_pair: Any, start: int, settled: bool) -> None:
+    """The one-pack head of a batch whose delivery ids are all 4-byte uints gives what ``send_transfer`` gives,
+    and hands over to the general loop where a delivery differs (a tag of another length, several frames)."""
+    batches = [
+        [(i.to_bytes(16, "little"), b"p" * (i * 37 % 900)) for i in range(60)],  # 16-byte tags, some too long
+        [(bytes(16), b"a"), (bytes(4), b"b"), (bytes(16), b"c")],  # the tag's length changes
+        [(bytes(16), b"a"), (bytes(16), b"L" * 3000), (bytes(16), b"c")],  # several frames in the middle
+        [(bytes(8), b"x") for _ in range(50)],
+    ]
+    one_by_one, _, link1 = _linked(make_pair, max_frame=1024)
+    batched, _, link2 = _linked(make_pair, max_frame=1024)
+    link1.session.next_delivery_id = link2.session.next_delivery_id = start
+    for deliveries in batches:
+        ids = [one_by_one.send_transfer(link1, tag, payload, settled=settled) for tag, payload in deliveries]
+        assert batched.send_deliveries(link2, deliveries, settled=settled) == ids[0]
+        assert batched.data_to_send() == one_by_one.data_to_send()
+        assert _state(batched, link2) == _state(one_by_one, link1)
+
+
 def test_the_client_receives_every_delivery_of_a_batch(make_pair: Any) -> None:
     server, client, link = _linked(make_pair)
     deliveries = [(i.to_bytes(16, "little"), b"body %d" % i) for i in range(50)]

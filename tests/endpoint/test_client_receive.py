@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
+
+import pytest
 
 from shardbus.amqp import types as t
-from shardbus.amqp.message import decode_message
+from shardbus.amqp.message import Header, decode_message
 from shardbus.client import OutgoingMessage, ShardbusClient, _decode_received
 
 
@@ -42,6 +45,7 @@ def test_received_annotations_read_as_decoded_eagerly(broker):
                 assert m.message.encode() == eager.encode()
                 m.message.message_annotations = {t.Symbol("x"): 1}  # still settable
                 assert m.annotation("x") == 1
+                assert m.lock_token == uuid.UUID(bytes_le=m.delivery.delivery_tag)  # the delivery's tag, .NET order
             assert sorted(m.body for m in got) == sorted(m.body for m in sent)
             receiver.complete(got)
 
@@ -53,6 +57,37 @@ def test_decode_received_falls_back_on_unusual_messages():
     keyed = OutgoingMessage(b"x", message_id="b", partition_key="k", durable=True).encode()
     lazy = _decode_received(keyed)
     assert type(lazy) is not type(decode_message(keyed)) and lazy == decode_message(keyed)
+
+
+def test_a_deliverys_header_and_annotations_read_at_once_as_by_the_loop():
+    """``_decode_received``'s first step (a list8 header, then map8 annotations, as shardbus delivers) gives what
+    its section loop gives: the same message with its annotations left encoded, and anything else (no
+    annotations, another map, a truncated section) decoded whole, or refused, as ``decode_message`` does."""
+    header = Header(delivery_count=1).encode()  # a list8
+    assert header[:4] == b"\x00\x53\x70\xc0"
+    body = OutgoingMessage(b"x" * 50, message_id="b").encode()
+    annotations = b"\x00\x53\x72\xc1\x11\x02\xa3\x05x-opt\x81" + (12345).to_bytes(8, "big")  # a map8
+    null_annotations = b"\x00\x53\x72\x40"
+    map32 = b"\x00\x53\x72\xd1" + (4).to_bytes(4, "big") + (0).to_bytes(4, "big")  # an empty map32
+    truncated = [(header + annotations)[:cut] + b"\x00" * 2 for cut in (len(header) - 2, len(header) + 3)]
+    for payload in (
+        header + annotations + body,
+        header + body,
+        annotations + body,
+        header + map32 + body,
+        header + null_annotations + body,  # refused, as decode_message refuses it
+        *truncated,
+    ):
+        try:
+            eager = decode_message(payload)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                _decode_received(payload)
+            continue
+        got = _decode_received(payload)
+        assert got == eager and got.message_annotations == eager.message_annotations
+        assert got.encode() == eager.encode()
+    assert type(_decode_received(header + annotations + body)) is not type(decode_message(header + body))
 
 
 def test_partial_batch_then_later_sends_are_not_lost(broker):

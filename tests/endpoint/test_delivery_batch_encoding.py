@@ -39,6 +39,21 @@ FIELDS: list[dict[str, Any]] = [
     {"enqueued_sequence_number": 77},
     {"enqueued_sequence_number": 1 << 40, "sequence_number": 1 << 41},
     {"enqueued_sequence_number": 3, "locked_until_ms": None, "lock_token": None},
+    # the commonest annotations, packed in one call: a long sequence number that is also the enqueue sequence
+    # number, and a lock; the header a chunk's deliveries share is reused, so its (ttl, count) changes in between
+    {"sequence_number": 128, "enqueued_sequence_number": 128},
+    {"sequence_number": (3 << 48) | 12345, "enqueued_sequence_number": (3 << 48) | 12345},
+    {"sequence_number": (3 << 48) | 12346, "enqueued_sequence_number": (3 << 48) | 12346},
+    {"sequence_number": 1000, "enqueued_sequence_number": 1000, "delivery_count": 3},
+    {"sequence_number": 1001, "enqueued_sequence_number": 1001, "delivery_count": 3},
+    {"sequence_number": 1002, "enqueued_sequence_number": 1002, "expires_at_ms": 1_700_000_005_000},
+    {"sequence_number": 1003, "enqueued_sequence_number": 1003, "expires_at_ms": 1_700_000_006_000},
+    {"sequence_number": 1004, "enqueued_sequence_number": 1004, "locked_until_ms": 2**62},
+    {"sequence_number": 1005, "enqueued_sequence_number": 1005, "enqueued_time_ms": 0},
+    {"sequence_number": 1006, "enqueued_sequence_number": 1006, "locked_until_ms": None, "lock_token": None},
+    {"sequence_number": 1007, "enqueued_sequence_number": 1006},  # forwarded: the two numbers differ
+    {"sequence_number": 127, "enqueued_sequence_number": 127},
+    {"sequence_number": 2**63 - 1, "enqueued_sequence_number": 2**63 - 1},
     # the general path: annotations, keys, schedules, dead-letter fields
     {"annotations": {"x-custom": "v"}},
     {"partition_key": "pk"},
@@ -67,6 +82,9 @@ def _message(payload: bytes, extra: dict[str, Any]) -> Message:
 def test_encode_deliveries_matches_encode_delivery(payload: bytes) -> None:
     messages = [_message(payload, extra) for extra in FIELDS]
     assert encode_deliveries(messages) == [encode_delivery(m) for m in messages]
+    for m in messages:  # alone too: no header carried over from the message before
+        assert encode_deliveries([m]) == [encode_delivery(m)]
+    assert encode_deliveries(messages[::-1]) == [encode_delivery(m) for m in messages[::-1]]
 
 
 def test_a_message_built_without_the_wire_is_encoded_too() -> None:

@@ -123,6 +123,19 @@ _SESSION_FRAMES = frozenset((Transfer, Disposition, Flow, Attach, Detach))
 
 
 _SMALL_UINTS = (b"\x43", *(bytes((0x52, i)) for i in range(1, 256)))
+_DELIVERY_HEADS: dict[tuple[int, int], Any] = {}  # (constant prefix's length, tag's length) -> its packer
+
+
+def _delivery_head_packer(prefix: int, tag: int) -> Any:
+    """``send_deliveries``' frame head of a one-frame delivery: (frame size, the bytes from the data offset up to
+    the delivery-id's constructor, the delivery-id as a uint, the tag's constructor, the tag, the fields after
+    it) packed in one call."""
+    packer = _DELIVERY_HEADS.get((prefix, tag))
+    if packer is None:
+        packer = _DELIVERY_HEADS[(prefix, tag)] = struct.Struct(f">I{prefix}sI2s{tag}s2s").pack
+    return packer
+
+
 _pBI = struct.Struct(">BI").pack
 _pII = struct.Struct(">II").pack
 
@@ -793,6 +806,33 @@ class Connection:
         ch = session.local_channel
         out = self._pending_amqp if self._pending_amqp is not None else self._out
         tags: list[bytes] = []
+        if did >= 256 and did + count <= 0xFFFFFFFF:  # every delivery-id a uint of 4 bytes, none wrapping
+            # The usual batch (a broker's chunk of deliveries): each frame's head is one struct pack of its size,
+            # the constant bytes around the delivery-id and the tag, and the tag; the loop below is left at the
+            # first delivery this does not fit (another tag length, several frames), which it takes from there.
+            lt = len(deliveries[0][0])
+            n = fixed + 5 + lt
+            if n < 255:
+                before_payload = _HDR_LEN + 6 + n
+                room = limit - before_payload
+                prefix = bytes((2, FRAME_AMQP, ch >> 8, ch & 0xFF, 0x00, 0x53, 0x14, 0xC0, n + 1, 5)) + h + b"\x70"
+                pack = _delivery_head_packer(len(prefix), lt)
+                tag_constructor = bytes((0xA0, lt))
+                for tag, payload in deliveries:
+                    if len(tag) != lt or len(payload) > room:
+                        break
+                    out += pack(before_payload + len(payload), prefix, did, tag_constructor, tag, tail)
+                    out += payload
+                    did += 1
+                taken = did - first
+                if taken == count:
+                    session.next_delivery_id = did & 0xFFFFFFFF
+                    session.sent_transfer_frames(count)
+                    session.record_sent_deliveries(link, first, [tag for tag, _ in deliveries], settled)
+                    return first
+                if taken:
+                    tags = [tag for tag, _ in deliveries[:taken]]
+                    deliveries = deliveries[taken:]
         shape = -1  # the tag's length and the delivery-id's encoded length the parts below were made for
         for tag, payload in deliveries:
             lt = len(tag)

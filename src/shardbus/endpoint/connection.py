@@ -122,7 +122,9 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         # a read's sends by entity, in arrival order: (entity, events, their messages)
         self._pending_sends: dict[Any, tuple[Any, list[ev.DeliveryReceived], list[list[Message]]]] = {}
         self._sends_read_at = (0.0, 0.0)  # (``stalltrace.SENDS``) when the read came and its first send was decoded
-        self._pending_completes: list[tuple[Any, Any, uuid.UUID, bool]] = []  # (ref, receiver, token, settled)
+        # a read's accepts: (ref, receiver, lock token's int, settled), or a range's run of one link as
+        # (refs, receiver, their ints, settled) (``ReceiveLinks._on_disposition``)
+        self._pending_completes: list[tuple[Any, Any, Any, bool]] = []
         # accepted echoes of remote partitions' verdicts, by session, sent once a ``_later`` batch has run
         # (``ReceiveLinks._group_verdict``): cleared every batch, so at most one batch's deliveries
         self._verdict_echoes: dict[int, tuple[Any, list[int]]] = {}

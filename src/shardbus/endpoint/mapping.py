@@ -463,6 +463,22 @@ _MAP8_HEADS: dict[int, bytes] = {
 }
 
 
+# The message-annotations of the commonest delivery (``encode_deliveries``): a sequence number beyond a smalllong,
+# the enqueued time, the same number as the enqueue sequence number (a message not forwarded) and the lock's end,
+# packed in one call: each key with its value's constructor, then the 8 bytes of the value
+_PLAIN_PREFIX = (
+    _MAP8_HEADS[_ALWAYS_SIZE + 9 + len(_ENQUEUE_SEQUENCE_KEY) + 9 + len(_LOCKED_UNTIL_KEY) + 9 + 256 * 8]
+    + _SEQUENCE_NUMBER_KEY
+    + b"\x81"
+)
+_ENQUEUED_83 = _ENQUEUED_TIME_KEY + b"\x83"
+_ENQUEUE_SEQUENCE_81 = _ENQUEUE_SEQUENCE_KEY + b"\x81"
+_LOCKED_UNTIL_83 = _LOCKED_UNTIL_KEY + b"\x83"
+_pack_plain_annotations = struct.Struct(
+    f">{len(_PLAIN_PREFIX)}sq{len(_ENQUEUED_83)}sq{len(_ENQUEUE_SEQUENCE_81)}sq{len(_LOCKED_UNTIL_83)}sq"
+).pack
+
+
 def encode_deliveries(messages: list[Message]) -> list[bytes]:
     """``encode_delivery`` of each message (as a receiver gets it, not a peek), in one pass: a receiver's credit
     is answered with many deliveries at a time, and the usual one (its sender's sections kept, no annotations
@@ -476,6 +492,12 @@ def encode_deliveries(messages: list[Message]) -> list[bytes]:
     locked_key = _LOCKED_UNTIL_KEY
     data_body = _DATA_BODY
     pack_long = _pack_long
+    pack_plain, plain_prefix = _pack_plain_annotations, _PLAIN_PREFIX
+    enqueued_83, enqueue_seq_81, locked_83 = _ENQUEUED_83, _ENQUEUE_SEQUENCE_81, _LOCKED_UNTIL_83
+    join = b"".join
+    last_ttl: int | None = -1
+    last_count = -1
+    header = b""
     items: list[Any] = messages  # the fields read below are set on every stored message: no None checks
     for m in items:
         sections = m.wire_sections
@@ -504,10 +526,27 @@ def encode_deliveries(messages: list[Message]) -> list[bytes]:
         count = m.delivery_count - 1 if m.lock_token is not None else m.delivery_count
         if count < 0:
             count = 0
-        header = headers.get((ttl, count))
-        if header is None:
-            header = _header(ttl, count)
+        if count != last_count or ttl != last_ttl:  # a chunk's deliveries mostly share their header
+            last_count, last_ttl = count, ttl
+            header = headers.get((ttl, count))
+            if header is None:
+                header = _header(ttl, count)
         seq = m.sequence_number
+        locked = m.locked_until_ms
+        if seq > 127 and m.enqueued_sequence_number == seq and locked is not None:  # the commonest annotations
+            append(
+                join(
+                    (
+                        header,
+                        pack_plain(
+                            plain_prefix, seq, enqueued_83, m.enqueued_time_ms, enqueue_seq_81, seq, locked_83, locked
+                        ),
+                        sections,
+                        m.body if m.body_type is data_body else b"",
+                    )
+                )
+            )
+            continue
         sequence = small_longs[seq + 128] if -128 <= seq <= 127 else pack_long(0x81, seq)
         size = _ALWAYS_SIZE + len(sequence)
         pairs = 4
@@ -519,7 +558,6 @@ def encode_deliveries(messages: list[Message]) -> list[bytes]:
             middle = small_longs[enqueue_seq + 128] if -128 <= enqueue_seq <= 127 else pack_long(0x81, enqueue_seq)
             size += len(enqueue_seq_key) + len(middle)
             pairs = 6
-        locked = m.locked_until_ms
         if locked is None:
             lock_key = lock = b""
         else:

@@ -18,6 +18,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from functools import partial
+from itertools import groupby, repeat
 from typing import Any
 
 from ..amqp import events as ev
@@ -31,7 +32,7 @@ from ..entity.sessions import SessionReceiver, accept_session
 from ..metrics import RECEIVE_SECONDS
 from ..model.errors import ArgumentError, OperationTimeout, ShardbusError
 from ..model.message import Message, ReceiveMode
-from ..model.routing import SET_UUID_INT, SET_UUID_SAFE, TAG_ORDER, UUID_ORDER, uuid_of_bytes_le
+from ..model.routing import TAG_ORDER, UUID_ORDER, uuid_of_bytes_le, uuid_of_int
 from ..namespace import RemoteVerdict
 from .links import _ACCEPTED, _error
 from .mapping import encode_deliveries
@@ -41,8 +42,8 @@ DEFAULT_SESSION_WAIT_MS = 60_000  # how long a next-available session attach wai
 DOTNET_EPOCH_TICKS = 621355968000000000  # .NET ticks at the Unix epoch
 _RECEIVE_AND_DELETE = ReceiveMode.RECEIVE_AND_DELETE  # a module constant: an Enum member off its class is slow
 _LINK_ATTACHED = LinkState.ATTACHED
-_new_uuid = uuid.UUID.__new__  # as model/routing.py builds a lock token from a delivery tag
-_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+_PARTITION_OF_KEY = (0xFFFF).__and__  # a lock token's int -> its partition, as a C call (``itertools.groupby``)
+_token_of = uuid_of_int  # a gathered complete's lock token (kept as its ``int``) as a UUID, where one is settled alone
 _from_bytes = int.from_bytes
 _tag_pack, _tag_unpack = TAG_ORDER.pack, TAG_ORDER.unpack  # a lock token's delivery tag and back
 _uuid_pack, _uuid_unpack = UUID_ORDER.pack, UUID_ORDER.unpack
@@ -96,6 +97,28 @@ def _observe_all(histogram: Any, values: list[float]) -> None:
     buckets = histogram._buckets
     for i, n in counts.items():
         buckets[i].inc(n)
+
+
+def _observe_ages(histogram: Any, enqueued: list[int | None], now_ms: float) -> None:
+    """``_observe_all`` of the delivered messages' ages in seconds (0 for one enqueued at ``now_ms`` or later, or
+    with no enqueued time), from their enqueued times (ms): the usual chunk, all enqueued before now, takes no
+    age per message (its bounds are those of the times, its sum the times' sum's; rounding aside the same)."""
+    if not enqueued:
+        return
+    try:
+        first, last = min(enqueued), max(enqueued)  # type: ignore[type-var]
+    except TypeError:  # some without an enqueued time
+        first = last = None
+    if first is None or last is None or last >= now_ms:
+        _observe_all(histogram, [0.0 if e is None or e >= now_ms else (now_ms - e) / 1000 for e in enqueued])
+        return
+    bounds = histogram._upper_bounds
+    low = bisect.bisect_left(bounds, (now_ms - last) / 1000)
+    if low != bisect.bisect_left(bounds, (now_ms - first) / 1000):  # decades apart: each to its bucket
+        _observe_all(histogram, [(now_ms - e) / 1000 for e in enqueued])
+        return
+    histogram._sum.inc((now_ms * len(enqueued) - sum(enqueued)) / 1000)
+    histogram._buckets[low].inc(len(enqueued))
 
 
 class _ReceiveLink:
@@ -245,25 +268,26 @@ class ReceiveLinks:
         max_frame = self.amqp.remote_max_frame_size
         room = link.session.remote_incoming_window
         now_ms = time.time() * 1000
-        deliveries: list[tuple[bytes, bytes]] = []
-        ages: list[float] = []
-        frames = 0
-        for m, payload in zip(messages, encode_deliveries(messages), strict=True):
-            frames += len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
-            if frames > room:
-                for rest in messages[len(deliveries) :]:
-                    receiver.submit_settle("release", rest)
-                break
-            # the token's ``bytes_le`` (.NET order), without its 2 calls
-            deliveries.append((_tag_pack(*_uuid_unpack(m.lock_token.int.to_bytes(16, "big"))), payload))
-            enqueued = m.enqueued_time_ms
-            ages.append(0.0 if enqueued is None or enqueued >= now_ms else (now_ms - enqueued) / 1000)
-        sent = len(deliveries)
+        payloads = encode_deliveries(messages)
+        sent = len(messages)
+        if sent > room or max(map(len, payloads)) >= max_frame:  # else each takes one frame, and all fit
+            frames = 0
+            for i, payload in enumerate(payloads):
+                frames += len(payload) // max_frame + 1  # what a multi-frame transfer takes of the window
+                if frames > room:
+                    for rest in messages[i:]:
+                        receiver.submit_settle("release", rest)
+                    sent = i
+                    break
+        delivered = messages if sent == len(messages) else messages[:sent]
         if sent:
-            self.amqp.send_deliveries(link, deliveries, settled=settled)
-        _observe_all(RECEIVE_SECONDS, ages)
+            # each tag is the token's ``bytes_le`` (.NET order), without its 2 calls
+            tags = [_tag_pack(*_uuid_unpack(m.lock_token.int.to_bytes(16, "big"))) for m in delivered]
+            # (the payloads past ``sent`` were given back)
+            self.amqp.send_deliveries(link, list(zip(tags, payloads, strict=False)), settled=settled)
+        _observe_ages(RECEIVE_SECONDS, [m.enqueued_time_ms for m in delivered], now_ms)
         if settled and sent:
-            for future in receiver.submit_complete(messages[:sent] if sent < len(messages) else messages):
+            for future in receiver.submit_complete(delivered):
                 self._log_failure_of(future)
         return sent
 
@@ -288,9 +312,23 @@ class ReceiveLinks:
             return  # the client settling what it sent: nothing to do
         if type(e.state) is Accepted:  # completes, gathered for ``_flush_completes`` (see ``events_done``)
             pending, receivers, settled = self._pending_completes, self._receivers, e.settled
-            set_int, set_safe = SET_UUID_INT, SET_UUID_SAFE
+            refs = e.deliveries
+            if len(refs) > 1:  # a range: usually all of one link, kept as one run (``_flush_run``)
+                link = refs[0].link
+                state = receivers.get(link)
+                if state is not None:
+                    # the lock tokens' ``int``s (``uuid_of_bytes_le`` without the UUIDs): all a partition finds a
+                    # lock by; a UUID is made only where a delivery is settled on its own (``_token_of``)
+                    keys = [
+                        _from_bytes(_uuid_pack(*_tag_unpack(ref.delivery_tag)), "big")
+                        for ref in refs
+                        if ref.link is link and len(ref.delivery_tag) == 16
+                    ]
+                    if len(keys) == len(refs):
+                        pending.append((refs, state.receiver, keys, settled))
+                        return
             link = receiver = None
-            for ref in e.deliveries:  # a range's deliveries are mostly of one link: its receiver is looked up once
+            for ref in refs:  # a range's deliveries are mostly of one link: its receiver is looked up once
                 if ref.link is not link:
                     link = ref.link
                     state = receivers.get(link)
@@ -298,10 +336,9 @@ class ReceiveLinks:
                 tag = ref.delivery_tag
                 if receiver is None or len(tag) != 16:
                     continue
-                token = _new_uuid(uuid.UUID)  # ``uuid_of_bytes_le``, inlined: every settled delivery comes here
-                set_int(token, _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"))
-                set_safe(token, _SAFE_UNKNOWN)
-                pending.append((ref, receiver, token, settled))
+                # the lock token's ``int`` (``uuid_of_bytes_le`` without the UUID): all a partition finds a lock
+                # by; a UUID is made only where a delivery is settled on its own (``_token_of``)
+                pending.append((ref, receiver, _from_bytes(_uuid_pack(*_tag_unpack(tag)), "big"), settled))
             return
         for ref in e.deliveries:
             state = self._receivers.get(ref.link)
@@ -324,11 +361,14 @@ class ReceiveLinks:
         if not pending or self.closed or self.amqp.is_done:
             return
         if len(pending) == 1:  # the SDK completes one message per call: the loop below for one, inlined
-            ref, receiver, token, settled = pending[0]
+            if pending[0][0].__class__ is list:  # one range's run (our client's ranged complete)
+                self._flush_run(*pending[0])
+                return
+            ref, receiver, key, settled = pending[0]
             try:  # the token's partition given (``partition_of_lock_token``, inlined): no grouping to do
-                future = receiver.submit_complete([token], token.int & 0xFFFF)[0]
+                future = receiver.submit_complete_keys([key], key & 0xFFFF)[0]
             except ShardbusError:
-                self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
                 return
             if isinstance(future, RemoteVerdict):
                 future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=pending))
@@ -339,14 +379,22 @@ class ReceiveLinks:
             if not settled and link.attached:
                 self.amqp.disposition(link, ref.delivery_id, None, state=_ACCEPTED)
             return
+        if any(item[0].__class__ is list for item in pending):  # runs as their deliveries, in their order
+            pending = [
+                one
+                for item in pending
+                for one in (
+                    zip(item[0], repeat(item[1]), item[2], repeat(item[3])) if item[0].__class__ is list else (item,)
+                )
+            ]
         # (receiver, partition) -> the receiver, the partition, its items (receivers hash by identity)
-        by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, uuid.UUID, bool]]]] = {}
+        by_key: dict[tuple[Any, int], tuple[Any, int, list[tuple[Any, Any, int, bool]]]] = {}
         last_receiver: Any = None
         last_pid = -1
-        items: list[tuple[Any, Any, uuid.UUID, bool]] = []
+        items: list[tuple[Any, Any, int, bool]] = []
         for item in pending:
             receiver = item[1]
-            pid = item[2].int & 0xFFFF  # ``partition_of_lock_token``, inlined
+            pid = item[2] & 0xFFFF  # ``partition_of_lock_token``, inlined
             if pid != last_pid or receiver is not last_receiver:  # a range's deliveries come in runs of one
                 last_receiver, last_pid = receiver, pid  # partition (a take's chunk is its answers, one by one)
                 group = by_key.get((receiver, pid))
@@ -358,10 +406,10 @@ class ReceiveLinks:
         echo: dict[int, tuple[Any, list[int]]] = {}  # session -> (a link of it, delivery ids)
         for receiver, pid, items in groups:
             try:  # grouped by partition here: the receiver hands them on without grouping them again
-                futures = receiver.submit_complete([token for _, _, token, _ in items], pid)
+                futures = receiver.submit_complete_keys([key for _, _, key, _ in items], pid)
             except ShardbusError:
-                for ref, _, token, settled in items:
-                    self._settle_delivery(ref, receiver, token, Accepted(), settled)
+                for ref, _, key, settled in items:
+                    self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
                 continue
             if any(isinstance(f, RemoteVerdict) for f in futures):
                 for future in futures:  # a remote partition's refusal comes with its reply: echo after it
@@ -373,9 +421,68 @@ class ReceiveLinks:
             self._echo_accepted(items, echo)
         self._send_echoes(echo)
 
+    def _flush_run(self, refs: list[Any], receiver: Any, keys: list[int], settled: bool) -> None:
+        """``_flush_completes`` of a read whose completes are one run: one range of one link's deliveries
+        (``refs``, their lock tokens' ints ``keys``), as our client settles a receive. The same groups, calls
+        and echoes, with nothing made per delivery unless a group fails: its keys grouped by partition in their
+        order (runs of one partition, as a take's chunk brings them), and the run echoed whole."""
+        groups: dict[int, list[int]] = {}
+        for pid, run in groupby(keys, _PARTITION_OF_KEY):
+            group = groups.get(pid)
+            if group is None:
+                groups[pid] = list(run)
+            else:
+                group += run
+        failed: set[int] = set()
+        for pid, group in groups.items():
+            try:  # grouped by partition here: the receiver hands them on without grouping them again
+                futures = receiver.submit_complete_keys(group, pid)
+            except ShardbusError:
+                failed.add(pid)
+                for ref, key in zip(refs, keys, strict=True):
+                    if key & 0xFFFF == pid:
+                        self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
+                continue
+            if any(isinstance(f, RemoteVerdict) for f in futures):
+                failed.add(pid)
+                items = [
+                    (ref, receiver, key, settled) for ref, key in zip(refs, keys, strict=True) if key & 0xFFFF == pid
+                ]
+                for future in futures:  # a remote partition's refusal comes with its reply: echo after it
+                    future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=items))
+                continue
+            # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
+            for future in futures:
+                self._log_failure_of(future)
+        if settled:
+            return
+        echo: dict[int, tuple[Any, list[int]]] = {}
+        if not failed:
+            link = refs[0].link
+            if link.attached:
+                echo[id(link.session)] = (link, [ref.delivery_id for ref in refs])
+        else:
+            items = [
+                (ref, receiver, key, settled) for ref, key in zip(refs, keys, strict=True) if key & 0xFFFF not in failed
+            ]
+            if items:
+                self._echo_accepted(items, echo)
+        self._send_echoes(echo)
+
     @staticmethod
-    def _echo_accepted(items: list[tuple[Any, Any, uuid.UUID, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
+    def _echo_accepted(items: list[tuple[Any, Any, int, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Note the unsettled deliveries of ``items`` for an ``accepted`` echo, by session (``_send_echoes``)."""
+        link = items[0][0].link
+        ids = [ref.delivery_id for ref, _, _, settled in items if not settled and ref.link is link]
+        if len(ids) == len(items):  # the usual group: all unsettled, of one link (a range's run) in one pass
+            if not link.attached:
+                return
+            noted = echo.get(id(link.session))
+            if noted is None:
+                echo[id(link.session)] = (link, ids)
+            else:
+                noted[1].extend(ids)
+            return
         last: Any = None
         ids: list[int] | None = None
         for ref, _, _, settled in items:
@@ -395,6 +502,10 @@ class ReceiveLinks:
     def _send_echoes(self, echo: dict[int, tuple[Any, list[int]]]) -> None:
         """Echo ``accepted`` for the noted deliveries: one range disposition per run of consecutive ids."""
         for link, ids in echo.values():
+            start = ids[0]
+            if ids == [*range(start, start + len(ids))]:  # the usual echo: one run, in order (a range accepted)
+                self.amqp.disposition(link, start, None if len(ids) == 1 else ids[-1], state=_ACCEPTED)
+                continue
             # Only ids in the list may be covered: the others in between may be another link's deliveries.
             ids.sort()
             start = prev = ids[0]
@@ -440,10 +551,10 @@ class ReceiveLinks:
         if not settled:
             self.amqp.disposition(ref.link, ref.delivery_id, settled=True, state=outcome)
 
-    def _later_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
+    def _later_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, int, bool]]) -> None:
         self._later(lambda: self._group_verdict(future, receiver, items))
 
-    def _group_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, uuid.UUID, bool]]) -> None:
+    def _group_verdict(self, future: Future, receiver: Any, items: list[tuple[Any, Any, int, bool]]) -> None:
         """A remote partition answered a grouped complete: echo it, or settle one by one for each own outcome.
         The echo waits for the end of the ``_later`` batch this runs in (``connection._run_later``), with the
         other partitions' verdicts of that batch: a client's range of completes spread over 16 partitions got 16
@@ -452,8 +563,8 @@ class ReceiveLinks:
         if future.exception() is None:
             self._echo_accepted(items, self._verdict_echoes)  # range dispositions, as for local partitions
             return
-        for ref, _, token, settled in items:
-            self._settle_delivery(ref, receiver, token, Accepted(), settled)
+        for ref, _, key, settled in items:
+            self._settle_delivery(ref, receiver, _token_of(key), Accepted(), settled)
 
     def _echo_verdict(self, ref: Any, future: Future, outcome: Any) -> None:
         if not ref.link.attached:

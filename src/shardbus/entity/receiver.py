@@ -50,7 +50,7 @@ from functools import partial
 
 from ..model.errors import InvalidOperation, MessageLockLost, MessageNotFound, PartitionUnavailable
 from ..model.message import Message, ReceiveMode, SubQueue
-from ..model.routing import decode_sequence_number, partition_of_lock_token
+from ..model.routing import decode_sequence_number, partition_of_lock_token, uuid_of_int
 from ..partition.handle import PartitionHandle
 from ..partition.values import Settle
 from .entity import Target
@@ -92,6 +92,11 @@ class Settling:
 
     def submit_complete(self, refs: Iterable[LockRef], partition: int | None = None) -> list[Future]:
         raise NotImplementedError
+
+    def submit_complete_keys(self, keys: list[int], partition: int) -> list[Future]:
+        """``submit_complete(tokens, partition)`` of lock tokens given as their ``int``s (``uuid.UUID.int``), as a
+        front end reads them from settled deliveries' tags."""
+        return self.submit_complete([uuid_of_int(key) for key in keys], partition)
 
     def submit_settle(
         self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None
@@ -236,12 +241,12 @@ class Receiver(Settling):
         now_ms = int(self._clock() * 1000)
         while cache and len(out) < max_count:  # taken a run at a time (comprehensions: no loop of calls each)
             room = max_count - len(out)
-            if len(cache) <= room:
-                taken = [m for m, _ in cache]
+            if len(cache) <= room:  # the usual take: the whole cache, in one pass
+                out += [m for m, _ in cache if (until := m.locked_until_ms) is not None and until > now_ms]
                 cache.clear()
-            else:
-                popleft = cache.popleft
-                taken = [popleft()[0] for _ in range(room)]
+                return
+            popleft = cache.popleft
+            taken = [popleft()[0] for _ in range(room)]
             out += [m for m in taken if m.locked_until_ms is not None and m.locked_until_ms > now_ms]
 
     def _plan(self, max_count: int, need: int, among: set[int] | None = None) -> list[tuple[int, int, int]]:
@@ -459,6 +464,18 @@ class Receiver(Settling):
             token = _token(ref)
             by_partition.setdefault(partition_of_lock_token(token), []).append(token)
         return [self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()]
+
+    def submit_complete_keys(self, keys: list[int], partition: int) -> list[Future]:
+        """``Settling.submit_complete_keys`` without a UUID per token: a local partition finds a lock by its
+        ``int`` alone (``PartitionBroker.complete_keys``); a partition without it is given the UUIDs."""
+        partitions = self.target.partitions
+        if partition >= len(partitions):
+            raise MessageLockLost("The lock supplied is invalid for this entity.")
+        handle = partitions[partition]
+        complete_keys = getattr(handle, "complete_keys", None)
+        if complete_keys is None:
+            return [handle.complete(self.target.slot, [uuid_of_int(key) for key in keys])]
+        return [complete_keys(self.target.slot, keys)]
 
     def submit_settle(
         self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None

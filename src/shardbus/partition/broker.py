@@ -1379,34 +1379,47 @@ class PartitionBroker(Lifecycle, StoreWindow, Queries, SessionQueries):
     def _complete_locked(self, slot: int, entries: list[Entry]) -> Future:
         """The complete transition of validated locked entries (``complete``, ``complete_keys``; under the lock)."""
         locks = self._locks
-        seqs = []
+        seqs: list[int] = []
         size = 0
         queues = self._queues
         dirty = self._dirty
         queue: Any = None
         q: Any = None
+        q_entries: dict[int, Entry] = {}
+        plain = False
+        run_start = run_size = 0  # where the sub-queue's run began in ``seqs`` and its bytes: counted off once
         for entry in entries:
             if entry.queue is not queue:  # a group is mostly of one sub-queue: looked up once a run
+                if q is not None:
+                    q.count -= len(seqs) - run_start
+                    q.bytes -= run_size
+                    size += run_size
+                    run_start, run_size = len(seqs), 0
                 queue = entry.queue
                 q = queues[(slot, queue)]
                 dirty.add(q)
+                q_entries = q.entries
+                plain = q.sessions is None and q.disk_from is None  # the usual sub-queue: no sessions, none on disk
             msg = entry.msg
             seq = entry.seq
-            entry_size = entry.size
-            if q.sessions is None:  # ``_forget_lock`` inlined for a message without a session
+            if plain:  # ``_forget_lock`` inlined for a message without a session
                 locks.pop(msg.lock_token.int, None)  # (the message itself is left as it is: it may be lent)
+            elif q.sessions is None:
+                locks.pop(msg.lock_token.int, None)
                 if q.disk_from is not None and seq >= q.disk_from:
                     q.gone.add(seq)  # see _remove (a locked message is resident, so never scheduled)
             else:
                 self._forget_lock(q, entry)
                 self._left_held(entry)  # see _remove
-            del q.entries[seq]
-            q.count -= 1
-            q.bytes -= entry_size
+            del q_entries[seq]
+            run_size += entry.size
             if msg.state is _DEFERRED:
                 self._left_held(entry)
-            size += entry_size
             seqs.append(seq)
+        if q is not None:
+            q.count -= len(seqs) - run_start
+            q.bytes -= run_size
+            size += run_size
         self._size -= size
         self._resident -= size  # ``_hold``, inlined
         resident = RESIDENT
