@@ -16,6 +16,12 @@ times. Counts move by about 1-2% from run to run (commits and linger deadlines f
 range. Only the server's processes are zeroed and dumped (``callgrind_control`` with their pids): without pids it
 acts on every callgrind run of the machine.
 
+What a process does by the clock, not per message (its partitions' ticks ten times a second, a front end's health
+round once a second, anything polling) runs at its real rate while callgrind slows the messages some fifty-fold:
+in a counted phase of 2 s for 2,000 messages (a quiet machine; 4-5 s beside other work), 1 M instructions a second
+of such work reads as 1 k (2-2.5 k) instructions per message, many times its share in a real run. The phase's
+length (printed) moves with the machine's load, and the counts with it: much of their spread between runs.
+
     python bench/workers_instructions.py [--count 2000] [--workers 1,2,4] [--base DIR]
 
 ``--base DIR``: the same for another checkout (its ``src/``), so a change is compared with its base.
@@ -29,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/scale.py
@@ -38,8 +45,9 @@ import scale
 WARMUP = 2000  # messages sent and completed before the counters are zeroed: connections, links, statements
 
 
-def count(workers: int, n: int, tree: Path, out: Path) -> dict[str, float]:
-    """Instructions per message of each process of ``serve --workers workers`` (from ``tree``) over one "both"."""
+def count(workers: int, n: int, tree: Path, out: Path) -> tuple[dict[str, float], float]:
+    """Instructions per message of each process of ``serve --workers workers`` (from ``tree``) over one "both",
+    and the counted phase's seconds."""
     wrapper = ("valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={out}/cg.%p")
     serve = scale.ShardbusServe(out / "serve", ["--workers", str(workers)], tree=tree, wrapper=wrapper)
     roles: dict[int, str] = {}
@@ -55,11 +63,13 @@ def count(workers: int, n: int, tree: Path, out: Path) -> dict[str, float]:
         roles = scale.process_roles(serve.proc.pid)  # the valgrind'ed server is the root: same pids
         pids = [str(pid) for pid in roles]
         subprocess.run(["callgrind_control", "--zero", *pids], check=True, capture_output=True)
+        started = time.monotonic()
         receiver.command(f"recv {n}")
         sender.command(f"send {n} counted")
         sender.result()
         receiver.result()
         subprocess.run(["callgrind_control", "--dump=counted", *pids], check=True, capture_output=True)
+        seconds = time.monotonic() - started
     finally:
         for client in clients:
             client.stop()
@@ -73,14 +83,17 @@ def count(workers: int, n: int, tree: Path, out: Path) -> dict[str, float]:
         if totals is None:
             raise SystemExit(f"no totals in {dumps[0]}")
         per[role] = int(totals[1]) / n
-    return per
+    return per, seconds
 
 
-def line(label: str, per: dict[str, float], one: float | None) -> str:
+def line(label: str, per: dict[str, float], one: float | None, seconds: float) -> str:
     workers = sum(v for r, v in per.items() if r.startswith("worker"))
     cells = ", ".join(f"{r} {v:,.0f}" for r, v in sorted(per.items()))
     factor = f"; x{workers / one:.3f} of one worker's" if one else ""
-    return f"  {label:<28} workers together {workers:,.0f} instructions/msg{factor}\n  {'':<28} {cells}"
+    return (
+        f"  {label:<28} workers together {workers:,.0f} instructions/msg{factor}\n  {'':<28} {cells}\n"
+        f"  {'':<28} counted phase {seconds:.1f} s"
+    )
 
 
 def main() -> None:
@@ -98,8 +111,8 @@ def main() -> None:
         one: float | None = None
         for workers in counts:
             with tempfile.TemporaryDirectory(prefix="shardbus-workers-instr-") as tmp:
-                per = count(workers, args.count, tree, Path(tmp))
-            print(line(f"{name}: --workers {workers}", per, one), flush=True)
+                per, seconds = count(workers, args.count, tree, Path(tmp))
+            print(line(f"{name}: --workers {workers}", per, one, seconds), flush=True)
             if one is None:
                 one = sum(v for r, v in per.items() if r.startswith("worker"))
 

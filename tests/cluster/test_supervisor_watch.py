@@ -72,3 +72,51 @@ def test_a_replaced_child_is_forgotten() -> None:
             child.kill()
             child.wait()
         watch.close()
+
+
+def _no_pidfds(monkeypatch) -> None:
+    """As under valgrind, an old kernel or a seccomp profile that refuses the call."""
+
+    def refused(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr("shardbus.cluster.supervisor.os.pidfd_open", refused, raising=False)
+
+
+def test_without_pidfds_a_thread_per_child_wakes_the_watch_when_it_exits_and_not_before(monkeypatch) -> None:
+    _no_pidfds(monkeypatch)
+    watch = _ExitWatch()
+    children = [_sleeper(), _sleeper()]
+    try:
+        thread, returned = _wait_in_thread(watch, children, None)
+        thread.join(0.5)
+        assert not returned, "returned while every child was alive (it looked again instead of sleeping)"
+        assert set(watch._waiters) == {c.pid for c in children} and not watch._fds
+        killed = time.monotonic()
+        children[1].kill()
+        thread.join(5)
+        assert returned and returned[0] - killed < 2
+        # the exited child is left to its Popen to reap (WNOWAIT): its exit status is still there
+        assert children[1].wait(5) == -9
+        # the live child's thread is reused, the exited one's forgotten
+        watch.wait([children[0]], 0.05)
+        assert set(watch._waiters) == {children[0].pid}
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+        watch.close()
+
+
+def test_without_pidfds_a_dead_worker_is_restarted(tmp_path, monkeypatch) -> None:
+    _no_pidfds(monkeypatch)
+    from shardbus.cluster.supervisor import LocalCluster
+
+    with LocalCluster(tmp_path / "data", 1, "k").start() as cluster:
+        first = cluster.workers[0].process
+        assert first is not None
+        cluster.kill(0)
+        deadline = time.monotonic() + 30
+        while cluster.workers[0].process is first or not cluster.workers[0].alive():
+            assert time.monotonic() < deadline, "the dead worker was not restarted"
+            time.sleep(0.05)

@@ -185,6 +185,8 @@ def test_a_send_record_carries_what_a_partition_keeps_and_not_what_it_sets() -> 
     items, messages = wire.held_items_of(frame[4][0])
     assert [(key, [slot for slot, _ in copies]) for key, copies in items] == [("d1", [0]), (None, [0])]
     p, k = messages
+    assert _every_field(p) == _every_field(Message(b"p" * 100, message_id="p"))  # every other field at its default
+    assert [type(m.state) for m in messages] == [MessageState] * 2
     assert (p.body, p.message_id, p.lock_token, p.enqueued_sequence_number, p.subject) == (
         b"p" * 100,
         "p",

@@ -45,3 +45,25 @@ def test_an_expired_message_is_dead_lettered_with_no_ticks_from_the_front_end(tm
 def test_on_the_callers_clock_the_front_end_keeps_ticking_every_tenth_of_a_second(tmp_path):
     with LocalCluster(tmp_path / "data", 1, "k", follow_caller_clock=True).start() as cluster:
         assert cluster.client is not None and cluster.client.tick_interval == TICK_INTERVAL
+
+
+def test_a_tick_all_to_a_worker_on_its_own_clock_answers_every_partitions_health(tmp_path):
+    """The worker ticks its partitions itself; the front end's ``tick_all`` (once a second) only brings their health,
+    a down partition's reason included."""
+    with LocalCluster(tmp_path / "data", 1, "k").start() as cluster:
+        assert cluster.client is not None
+        ns = Namespace.open(tmp_path / "data", partition_factory=cluster.partition)
+        try:
+            ns.create_queue("q", enable_partitioning=True)
+            link = next(iter(cluster.client.links.values()))
+            keys = set(link.partitions)
+            assert len(keys) == 16
+            health = link.call(None, "", "tick_all", [{}], time.time()).result(10)
+            assert set(health) == keys and all(failure is None for failure in health.values())
+            stopped = sorted(keys)[0]
+            link.partitions[stopped].stop("stopped by the test")
+            health = link.call(None, "", "tick_all", [{}], time.time()).result(10)
+            assert health[stopped] == "stopped by the test"
+            assert all(failure is None for key, failure in health.items() if key != stopped)
+        finally:
+            ns.close()
