@@ -144,9 +144,13 @@ def cluster(tmp_path):
         yield c
 
 
-def test_a_worker_killed_before_its_echoed_settlements_were_written_does_not_deliver_them_again(cluster, tmp_path):
+@pytest.mark.parametrize("by_keys", [False, True], ids=["tokens", "keys"])
+def test_a_worker_killed_before_its_echoed_settlements_were_written_does_not_deliver_them_again(
+    cluster, tmp_path, by_keys
+):
     """The settlements' verdicts are in (what the AMQP front end echoes to its client), their writes linger (made
-    long here, so the kill lands in the window for certain); the worker is killed and restarted."""
+    long here, so the kill lands in the window for certain); the worker is killed and restarted. ``by_keys``: the
+    completes given as the tokens' ints (``complete_keys``, as the AMQP front end completes a range)."""
     ns = Namespace.open(tmp_path / "data", partition_factory=cluster.partition)
     try:
         ns.create_queue("q", enable_partitioning=True)
@@ -159,7 +163,11 @@ def test_a_worker_killed_before_its_echoed_settlements_were_written_does_not_del
         assert sorted(str(m.message_id) for m in got) == [f"m{i}" for i in range(10)]
         by_id = {str(m.message_id): m for m in got}
         verdicts = [
-            p.complete(0, [by_id[f"m{i}"].lock_token for i in range(5)]).verdict,
+            (
+                p.complete_keys(0, [by_id[f"m{i}"].lock_token.int for i in range(5)])
+                if by_keys
+                else p.complete(0, [by_id[f"m{i}"].lock_token for i in range(5)])
+            ).verdict,
             p.defer(0, by_id["m5"].lock_token).verdict,
             p.dead_letter(0, by_id["m6"].lock_token, "why", "because").verdict,
             p.abandon(0, by_id["m7"].lock_token).verdict,

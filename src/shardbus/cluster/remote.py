@@ -56,7 +56,7 @@ from typing import Any
 
 from ..model.errors import ArgumentError, PartitionFull, PartitionUnavailable, ShardbusError
 from ..model.message import Message, SubQueue
-from ..model.routing import local_seq_of_lock_token
+from ..model.routing import local_seq_of_lock_key, local_seq_of_lock_token
 from ..partition.handle import OPERATIONS, Items, Kind, Operation, PartitionSpec, RemoteVerdict
 from ..partition.values import SlotSettings
 from ..store import records
@@ -142,8 +142,9 @@ def _settles_of(operation: str, args: list[Any]) -> list[tuple[int, str, list[in
     """A settlement request's outcomes by local sequence number (its lock tokens carry them), as
     ``settle_by_sequence`` applies them: abandon and release give none (the message comes back anyway)."""
     slot = args[0]
-    if operation == "complete":
-        return [(slot, "complete", [local_seq_of_lock_token(t) for t in args[1]], None, None, 0)]
+    if operation == "complete":  # its tokens as UUIDs (``Tokens``) or as their ints (``TokenKeys``)
+        ints = args[1] if args[1].__class__ is wire.TokenKeys else [t.int for t in args[1]]
+        return [(slot, "complete", [local_seq_of_lock_key(k) for k in ints], None, None, 0)]
     if operation == "defer":
         return [(slot, "defer", [local_seq_of_lock_token(args[1])], None, None, 0)]
     if operation == "dead_letter":
@@ -769,6 +770,11 @@ class RemotePartition:
         # registered first, so the partition is unhealthy before a keyless sender's callback picks another
         future.add_done_callback(partial(self._note_in_doubt, batch_id))
         return future
+
+    def complete_keys(self, slot: int, keys: list[int]) -> Future:
+        """``complete`` of tokens given as their ints: the same request, its tokens packed from the ints
+        (``wire.TokenKeys``), no UUID made per token (the worker reads them as ints anyway)."""
+        return self.link.call(self, self.key, "complete", [slot, wire.TokenKeys(keys)], self.clock())
 
     def submit_lock_messages(self, slot: int, queue: int, max_count: int, lend: bool = False) -> Future:
         """``lock_messages`` without waiting: the future completes (on the cluster loop) with the reply (messages

@@ -466,16 +466,12 @@ class Receiver(Settling):
         return [self._partition(tokens[0]).complete(self.target.slot, tokens) for tokens in by_partition.values()]
 
     def submit_complete_keys(self, keys: list[int], partition: int) -> list[Future]:
-        """``Settling.submit_complete_keys`` without a UUID per token: a local partition finds a lock by its
-        ``int`` alone (``PartitionBroker.complete_keys``); a partition without it is given the UUIDs."""
+        """``Settling.submit_complete_keys`` without a UUID per token: a partition finds a lock by its ``int``
+        alone (the partition interface's ``complete_keys``; a worker's reads a complete's tokens as ints too)."""
         partitions = self.target.partitions
         if partition >= len(partitions):
             raise MessageLockLost("The lock supplied is invalid for this entity.")
-        handle = partitions[partition]
-        complete_keys = getattr(handle, "complete_keys", None)
-        if complete_keys is None:
-            return [handle.complete(self.target.slot, [uuid_of_int(key) for key in keys])]
-        return [complete_keys(self.target.slot, keys)]
+        return [partitions[partition].complete_keys(self.target.slot, keys)]
 
     def submit_settle(
         self, outcome: str, ref: LockRef, reason: str | None = None, description: str | None = None

@@ -204,4 +204,9 @@ def partition_of_lock_token(token: uuid.UUID) -> int:
 
 def local_seq_of_lock_token(token: uuid.UUID) -> int:
     """The partition-relative sequence number of the message a lock token was made for."""
-    return (token.int >> PARTITION_BITS) & LOCAL_SEQUENCE_MASK
+    return local_seq_of_lock_key(token.int)
+
+
+def local_seq_of_lock_key(key: int) -> int:
+    """``local_seq_of_lock_token`` of a token given as its ``int``."""
+    return (key >> PARTITION_BITS) & LOCAL_SEQUENCE_MASK
