@@ -102,8 +102,9 @@ def build(modules: list[str], folder: Path, opt: str) -> float:
     """Compile ``modules`` into ``folder`` (reused when the sources and flags are those of its last build); write
     its sitecustomize.py. Returns the build's wall time in seconds (0 when reused)."""
     stamp = hashlib.sha256(
-        json.dumps([opt, DIRECTIVES, [(m, hashlib.sha256(source_of(m).read_bytes()).hexdigest()) for m in modules]])
-        .encode()
+        json.dumps(
+            [opt, DIRECTIVES, [(m, hashlib.sha256(source_of(m).read_bytes()).hexdigest()) for m in modules]]
+        ).encode()
     ).hexdigest()
     if (folder / "stamp").is_file() and (folder / "stamp").read_text() == stamp:
         return 0.0

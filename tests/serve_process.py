@@ -44,7 +44,12 @@ class ServeProcess:
         with open(stderr_path, "w") as err:
             self.started = time.monotonic()
             self.proc = subprocess.Popen(
-                [*SERVE, *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, cwd=cwd,
+                [*SERVE, *args],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                cwd=cwd,
                 env=env,
             )
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -44,6 +44,7 @@ _LAZY = {
     "Namespace": ".namespace",
 }
 
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:

@@ -33,9 +33,11 @@ def test_the_namespace_and_the_config_refuse_the_same_count(tmp_path):
             ns.create_queue("q3")
     from shardbus.config import ConfigError, apply_config, load_config
 
-    config = {"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": [
-        {"Name": f"q{i}", "Properties": {}} for i in range(3)
-    ]}]}}
+    config = {
+        "UserConfig": {
+            "Namespaces": [{"Name": "sbemulatorns", "Queues": [{"Name": f"q{i}", "Properties": {}} for i in range(3)]}]
+        }
+    }
     with shardbus.Namespace.open(tmp_path / "b", quotas=quotas, maintenance=False) as ns:
         with pytest.raises(ConfigError, match="its quota is 2"):
             apply_config(ns, load_config(config)[0])

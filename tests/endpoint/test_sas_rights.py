@@ -207,7 +207,6 @@ def test_entity_rules_round_trip_and_authorize_only_their_entity(broker):
             with c.get_queue_receiver("entityq", max_wait_time=1) as r:
                 r.receive_messages(max_wait_time=1)
 
-
     async def plain() -> None:  # SASL PLAIN with the entity rule's key: its rights on its entity, none elsewhere
         c = await AmqpClient.connect(
             "127.0.0.1", broker.server.port, sasl_mechanism="PLAIN", username="qsend", password="cXNlbmQ="

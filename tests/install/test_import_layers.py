@@ -9,9 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-CORE = ("shardbus.namespace", "shardbus.registry", "shardbus.entity", "shardbus.partition", "shardbus.store",
-        "shardbus.access", "shardbus.endpoint", "shardbus.http", "shardbus.listener", "shardbus.cluster",
-        "shardbus.server", "shardbus.frontends", "shardbus.serve_command")
+CORE = (
+    "shardbus.namespace",
+    "shardbus.registry",
+    "shardbus.entity",
+    "shardbus.partition",
+    "shardbus.store",
+    "shardbus.access",
+    "shardbus.endpoint",
+    "shardbus.http",
+    "shardbus.listener",
+    "shardbus.cluster",
+    "shardbus.server",
+    "shardbus.frontends",
+    "shardbus.serve_command",
+)
 
 
 def loaded_by(statement: str) -> set[str]:

@@ -56,7 +56,11 @@ def test_run_sh_installs_and_serves(tmp_path):
     ready = threading.Event()
     proc = subprocess.Popen(
         ["bash", "scripts/run.sh", "--port", str(port), "--data-dir", str(data)],
-        cwd=clone, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cwd=clone,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         text=True,
     )
 
@@ -77,8 +81,12 @@ def test_run_sh_installs_and_serves(tmp_path):
         conn = next(x for x in lines if x.startswith("connection string: ")).removeprefix("connection string: ")
         # the installed package is a plain install: no optional package came with it
         check = subprocess.run(
-            [str(clone / ".venv" / "bin" / "python"), "-c", "import importlib.util as u, sys; "
-             "sys.exit(any(u.find_spec(m) for m in ('psycopg', 'pyspark', 'pyarrow')))"],
+            [
+                str(clone / ".venv" / "bin" / "python"),
+                "-c",
+                "import importlib.util as u, sys; "
+                "sys.exit(any(u.find_spec(m) for m in ('psycopg', 'pyspark', 'pyarrow')))",
+            ],
             timeout=60,
         )
         assert check.returncode == 0, "scripts/run.sh installed an optional package"
@@ -126,8 +134,13 @@ def test_pipeline_example_runs(tmp_path):
     clone = fresh_clone(tmp_path)
     env = clean_env() | {"ORDERS": "300", "PORT": str(free_port())}
     done = subprocess.run(
-        ["bash", "examples/pipeline/run.sh"], cwd=clone, env=env, capture_output=True, text=True,
-        timeout=INSTALL_TIMEOUT + 240, stdin=subprocess.DEVNULL,
+        ["bash", "examples/pipeline/run.sh"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT + 240,
+        stdin=subprocess.DEVNULL,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-5000:]

@@ -91,8 +91,15 @@ def test_every_module_imports_or_names_its_extra(no_extras):
     for name, extra in EXTRA_ONLY.items():
         assert f"pip install 'shardbus[{extra}]'" in missing[name]
     ok = {line.split()[1] for line in lines if line.startswith("OK")}
-    for needed in ("shardbus.cli", "shardbus.server", "shardbus.cluster.worker", "shardbus.cluster.supervisor",
-                   "shardbus.frontends", "shardbus.cli_commands", "shardbus.client"):
+    for needed in (
+        "shardbus.cli",
+        "shardbus.server",
+        "shardbus.cluster.worker",
+        "shardbus.cluster.supervisor",
+        "shardbus.frontends",
+        "shardbus.cli_commands",
+        "shardbus.client",
+    ):
         assert needed in ok
 
 
@@ -112,8 +119,10 @@ def _send_and_receive(conn_str: str, n: int = 20) -> None:
     assert sorted(got) == sorted(f"m{i}" for i in range(n))
 
 
-CONFIG = '{"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": [{"Name": "plain", "Properties": ' \
+CONFIG = (
+    '{"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": [{"Name": "plain", "Properties": '
     '{"EnablePartitioning": true}}]}]}}'
+)
 
 
 @pytest.mark.parametrize(
@@ -134,8 +143,17 @@ def test_serve_without_extras(tmp_path, no_extras, flags, mode):
         assert mode in serve.lines, serve.lines
         _send_and_receive(serve.connection_string)
         # a CLI command for a running broker, in the same plain environment
-        cli = run(no_extras, "-m", "shardbus.cli", "--connection-string", serve.connection_string,
-                  "--ca", str(tmp_path / "data" / "tls" / "ca.pem"), "queue", "list")
+        cli = run(
+            no_extras,
+            "-m",
+            "shardbus.cli",
+            "--connection-string",
+            serve.connection_string,
+            "--ca",
+            str(tmp_path / "data" / "tls" / "ca.pem"),
+            "queue",
+            "list",
+        )
         assert cli.returncode == 0, cli.stderr
         assert "plain" in cli.stdout
     finally:

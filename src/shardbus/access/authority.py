@@ -63,8 +63,7 @@ def management_right(operation: str) -> AccessRight:
 def missing_right(right: AccessRight, resource: str) -> Unauthorized:
     """The service's refusal of an operation the caller's rights do not cover."""
     return Unauthorized(
-        f"Unauthorized access. '{right.value}' claim(s) are required to perform this operation. "
-        f"Resource: '{resource}'."
+        f"Unauthorized access. '{right.value}' claim(s) are required to perform this operation. Resource: '{resource}'."
     )
 
 

@@ -30,7 +30,6 @@ from ..store.postgres import LEASE_SCHEMA, PostgresLeases, SharedConnection, _cr
 log = logging.getLogger("shardbus.cluster")
 
 
-
 class ClusterMetadata:
     """The worker registry and the partition placement (leases). Thread-safe; errors are StoreError."""
 

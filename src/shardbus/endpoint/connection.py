@@ -275,9 +275,7 @@ class ServiceBusConnection(SendLinks, ReceiveLinks, CoordinatorLinks, NodeLinks)
         log.log(level, "%s: %s: %s", what, error.condition, error.description, extra=self._context(link))
 
     def _on_begin(self, e: ev.SessionBeginRequested) -> None:
-        self.amqp.begin(
-            e.session, incoming_window=WINDOW, outgoing_window=WINDOW, handle_max=self.limits.handle_max
-        )
+        self.amqp.begin(e.session, incoming_window=WINDOW, outgoing_window=WINDOW, handle_max=self.limits.handle_max)
 
     def _on_end(self, e: ev.SessionEnded) -> None:
         session = e.session

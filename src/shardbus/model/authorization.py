@@ -135,7 +135,8 @@ def from_sdk(rule: Any) -> AuthorizationRule:
     )
 
 
-def prepare_rules(rules: Iterable[Any], previous: Iterable[AuthorizationRule] = (), now: float | None = None
+def prepare_rules(
+    rules: Iterable[Any], previous: Iterable[AuthorizationRule] = (), now: float | None = None
 ) -> list[AuthorizationRule]:
     """Rules as an entity stores them: validated, keys generated, names unique (case-insensitively), creation times
     kept from ``previous`` rules of the same name and modification times moved only where something changed."""
