@@ -6,6 +6,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip==25.3
 .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/ruff check src tests bench
+.venv/bin/ruff format --check src tests bench
 
 # Debian's packages the suite drives, installed when missing (as root or with sudo; the tests that need one skip
 # without it, or fail under CI): Chromium for the explorer's browser tests (tests/explorer; Playwright drives it
