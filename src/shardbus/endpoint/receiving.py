@@ -434,6 +434,7 @@ class ReceiveLinks:
             else:
                 group += run
         failed: set[int] = set()
+        remote: dict[int, list[Future]] = {}  # partitions on workers: their echo waits for their verdicts
         for pid, group in groups.items():
             try:  # grouped by partition here: the receiver hands them on without grouping them again
                 futures = receiver.submit_complete_keys(group, pid)
@@ -445,29 +446,34 @@ class ReceiveLinks:
                 continue
             if any(isinstance(f, RemoteVerdict) for f in futures):
                 failed.add(pid)
-                items = [
-                    (ref, receiver, key, settled) for ref, key in zip(refs, keys, strict=True) if key & 0xFFFF == pid
-                ]
-                for future in futures:  # a remote partition's refusal comes with its reply: echo after it
-                    future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=items))
+                remote[pid] = futures
                 continue
             # As in ``_settle_delivery``: applied and queued, so the echo need not wait for the fsync.
             for future in futures:
                 self._log_failure_of(future)
-        if settled:
-            return
-        echo: dict[int, tuple[Any, list[int]]] = {}
         if not failed:
-            link = refs[0].link
-            if link.attached:
-                echo[id(link.session)] = (link, [ref.delivery_id for ref in refs])
-        else:
-            items = [
-                (ref, receiver, key, settled) for ref, key in zip(refs, keys, strict=True) if key & 0xFFFF not in failed
-            ]
-            if items:
-                self._echo_accepted(items, echo)
-        self._send_echoes(echo)
+            if not settled and refs[0].link.attached:
+                link = refs[0].link
+                self._send_echoes({id(link.session): (link, [ref.delivery_id for ref in refs])})
+            return
+        # Each delivery to its worker's group (echoed once the verdict comes) or to the echo now, in one pass: a
+        # range over many partitions of workers was walked once per partition.
+        items_of: dict[int, list[tuple[Any, Any, int, bool]]] = {pid: [] for pid in remote}
+        local: list[tuple[Any, Any, int, bool]] = []
+        for ref, key in zip(refs, keys, strict=True):
+            pid = key & 0xFFFF
+            items = items_of.get(pid)
+            if items is not None:
+                items.append((ref, receiver, key, settled))
+            elif pid not in failed:
+                local.append((ref, receiver, key, settled))
+        for pid, futures in remote.items():
+            for future in futures:  # a remote partition's refusal comes with its reply: echo after it
+                future.verdict.add_done_callback(partial(self._later_verdict, receiver=receiver, items=items_of[pid]))
+        if local and not settled:
+            echo: dict[int, tuple[Any, list[int]]] = {}
+            self._echo_accepted(local, echo)
+            self._send_echoes(echo)
 
     @staticmethod
     def _echo_accepted(items: list[tuple[Any, Any, int, bool]], echo: dict[int, tuple[Any, list[int]]]) -> None:
