@@ -296,7 +296,6 @@ _SEND = ("body", "message_id", "application_properties", "body_type", "wire_sect
 _KEPT = ("lock_token", "locked_until_ms", "enqueued_sequence_number")
 _SET = ("sequence_number", "enqueued_time_ms", "expires_at_ms", "partition_id", "delivery_count", "state")
 assert set(_SEND) | set(_KEPT) | set(_SET) | set(_RARE) == set(_F) and len(_SEND + _KEPT + _SET + _RARE) == len(_F)
-_namespace["_ACTIVE"] = MessageState.ACTIVE
 # What a worker gives the fields of a send record that do not travel, in order: ``_SET`` (the partition sets them
 # at enqueue), and also ``_RARE`` and ``_KEPT`` when its last element is None. Stored from one tuple unpacked: two
 # bytecodes a field (the message, the store) instead of three (a copy of None first).
