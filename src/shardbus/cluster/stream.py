@@ -17,7 +17,8 @@ here:
   streaming unpacker's buffer, two copies of every frame fewer than ``data_received`` and ``Unpacker.feed`` (a
   frame of a hundred 1 KB messages is 120 KB). Only a frame that a read left partly received is moved, to the
   buffer's start, when the room after it runs short. ``queue`` collects frames written during a loop turn and
-  writes them in one ``writelines`` at its end; ``write`` writes a list of frames now. A frame that cannot be
+  writes them in one ``writelines`` at its end (``queue_last``: a frame packed only then, last in that write);
+  ``write`` writes a list of frames now. A frame that cannot be
   read, or longer than ``wire.MAX_FRAME_BYTES`` (a broken peer), closes the stream.
 - Closed: ``closed`` resolves and ``on_lost`` is called once; writes are dropped (the caller fails what was in
   flight: ``remote.WorkerLink._lost``).
@@ -73,6 +74,8 @@ class FrameStream(asyncio.BufferedProtocol):
         self._start = 0  # where the bytes not yet read as frames begin in the buffer
         self._end = 0  # where the bytes received end
         self._queued: list[bytes] = []
+        self._last: list[Callable[[], bytes]] = []  # makers of frames that go last in the turn's write
+        self._write_due = False  # ``_write_queued`` is scheduled
         self.frame_bytes = 0  # the length of the frame ``on_frame`` is given
         self._timer: asyncio.TimerHandle | None = None
 
@@ -107,6 +110,7 @@ class FrameStream(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
         self._queued = []
+        self._last = []
         if not self.opened.done():
             why = f" ({exc})" if exc is not None else ""
             self.opened.set_exception(ConnectionError(f"the connection closed during the handshake{why}"))
@@ -235,10 +239,24 @@ class FrameStream(asyncio.BufferedProtocol):
     def queue(self, frame: bytes) -> None:
         """Write a packed frame at the end of this loop turn, with the others queued in it (on the loop thread)."""
         self._queued.append(frame)
-        if len(self._queued) == 1:
+        if not self._write_due:
+            self._write_due = True
+            self.loop.call_soon(self._write_queued)
+
+    def queue_last(self, make: Callable[[], bytes]) -> None:
+        """Have ``make()`` pack a frame as this turn's queued frames are written, after them and in the same write
+        (on the loop thread): a frame that gathers what the turn brings (a worker's ``written`` ids) goes with
+        the replies of that turn instead of in a write of its own one callback later."""
+        self._last.append(make)
+        if not self._write_due:
+            self._write_due = True
             self.loop.call_soon(self._write_queued)
 
     def _write_queued(self) -> None:
+        self._write_due = False
+        if self._last:
+            last, self._last = self._last, []
+            self._queued.extend([make() for make in last])
         frames, self._queued = self._queued, []
         self.write(frames)
 
