@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,15 @@ HANDSHAKE_TIMEOUT = 5.0
 
 BUFFER_BYTES = 256 * 1024  # the receive buffer: two frames of a hundred 1 KB messages
 READ_ROOM = 64 * 1024  # the least room a read is offered; less left after the received bytes: they move first
+
+# Read once per frame: bound here, not looked up in ``wire`` per frame
+_LENGTH = wire.LENGTH
+_LENGTH_FORMAT = struct.Struct({4: ">I", 8: ">Q"}[_LENGTH])
+_read_length = _LENGTH_FORMAT.unpack_from  # a frame's length where it lies in the buffer, no slice made first
+_pack_length = _LENGTH_FORMAT.pack
+_unpack = wire.unpack_frame
+_MAX_FRAME = wire.MAX_FRAME_BYTES
+_KEEP_BELOW = wire.KEEP_READER_BELOW
 
 
 class FrameStream(asyncio.BufferedProtocol):
@@ -186,19 +196,18 @@ class FrameStream(asyncio.BufferedProtocol):
     # --- frames (open) -----------------------------------------------------------------------------
     def _frames(self) -> None:
         """Every complete frame received, read where it lies in the buffer, to ``on_frame``."""
-        view, start, end = self._view, self._start, self._end
-        length, unpack, size_of = wire.LENGTH, wire.unpack_frame, int.from_bytes
+        buffer, view, start, end = self._buffer, self._view, self._start, self._end
         partial = 0  # the whole size of a frame only partly received
         try:
-            while end - start >= length:
-                size = size_of(view[start : start + length], "big")
-                if size > wire.MAX_FRAME_BYTES:
-                    raise ValueError(f"a frame of {size} bytes, more than {wire.MAX_FRAME_BYTES}")
-                stop = start + length + size
+            while end - start >= _LENGTH:
+                (size,) = _read_length(buffer, start)
+                if size > _MAX_FRAME:
+                    raise ValueError(f"a frame of {size} bytes, more than {_MAX_FRAME}")
+                stop = start + _LENGTH + size
                 if stop > end:
                     partial = stop - start
                     break
-                frame = unpack(view[start + length : stop])
+                frame = _unpack(view[start + _LENGTH : stop])
                 start = self._start = stop
                 self.frame_bytes = size  # what ``on_frame`` may ask: the frame's length (remote.py's ``Held``)
                 self.on_frame(frame)
@@ -207,11 +216,13 @@ class FrameStream(asyncio.BufferedProtocol):
             self._start = self._end = 0
             self.close()
             return
-        if start == end:
+        if start == end:  # every byte read as frames (nearly always): the next read starts the buffer over
             self._start = self._end = 0
-        if len(self._buffer) > wire.KEEP_READER_BELOW and max(partial, end - start) <= BUFFER_BYTES - READ_ROOM:
+            if len(buffer) > _KEEP_BELOW:
+                self._move_to(bytearray(BUFFER_BYTES))  # done with a big frame: a small buffer again
+        elif len(buffer) > _KEEP_BELOW and max(partial, end - start) <= BUFFER_BYTES - READ_ROOM:
             self._move_to(bytearray(BUFFER_BYTES))  # done with a big frame: a small buffer again
-        elif partial > len(self._buffer) - self._start:
+        elif partial > len(buffer) - start:
             self._make_room(partial - (end - start))  # room for all of the frame partly received
 
     def _make_room(self, room: int) -> None:
@@ -233,8 +244,10 @@ class FrameStream(asyncio.BufferedProtocol):
     def write(self, frames: list[bytes]) -> None:
         """Write packed frames now, each after its length, in one call (on the loop thread)."""
         if self.state == "open" and frames:
-            length = wire.LENGTH
-            self.transport.writelines([part for f in frames for part in (len(f).to_bytes(length, "big"), f)])  # type: ignore[union-attr]
+            parts = []
+            for f in frames:
+                parts += (_pack_length(len(f)), f)
+            self.transport.writelines(parts)  # type: ignore[union-attr]
 
     def queue(self, frame: bytes) -> None:
         """Write a packed frame at the end of this loop turn, with the others queued in it (on the loop thread)."""
