@@ -4,9 +4,11 @@ back by kind, how many messages a lock request brings back and how many tokens a
 
 The front end of ``shardbus serve --workers 1`` runs with counters around ``cluster/remote.py``'s
 ``WorkerLink.call`` (each request, by operation), ``WorkerLink._frame`` (each frame back: reply, applied,
-written, event) and ``WorkerLink._flush`` (each write of a burst); SIGUSR1 makes it write them to a file, read
-before and after the measured phase. Same clients, queue and messages as bench/scale.py (``ShardbusServe``,
-``Role``). Counts, not times: the machine's speed does not move them (the clients' pace does, a little).
+written, event) and ``WorkerLink._flush`` (each write of a burst), and its forked workers with one around
+``FrameStream.write`` (each write back and the frames in it); SIGUSR1 makes each process write its counts to a
+file, read and summed before and after the measured phase. Same clients, queue and messages as bench/scale.py
+(``ShardbusServe``, ``Role``). Counts, not times: the machine's speed does not move them (the clients' pace does, a
+little).
 
     python bench/hop_counts.py [--count N] [--rounds R] [--base DIR] [--flags "--workers 1"] [--phase receive]
 """
