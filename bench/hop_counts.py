@@ -4,9 +4,11 @@ back by kind, how many messages a lock request brings back and how many tokens a
 
 The front end of ``shardbus serve --workers 1`` runs with counters around ``cluster/remote.py``'s
 ``WorkerLink.call`` (each request, by operation), ``WorkerLink._frame`` (each frame back: reply, applied,
-written, event) and ``WorkerLink._flush`` (each write of a burst); SIGUSR1 makes it write them to a file, read
-before and after the measured phase. Same clients, queue and messages as bench/scale.py (``ShardbusServe``,
-``Role``). Counts, not times: the machine's speed does not move them (the clients' pace does, a little).
+written, event) and ``WorkerLink._flush`` (each write of a burst), and its forked workers with one around
+``FrameStream.write`` (each write back and the frames in it); SIGUSR1 makes each process write its counts to a
+file, read and summed before and after the measured phase. Same clients, queue and messages as bench/scale.py
+(``ShardbusServe``, ``Role``). Counts, not times: the machine's speed does not move them (the clients' pace does, a
+little).
 
     python bench/hop_counts.py [--count N] [--rounds R] [--base DIR] [--flags "--workers 1"] [--phase receive]
 """
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 def _install_counters(out: Path) -> None:
     """In the serving process: count what the front end's links send and receive."""
-    from shardbus.cluster import remote, wire
+    from shardbus.cluster import remote, stream, wire
 
     counts: collections.Counter[str] = collections.Counter()
     # a named record's length: five elements since SBW7 (wire._NAMED), the nine broker fields before (a --base tree)
@@ -79,25 +81,52 @@ def _install_counters(out: Path) -> None:
     remote.WorkerLink._frame = counted_frame  # type: ignore[method-assign]
     remote.WorkerLink._flush = counted_flush  # type: ignore[method-assign]
 
+    # A worker's writes to its front ends (``serve --workers`` forks its workers from this process, so they count
+    # too): how many frames go back in how many writes (each one system call and, at the front end, a read).
+    stream_write = stream.FrameStream.write
+
+    def counted_write(self: Any, frames: list[bytes]) -> None:
+        if self.server and self.state == "open" and frames:
+            add(**{"writes from worker": 1, "frames from worker": len(frames)})
+        stream_write(self, frames)
+
+    stream.FrameStream.write = counted_write  # type: ignore[method-assign]
+    serving = os.getpid()
+
     def dump(*_: Any) -> None:
         with lock:
             data = dict(counts)
-        tmp = out.with_suffix(".tmp")
+        target = out if os.getpid() == serving else out.with_name(f"{out.name}.{os.getpid()}")  # a forked worker
+        tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
-        os.replace(tmp, out)
+        os.replace(tmp, target)
 
     signal.signal(signal.SIGUSR1, dump)
 
 
 def _snapshot(serve: scale.ShardbusServe, out: Path) -> dict[str, int]:
-    before = out.stat().st_mtime_ns if out.exists() else 0
-    serve.proc.send_signal(signal.SIGUSR1)
+    """The serving process's counts and its forked workers' (their writes back), summed."""
+    import scale
+
+    pids = {
+        pid: out if pid == serve.proc.pid else out.with_name(f"{out.name}.{pid}")
+        for pid in scale.process_roles(serve.proc.pid)
+    }
+    before = {pid: path.stat().st_mtime_ns if path.exists() else 0 for pid, path in pids.items()}
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
     deadline = time.monotonic() + 10
-    while not out.exists() or out.stat().st_mtime_ns == before:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the serving process wrote no counts")
-        time.sleep(0.02)
-    return json.loads(out.read_text())
+    total: collections.Counter[str] = collections.Counter()
+    for pid, path in pids.items():
+        while not path.exists() or path.stat().st_mtime_ns == before[pid]:
+            if time.monotonic() > deadline:
+                if pid != serve.proc.pid:  # a worker started again (not forked): nothing counted there
+                    break
+                raise RuntimeError("the serving process wrote no counts")
+            time.sleep(0.02)
+        else:
+            total.update(json.loads(path.read_text()))
+    return dict(total)
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ here:
   streaming unpacker's buffer, two copies of every frame fewer than ``data_received`` and ``Unpacker.feed`` (a
   frame of a hundred 1 KB messages is 120 KB). Only a frame that a read left partly received is moved, to the
   buffer's start, when the room after it runs short. ``queue`` collects frames written during a loop turn and
-  writes them in one ``writelines`` at its end; ``write`` writes a list of frames now. A frame that cannot be
+  writes them in one ``writelines`` at its end (``queue_last``: a frame packed only then, last in that write);
+  ``write`` writes a list of frames now. A frame that cannot be
   read, or longer than ``wire.MAX_FRAME_BYTES`` (a broken peer), closes the stream.
 - Closed: ``closed`` resolves and ``on_lost`` is called once; writes are dropped (the caller fails what was in
   flight: ``remote.WorkerLink._lost``).
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,15 @@ HANDSHAKE_TIMEOUT = 5.0
 
 BUFFER_BYTES = 256 * 1024  # the receive buffer: two frames of a hundred 1 KB messages
 READ_ROOM = 64 * 1024  # the least room a read is offered; less left after the received bytes: they move first
+
+# Read once per frame: bound here, not looked up in ``wire`` per frame
+_LENGTH = wire.LENGTH
+_LENGTH_FORMAT = struct.Struct({4: ">I", 8: ">Q"}[_LENGTH])
+_read_length = _LENGTH_FORMAT.unpack_from  # a frame's length where it lies in the buffer, no slice made first
+_pack_length = _LENGTH_FORMAT.pack
+_unpack = wire.unpack_frame
+_MAX_FRAME = wire.MAX_FRAME_BYTES
+_KEEP_BELOW = wire.KEEP_READER_BELOW
 
 
 class FrameStream(asyncio.BufferedProtocol):
@@ -73,6 +84,8 @@ class FrameStream(asyncio.BufferedProtocol):
         self._start = 0  # where the bytes not yet read as frames begin in the buffer
         self._end = 0  # where the bytes received end
         self._queued: list[bytes] = []
+        self._last: list[Callable[[], bytes]] = []  # makers of frames that go last in the turn's write
+        self._write_due = False  # ``_write_queued`` is scheduled
         self.frame_bytes = 0  # the length of the frame ``on_frame`` is given
         self._timer: asyncio.TimerHandle | None = None
 
@@ -107,6 +120,7 @@ class FrameStream(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
         self._queued = []
+        self._last = []
         if not self.opened.done():
             why = f" ({exc})" if exc is not None else ""
             self.opened.set_exception(ConnectionError(f"the connection closed during the handshake{why}"))
@@ -182,19 +196,18 @@ class FrameStream(asyncio.BufferedProtocol):
     # --- frames (open) -----------------------------------------------------------------------------
     def _frames(self) -> None:
         """Every complete frame received, read where it lies in the buffer, to ``on_frame``."""
-        view, start, end = self._view, self._start, self._end
-        length, unpack, size_of = wire.LENGTH, wire.unpack_frame, int.from_bytes
+        buffer, view, start, end = self._buffer, self._view, self._start, self._end
         partial = 0  # the whole size of a frame only partly received
         try:
-            while end - start >= length:
-                size = size_of(view[start : start + length], "big")
-                if size > wire.MAX_FRAME_BYTES:
-                    raise ValueError(f"a frame of {size} bytes, more than {wire.MAX_FRAME_BYTES}")
-                stop = start + length + size
+            while end - start >= _LENGTH:
+                (size,) = _read_length(buffer, start)
+                if size > _MAX_FRAME:
+                    raise ValueError(f"a frame of {size} bytes, more than {_MAX_FRAME}")
+                stop = start + _LENGTH + size
                 if stop > end:
                     partial = stop - start
                     break
-                frame = unpack(view[start + length : stop])
+                frame = _unpack(view[start + _LENGTH : stop])
                 start = self._start = stop
                 self.frame_bytes = size  # what ``on_frame`` may ask: the frame's length (remote.py's ``Held``)
                 self.on_frame(frame)
@@ -203,11 +216,13 @@ class FrameStream(asyncio.BufferedProtocol):
             self._start = self._end = 0
             self.close()
             return
-        if start == end:
+        if start == end:  # every byte read as frames (nearly always): the next read starts the buffer over
             self._start = self._end = 0
-        if len(self._buffer) > wire.KEEP_READER_BELOW and max(partial, end - start) <= BUFFER_BYTES - READ_ROOM:
+            if len(buffer) > _KEEP_BELOW:
+                self._move_to(bytearray(BUFFER_BYTES))  # done with a big frame: a small buffer again
+        elif len(buffer) > _KEEP_BELOW and max(partial, end - start) <= BUFFER_BYTES - READ_ROOM:
             self._move_to(bytearray(BUFFER_BYTES))  # done with a big frame: a small buffer again
-        elif partial > len(self._buffer) - self._start:
+        elif partial > len(buffer) - start:
             self._make_room(partial - (end - start))  # room for all of the frame partly received
 
     def _make_room(self, room: int) -> None:
@@ -229,16 +244,32 @@ class FrameStream(asyncio.BufferedProtocol):
     def write(self, frames: list[bytes]) -> None:
         """Write packed frames now, each after its length, in one call (on the loop thread)."""
         if self.state == "open" and frames:
-            length = wire.LENGTH
-            self.transport.writelines([part for f in frames for part in (len(f).to_bytes(length, "big"), f)])  # type: ignore[union-attr]
+            parts = []
+            for f in frames:
+                parts += (_pack_length(len(f)), f)
+            self.transport.writelines(parts)  # type: ignore[union-attr]
 
     def queue(self, frame: bytes) -> None:
         """Write a packed frame at the end of this loop turn, with the others queued in it (on the loop thread)."""
         self._queued.append(frame)
-        if len(self._queued) == 1:
+        if not self._write_due:
+            self._write_due = True
+            self.loop.call_soon(self._write_queued)
+
+    def queue_last(self, make: Callable[[], bytes]) -> None:
+        """Have ``make()`` pack a frame as this turn's queued frames are written, after them and in the same write
+        (on the loop thread): a frame that gathers what the turn brings (a worker's ``written`` ids) goes with
+        the replies of that turn instead of in a write of its own one callback later."""
+        self._last.append(make)
+        if not self._write_due:
+            self._write_due = True
             self.loop.call_soon(self._write_queued)
 
     def _write_queued(self) -> None:
+        self._write_due = False
+        if self._last:
+            last, self._last = self._last, []
+            self._queued.extend([make() for make in last])
         frames, self._queued = self._queued, []
         self.write(frames)
 

@@ -350,11 +350,14 @@ class WorkerConnection:
             return
         self._written_ids.append(request_id)
         if len(self._written_ids) == 1:
-            asyncio.get_running_loop().call_soon(self._send_written)
+            # packed as the turn's replies are written, in their write: a commit completes the settlements it
+            # carried and the enqueues it stored together, and their replies and this frame share one write (a
+            # write of its own one callback later was 0.010 writes per message in bench/hop_counts.py)
+            self.stream.queue_last(self._written_frame)
 
-    def _send_written(self) -> None:
+    def _written_frame(self) -> bytes:
         ids, self._written_ids = self._written_ids, []
-        self.send(wire.pack_frame([-1, ids, None]))
+        return wire.pack_frame([-1, ids, None])
 
     def _hurry(self, _key: str, request_id: int) -> None:
         """The front end waits for a settlement's write (``remote.RemoteSettlement.result``): stop its linger."""
