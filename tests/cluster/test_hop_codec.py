@@ -214,6 +214,41 @@ def test_lock_tokens_both_ways(tokens: list[uuid.UUID]) -> None:
 
 
 @needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 2**128 - 1),
+            st.integers(0, 2**40),
+            st.sampled_from((0, 1, 255, 256, 2**30 - 1, 2**30, 2**60, 2**64 - 1, 2**64, 2**120, 2**128 - 1)),
+        ),
+        max_size=8,
+    )
+)
+def test_lock_token_ints_of_every_size_both_ways(keys: list[int]) -> None:
+    """A token's int and its 16 bytes (converted straight from and to the int's digits where their layout is
+    known), small ints and those of every digit count."""
+    data = compiled.key_bytes(keys)
+    assert data == pure["key_bytes"](keys)
+    back = compiled.unpack_tokens(data)
+    assert back == pure["_unpack_tokens"](data) == keys
+    assert [type(k) for k in back] == [int] * len(keys)
+    tokens = [uuid.UUID(int=k) for k in keys]
+    assert compiled.token_bytes(tokens) == data
+    for m_token in tokens:  # one at a time too, as a record carries it
+        m = Message(b"")
+        m.lock_token = m_token
+        record = compiled.record(m)
+        assert record == pure["_record"](m)
+        assert compiled.from_record(record).lock_token == m_token
+    for bad in (-1, 2**128, -(2**100)):
+        with pytest.raises(OverflowError):
+            pure["key_bytes"]([bad])
+        with pytest.raises(OverflowError):
+            compiled.key_bytes([*keys, bad])
+
+
+@needs_compiled
 def test_what_the_compiled_code_does_not_take_goes_to_the_pure_code_or_fails_as_it_does() -> None:
     class Sub(Message):
         pass

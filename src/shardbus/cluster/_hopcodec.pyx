@@ -58,19 +58,80 @@ cdef extern from *:
     static CYTHON_INLINE PyObject* hc_int_of(PyObject* b) {
         return _PyLong_FromByteArray((const unsigned char*)PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b), 0, 0);
     }
-    /* An int's 16 big-endian unsigned bytes written at buf (int.to_bytes(16, 'big')); -1 with an exception set. */
-    static CYTHON_INLINE int hc_bytes16(PyObject* v, char* buf) {
+    /* A lock token's int and its 16 bytes, both ways. Where an int's layout is known (CPython before 3.12, 30-bit
+       digits) straight from and to its five digits: int.from_bytes and int.to_bytes go a byte at a time, ten
+       times the instructions. Elsewhere, what int.from_bytes and int.to_bytes call. */
+    #if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    #define HC_DIGITS 1
+    #endif
+    /* The int of 16 big-endian unsigned bytes (int.from_bytes(p[:16], 'big')). */
+    static PyObject* hc_int16(const char* s) {
+    #ifdef HC_DIGITS
+        const unsigned char* p = (const unsigned char*)s;
+        uint64_t hi = 0, lo = 0;
+        digit d[5];
+        Py_ssize_t n = 5;
+        PyLongObject* v;
+        int k;
+        for (k = 0; k < 8; k++) hi = (hi << 8) | p[k];
+        for (k = 8; k < 16; k++) lo = (lo << 8) | p[k];
+        d[0] = (digit)(lo & PyLong_MASK);
+        d[1] = (digit)((lo >> 30) & PyLong_MASK);
+        d[2] = (digit)(((lo >> 60) | (hi << 4)) & PyLong_MASK);
+        d[3] = (digit)((hi >> 26) & PyLong_MASK);
+        d[4] = (digit)(hi >> 56);
+        while (n > 0 && d[n - 1] == 0) n--;
+        if (n <= 1) return PyLong_FromLong((long)d[0]);  /* small ints are shared: as int.from_bytes gives them */
+        v = _PyLong_New(n);
+        if (v == NULL) return NULL;
+        memcpy(v->ob_digit, d, (size_t)n * sizeof(digit));
+        return (PyObject*)v;
+    #else
+        return _PyLong_FromByteArray((const unsigned char*)s, 16, 0, 0);
+    #endif
+    }
+    /* An int's 16 big-endian unsigned bytes written at buf (int.to_bytes(16, 'big')); -1 with an exception set
+       (OverflowError: negative, or 2**128 or more). */
+    static int hc_bytes16(PyObject* v, char* buf) {
+    #ifdef HC_DIGITS
+        Py_ssize_t n = Py_SIZE(v);
+        if (n >= 0 && n <= 5) {
+            digit d[5] = {0, 0, 0, 0, 0};
+            uint64_t hi, lo;
+            int k;
+            memcpy(d, ((PyLongObject*)v)->ob_digit, (size_t)n * sizeof(digit));
+            if (d[4] < 256) {
+                lo = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
+                hi = ((uint64_t)d[2] >> 4) | ((uint64_t)d[3] << 26) | ((uint64_t)d[4] << 56);
+                for (k = 7; k >= 0; k--) { buf[k] = (char)(hi & 0xff); hi >>= 8; }
+                for (k = 15; k >= 8; k--) { buf[k] = (char)(lo & 0xff); lo >>= 8; }
+                return 0;
+            }
+        }
+    #endif
     #if PY_VERSION_HEX >= 0x030D0000
         return _PyLong_AsByteArray((PyLongObject*)v, (unsigned char*)buf, 16, 0, 0, 1);
     #else
         return _PyLong_AsByteArray((PyLongObject*)v, (unsigned char*)buf, 16, 0, 0);
     #endif
     }
+    /* dict.pop(key[, deflt]) of an exact dict, in one lookup (deflt NULL: KeyError if key is not there). */
+    static PyObject* hc_dict_pop(PyObject* d, PyObject* key, PyObject* deflt) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        PyObject* result;
+        int found = PyDict_Pop(d, key, &result);
+        if (found < 0) return NULL;
+        if (found) return result;
+        if (deflt != NULL) { Py_INCREF(deflt); return deflt; }
+        result = PyTuple_Pack(1, key);
+        if (result != NULL) { PyErr_SetObject(PyExc_KeyError, result); Py_DECREF(result); }
+        return NULL;
+    #else
+        return _PyDict_Pop(d, key, deflt);
+    #endif
+    }
     static CYTHON_INLINE PyObject* hc_type(PyObject* o) { return (PyObject*)Py_TYPE(o); }
     static CYTHON_INLINE PyObject** hc_items(PyObject* seq) { return PySequence_Fast_ITEMS(seq); }
-    static CYTHON_INLINE PyObject* hc_int16(const char* p) {
-        return _PyLong_FromByteArray((const unsigned char*)p, 16, 0, 0);
-    }
     """
     PyObject* hc_slot(PyObject* o, Py_ssize_t off)
     void hc_put(PyObject* o, Py_ssize_t off, PyObject* v)
@@ -78,6 +139,7 @@ cdef extern from *:
     object hc_alloc(PyObject* t)
     object hc_int_of(PyObject* b)
     int hc_bytes16(PyObject* v, char* buf) except -1
+    object hc_dict_pop(PyObject* d, PyObject* key, PyObject* deflt)
     PyObject** hc_items(PyObject* seq)
     PyObject* hc_type(PyObject* o)
     object _int16 "hc_int16"(char* p)
@@ -87,6 +149,7 @@ cdef extern from *:
     bint PyTuple_CheckExact(PyObject* o)
     bint PyDict_CheckExact(PyObject* o)
     long PyLong_AsLong(PyObject* o) except? -1
+    long PyLong_AsLongAndOverflow(PyObject* o, int* overflow) except? -1
     object PyLong_FromLong(long v)
     object PyBytes_FromStringAndSize(char* s, Py_ssize_t n)
     char* PyBytes_AS_STRING(PyObject* o)
@@ -132,6 +195,9 @@ cdef object ACTIVE = MessageState.ACTIVE
 cdef object ZERO = 0
 cdef dict BT = {int(b): b for b in BodyType}
 cdef dict ST = {int(s): s for s in MessageState}
+# the members by their int where those are 0, 1, 2, ... (else by the dictionaries alone)
+cdef tuple BT_MEMBERS = tuple(BT[i] for i in range(len(BT))) if sorted(BT) == list(range(len(BT))) else ()
+cdef tuple ST_MEMBERS = tuple(ST[i] for i in range(len(ST))) if sorted(ST) == list(range(len(ST))) else ()
 cdef dict PURE = {}  # wire.py's pure functions, for a message of another type (``use_pure``)
 
 
@@ -211,11 +277,11 @@ cdef inline object _get(object m, int i):
     return <object>p
 
 
-cdef inline void _put(object m, int i, object v):
+cdef inline void _put(object m, int i, object v) noexcept:
     hc_put(<PyObject*>m, OFF[i], <PyObject*>v)
 
 
-cdef inline void _put_p(object m, int i, PyObject* v):
+cdef inline void _put_p(object m, int i, PyObject* v) noexcept:
     hc_put(<PyObject*>m, OFF[i], v)
 
 
@@ -261,6 +327,8 @@ cdef inline object _token_bytes(object t):
 cdef inline object _int_of(object token):
     """``int.from_bytes(token, 'big')``."""
     if PyBytes_CheckExact(<PyObject*>token):
+        if PyBytes_GET_SIZE(<PyObject*>token) == 16:
+            return _int16(PyBytes_AS_STRING(<PyObject*>token))
         return hc_int_of(<PyObject*>token)
     return int.from_bytes(token, "big")
 
@@ -281,8 +349,16 @@ cdef inline object _put_token(object m, object token):
         _put(m, I_TOKEN, _new_token(token))
 
 
-cdef inline object _enum_of(dict table, object value):
-    cdef PyObject* p = PyDict_GetItemWithError(table, value)
+cdef inline object _enum_of(tuple members, dict table, object value):
+    """``table[value]``: a member of an IntEnum by its int (``members`` by index: the usual case, without a hash)."""
+    cdef long i
+    cdef int overflow = 0
+    cdef PyObject* p
+    if PyLong_CheckExact(<PyObject*>value):
+        i = PyLong_AsLongAndOverflow(<PyObject*>value, &overflow)
+        if not overflow and 0 <= i < len(members):
+            return members[i]
+    p = PyDict_GetItemWithError(table, value)
     if p is NULL:
         raise KeyError(value)
     return <object>p
@@ -360,8 +436,8 @@ cdef object _from_record(object v):
         _put(m, I_HOPS, ZERO)
     else:
         _put_rare(m, rare)
-    _put(m, I_BODY_TYPE, _enum_of(BT, <object>it[3]))
-    _put(m, I_STATE, _enum_of(ST, <object>it[10]))
+    _put(m, I_BODY_TYPE, _enum_of(BT_MEMBERS, BT, <object>it[3]))
+    _put(m, I_STATE, _enum_of(ST_MEMBERS, ST, <object>it[10]))
     _put_token(m, <object>it[8])
     return m
 
@@ -384,27 +460,15 @@ cdef bint _all_messages(object messages) except -1:
 
 cdef object _pop(object held, object key):
     """``held.pop(key, None)``."""
-    cdef PyObject* p
     if PyDict_CheckExact(<PyObject*>held):
-        p = PyDict_GetItemWithError(held, key)
-        if p is NULL:
-            return None
-        value = <object>p
-        PyDict_DelItem(held, key)
-        return value
+        return hc_dict_pop(<PyObject*>held, <PyObject*>key, Py_None)
     return held.pop(key, None)
 
 
 cdef object _pop_required(object held, object key):
     """``held.pop(key)``."""
-    cdef PyObject* p
     if PyDict_CheckExact(<PyObject*>held):
-        p = PyDict_GetItemWithError(held, key)
-        if p is NULL:
-            raise KeyError(key)
-        value = <object>p
-        PyDict_DelItem(held, key)
-        return value
+        return hc_dict_pop(<PyObject*>held, <PyObject*>key, NULL)
     return held.pop(key)
 
 
@@ -462,7 +526,7 @@ def held_items_of(arrays):
             _put_p(m, I_MESSAGE_ID, it[3])
             _put_p(m, I_APP, it[4])
             _put_p(m, I_WIRE, it[6])
-            _put(m, I_BODY_TYPE, _enum_of(BT, <object>it[5]))
+            _put(m, I_BODY_TYPE, _enum_of(BT_MEMBERS, BT, <object>it[5]))
             extra = <object>it[7]
             # _SET's defaults
             _put_p(m, I_SEQ, Py_None)
@@ -545,7 +609,7 @@ def locked_of(lock, records, held):
     until = state = partition_id = None
     if lock is not None:
         until, state, partition_id = lock
-        state = _enum_of(ST, state)
+        state = _enum_of(ST_MEMBERS, ST, state)
     for v in records:
         if len(v) == 5:
             m = _pop_required(held, v[0])
