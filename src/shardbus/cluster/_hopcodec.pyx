@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, binding=False
 """The cluster wire's hot record codec, compiled (Cython 3): the same functions as ``wire.py``'s generated pure-Python
 code (``held_item_arrays``, ``held_items_of``, ``named_records_of``, ``records_of``, ``locked_of``, ``messages_of``,
-the lock tokens both ways), returning exactly the same Python values, so the same bytes go on the wire.
+the lock tokens both ways), returning exactly the same Python values, so the same bytes go on the wire; and the
+frames' packing itself (``pack``: plain values written here, any other by msgpack's packer, the same bytes).
 
 Why compiled, when compiling the hot modules as they are did not pay (docs/performance.md): these functions are all
 attribute traffic on one ``__slots__`` class (``Message``) and list building. Compiled untyped code still looks each
@@ -18,13 +19,19 @@ base class but ``object``, and ``uuid.UUID`` has its ``int`` and ``is_safe`` slo
 field tuples (``check_layout``), and the two must agree. A message of any other type (a subclass) goes through the
 pure function of the same call (``use_pure``), so it behaves exactly as before.
 
-Memory: nothing per call is kept; the module holds the slots' offsets and a few shared constants.
+Memory: nothing per call is kept (``pack``'s buffer is the call's own, freed before it returns); the module holds
+the slots' offsets and a few shared constants.
 """
 
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from libc.string cimport memcpy
+from libc.stdint cimport uint64_t, int64_t, uint32_t, uint16_t
 
 import uuid as _uuid_module
+
+import msgpack
 
 from ..model.message import BodyType, Message, MessageState
 
@@ -158,6 +165,18 @@ cdef extern from *:
     PyObject* PyDict_GetItemWithError(object d, object k) except? NULL
     int PyDict_DelItem(object d, object k) except -1
     PyObject* Py_None
+    PyObject* Py_True
+    PyObject* Py_False
+    bint PyFloat_CheckExact(PyObject* o)
+    bint PyUnicode_CheckExact(PyObject* o)
+    double PyFloat_AS_DOUBLE(PyObject* o)
+    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+    long long PyLong_AsLongLongAndOverflow(PyObject* o, int* overflow) except? -1
+    unsigned long long PyLong_AsUnsignedLongLong(PyObject* o) except? <unsigned long long>-1
+    Py_ssize_t PyList_GET_SIZE(PyObject* o)
+    PyObject* PyList_GET_ITEM(PyObject* o, Py_ssize_t i)
+    Py_ssize_t PyDict_GET_SIZE(PyObject* o)
+    int PyDict_Next(PyObject* d, Py_ssize_t* pos, PyObject** key, PyObject** value)
 
 # The fields as ``Message`` must have them, in slot order (checked at import).
 _FIELDS = (
@@ -693,3 +712,185 @@ def key_bytes(keys):
         hc_bytes16(<PyObject*>k, p + i)
         i += 16
     return out
+
+
+# --- frames packed straight to MessagePack --------------------------------------------------------------------
+# A frame's plain values (None, bool, int, float, str, bytes, list, dict: the exact types) written here, each as
+# msgpack's packer writes it (the same options as wire.py's: use_bin_type, strict_types, doubles), and any other
+# value (an extension value, a tuple, a subclass, an int past 64 bits) by msgpack's packer itself (``fallback``,
+# wire.py's ``_pack`` of before), its bytes put in place: MessagePack is context-free, a value's bytes are the same
+# packed alone or inside an array, so the frame's bytes are msgpack's to the byte. Saves msgpack's per-value type
+# dispatch and its buffer's bookkeeping; the buffer is the call's own (a fallback may run Python code, and other
+# threads pack too), freed before it returns.
+cdef object PACK_FALLBACK = None
+cdef PyObject* EXT_TYPE = <PyObject*>msgpack.ExtType
+cdef enum:
+    NEST_LIMIT = 256  # deeper than this, msgpack's packer takes the rest (it refuses past its own limit)
+
+
+cdef struct Buf:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _reserve(Buf* b, Py_ssize_t n) except -1:
+    cdef Py_ssize_t cap
+    cdef char* data
+    if b.size + n <= b.cap:
+        return 0
+    cap = b.cap * 2
+    if cap < b.size + n:
+        cap = b.size + n
+    data = <char*>PyMem_Realloc(b.data, cap)
+    if data is NULL:
+        raise MemoryError()
+    b.data, b.cap = data, cap
+    return 0
+
+
+cdef inline int _write(Buf* b, const char* s, Py_ssize_t n) except -1:
+    if b.size + n > b.cap:
+        _reserve(b, n)
+    memcpy(b.data + b.size, s, n)
+    b.size += n
+    return 0
+
+
+cdef inline int _byte(Buf* b, unsigned char c) except -1:
+    if b.size + 1 > b.cap:
+        _reserve(b, 1)
+    b.data[b.size] = <char>c
+    b.size += 1
+    return 0
+
+
+cdef inline int _head(Buf* b, unsigned char c, uint64_t v, int n) except -1:
+    """Byte ``c`` and ``v`` in ``n`` big-endian bytes."""
+    cdef int k
+    if b.size + 1 + n > b.cap:
+        _reserve(b, 1 + n)
+    b.data[b.size] = <char>c
+    for k in range(n):
+        b.data[b.size + n - k] = <char>(v & 0xff)
+        v >>= 8
+    b.size += 1 + n
+    return 0
+
+
+cdef inline int _sized(Buf* b, Py_ssize_t n, unsigned char fix, Py_ssize_t fix_below, int c8, unsigned char c16,
+                       unsigned char c32) except -1:
+    """A container's or a string's header: a fix form below ``fix_below``, else 8 (if ``c8`` >= 0), 16, 32 bits."""
+    if n < fix_below:
+        return _byte(b, fix | <unsigned char>n)
+    if c8 >= 0 and n < 0x100:
+        return _head(b, <unsigned char>c8, n, 1)
+    if n < 0x10000:
+        return _head(b, c16, n, 2)
+    if n <= 0xFFFFFFFF:
+        return _head(b, c32, n, 4)
+    raise ValueError("too large to pack")
+
+
+cdef int _fallback(Buf* b, object o) except -1:
+    cdef bytes data = PACK_FALLBACK(o)
+    return _write(b, PyBytes_AS_STRING(<PyObject*>data), PyBytes_GET_SIZE(<PyObject*>data))
+
+
+cdef int _int(Buf* b, object o) except -1:
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(<PyObject*>o, &overflow)
+    cdef unsigned long long u
+    if overflow == 0:
+        if v >= 0:
+            u = <unsigned long long>v
+            if u < 0x80:
+                return _byte(b, <unsigned char>u)
+            if u < 0x100:
+                return _head(b, 0xcc, u, 1)
+            if u < 0x10000:
+                return _head(b, 0xcd, u, 2)
+            if u < 0x100000000:
+                return _head(b, 0xce, u, 4)
+            return _head(b, 0xcf, u, 8)
+        if v >= -32:
+            return _byte(b, <unsigned char>(v & 0xff))
+        if v >= -0x80:
+            return _head(b, 0xd0, <uint64_t>v, 1)
+        if v >= -0x8000:
+            return _head(b, 0xd1, <uint64_t>v, 2)
+        if v >= -0x80000000:
+            return _head(b, 0xd2, <uint64_t>v, 4)
+        return _head(b, 0xd3, <uint64_t>v, 8)
+    if overflow > 0 and o <= 0xFFFFFFFFFFFFFFFF:
+        return _head(b, 0xcf, PyLong_AsUnsignedLongLong(<PyObject*>o), 8)
+    return _fallback(b, o)  # past 64 bits: msgpack's own answer (its default, or OverflowError)
+
+
+cdef int _value(Buf* b, object o, int depth) except -1:
+    cdef PyObject* p = <PyObject*>o
+    cdef PyObject* t = hc_type(p)
+    cdef Py_ssize_t n, i, pos
+    cdef const char* s
+    cdef PyObject* k
+    cdef PyObject* v
+    cdef double d
+    cdef uint64_t bits
+    if p == Py_None:
+        return _byte(b, 0xc0)
+    if PyLong_CheckExact(p):
+        return _int(b, o)
+    if PyBytes_CheckExact(p):
+        n = PyBytes_GET_SIZE(p)
+        _sized(b, n, 0, 0, 0xc4, 0xc5, 0xc6)
+        return _write(b, PyBytes_AS_STRING(p), n)
+    if PyUnicode_CheckExact(p):
+        s = PyUnicode_AsUTF8AndSize(o, &n)
+        _sized(b, n, 0xa0, 32, 0xd9, 0xda, 0xdb)
+        return _write(b, s, n)
+    if depth >= NEST_LIMIT:
+        return _fallback(b, o)
+    if PyList_CheckExact(p):
+        n = PyList_GET_SIZE(p)
+        _sized(b, n, 0x90, 16, -1, 0xdc, 0xdd)
+        for i in range(n):
+            _value(b, <object>PyList_GET_ITEM(p, i), depth + 1)  # a borrowed item: the list is not changed here
+        return 0
+    if PyDict_CheckExact(p):
+        n = PyDict_GET_SIZE(p)
+        _sized(b, n, 0x80, 16, -1, 0xde, 0xdf)
+        pos = 0
+        while PyDict_Next(p, &pos, &k, &v):
+            _value(b, <object>k, depth + 1)
+            _value(b, <object>v, depth + 1)
+        return 0
+    if p == Py_True:
+        return _byte(b, 0xc3)
+    if p == Py_False:
+        return _byte(b, 0xc2)
+    if PyFloat_CheckExact(p):
+        d = PyFloat_AS_DOUBLE(p)
+        memcpy(&bits, &d, 8)
+        return _head(b, 0xcb, bits, 8)
+    return _fallback(b, o)
+
+
+def pack(value):
+    """``value``'s MessagePack bytes, as wire.py's packer makes them (see above)."""
+    cdef Buf b
+    b.size = 0
+    b.cap = 16384
+    b.data = <char*>PyMem_Malloc(b.cap)
+    if b.data is NULL:
+        raise MemoryError()
+    try:
+        _value(&b, value, 0)
+        return PyBytes_FromStringAndSize(b.data, b.size)
+    finally:
+        PyMem_Free(b.data)
+
+
+def set_pack_fallback(fallback) -> None:
+    """The packer of every value ``pack`` does not write itself (wire.py's msgpack packer)."""
+    global PACK_FALLBACK
+    PACK_FALLBACK = fallback

@@ -602,7 +602,8 @@ def _key_bytes(keys: list[int]) -> bytes:
 # --- the compiled codec -----------------------------------------------------------------------------------------
 # The functions above that run per message in the hot calls, compiled (``_hopcodec.pyx``, Cython: each ``Message``
 # slot read and written at its offset, the records' lists built in C; docs/performance.md): the same values from
-# the same arguments, so the same bytes on the wire. The pure-Python code above stays, and runs when the extension
+# the same arguments, so the same bytes on the wire. It also packs the frames (``_pack`` below: plain values itself,
+# any other through msgpack's packer, to the same bytes). The pure-Python code above stays, and runs when the extension
 # was not built (an optional one: a failed compile still installs shardbus), fails to import (it refuses a
 # ``Message`` or a record layout other than the one it was written for), or ``SHARDBUS_PURE_HOP=1`` asks for it.
 PURE: dict[str, Callable[..., Any]] = {
@@ -718,7 +719,11 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 # strict types: int and str subclasses (AMQP types in annotations, the model's enums) keep their type
-_pack = records.PackerPool(default=_default, use_bin_type=True, strict_types=True).pack
+_msgpack_pack = records.PackerPool(default=_default, use_bin_type=True, strict_types=True).pack
+_pack = _msgpack_pack
+if COMPILED is not None:  # plain values written by the compiled codec, any other by msgpack's packer: same bytes
+    COMPILED.set_pack_fallback(_msgpack_pack)
+    _pack = COMPILED.pack
 
 
 def _unpack(data: bytes) -> Any:
