@@ -343,7 +343,18 @@ def test_building_and_dropping_records_leaks_nothing() -> None:
     for i, m in enumerate(sent):
         m.sequence_number = m.enqueued_sequence_number = i
         m.lock_token, m.locked_until_ms, m.partition_id, m.delivery_count = uuid.uuid4(), 5, 1, 1
-    shared = (body, props, key, BodyType.DATA, MessageState.ACTIVE, uuid.SafeUUID.unknown, sent[0], sent[0].lock_token)
+    big = b"x" * (2 << 20)
+    shared = (
+        body,
+        props,
+        key,
+        big,
+        BodyType.DATA,
+        MessageState.ACTIVE,
+        uuid.SafeUUID.unknown,
+        sent[0],
+        sent[0].lock_token,
+    )
     batch = [(key, [(0, m)]) for m in sent]
 
     def rounds(n: int) -> None:
@@ -356,6 +367,8 @@ def test_building_and_dropping_records_leaks_nothing() -> None:
             lock, named = compiled.named_records_of(sent, held)
             compiled.locked_of(lock, named, {m.sequence_number: m for m in sent})
             compiled.unpack_tokens(compiled.token_bytes([m.lock_token for m in sent]))
+            compiled.pack([7, key, 1.5, "enqueue", [arrays, key], (key,), props])  # a tuple: msgpack's packer
+            compiled.pack([big])  # past the kept buffers' bound: its buffer is freed
 
     rounds(10)
     gc.collect()

@@ -19,8 +19,9 @@ base class but ``object``, and ``uuid.UUID`` has its ``int`` and ``is_safe`` slo
 field tuples (``check_layout``), and the two must agree. A message of any other type (a subclass) goes through the
 pure function of the same call (``use_pure``), so it behaves exactly as before.
 
-Memory: nothing per call is kept (``pack``'s buffer is the call's own, freed before it returns); the module holds
-the slots' offsets and a few shared constants.
+Memory: nothing per call is kept; the module holds the slots' offsets, a few shared constants, and ``pack``'s
+buffers for the next packs: at most ``POOL_SIZE`` (4) of at most ``KEEP_BELOW`` (wire.py's, 1 MB) each, each as
+large as the largest frame it packed (a frame of a hundred 1 KB messages: 128 KB).
 """
 
 from cpython.object cimport PyObject, PyTypeObject
@@ -30,8 +31,6 @@ from libc.string cimport memcpy
 from libc.stdint cimport uint64_t, int64_t, uint32_t, uint16_t
 
 import uuid as _uuid_module
-
-import msgpack
 
 from ..model.message import BodyType, Message, MessageState
 
@@ -720,10 +719,9 @@ def key_bytes(keys):
 # value (an extension value, a tuple, a subclass, an int past 64 bits) by msgpack's packer itself (``fallback``,
 # wire.py's ``_pack`` of before), its bytes put in place: MessagePack is context-free, a value's bytes are the same
 # packed alone or inside an array, so the frame's bytes are msgpack's to the byte. Saves msgpack's per-value type
-# dispatch and its buffer's bookkeeping; the buffer is the call's own (a fallback may run Python code, and other
-# threads pack too), freed before it returns.
+# dispatch. Each pack writes into a buffer of its own while it runs (a fallback may run Python code, and other
+# threads pack too), taken from and given back to a small pool (below).
 cdef object PACK_FALLBACK = None
-cdef PyObject* EXT_TYPE = <PyObject*>msgpack.ExtType
 cdef enum:
     NEST_LIMIT = 256  # deeper than this, msgpack's packer takes the rest (it refuses past its own limit)
 
@@ -875,22 +873,44 @@ cdef int _value(Buf* b, object o, int depth) except -1:
     return _fallback(b, o)
 
 
+# Buffers kept for the next packs (as wire.py's packers are kept: ``records.PackerPool``): one grown to a frame's
+# size once is not grown again, copy by copy, for every frame. A pack takes one (a nested pack, or another thread's
+# while a fallback runs Python code, takes another) and gives it back if it stayed below ``KEEP_BELOW``.
+cdef enum:
+    POOL_SIZE = 4
+    FIRST_BYTES = 64 * 1024
+cdef char* POOL[POOL_SIZE]
+cdef Py_ssize_t POOL_CAP[POOL_SIZE]
+cdef int POOLED = 0
+cdef Py_ssize_t KEEP_BELOW = 1024 * 1024
+
+
 def pack(value):
     """``value``'s MessagePack bytes, as wire.py's packer makes them (see above)."""
+    global POOLED
     cdef Buf b
+    if POOLED:
+        POOLED -= 1
+        b.data, b.cap = POOL[POOLED], POOL_CAP[POOLED]
+    else:
+        b.data, b.cap = <char*>PyMem_Malloc(FIRST_BYTES), FIRST_BYTES
+        if b.data is NULL:
+            raise MemoryError()
     b.size = 0
-    b.cap = 16384
-    b.data = <char*>PyMem_Malloc(b.cap)
-    if b.data is NULL:
-        raise MemoryError()
     try:
         _value(&b, value, 0)
         return PyBytes_FromStringAndSize(b.data, b.size)
     finally:
-        PyMem_Free(b.data)
+        if b.cap <= KEEP_BELOW and POOLED < POOL_SIZE:
+            POOL[POOLED], POOL_CAP[POOLED] = b.data, b.cap
+            POOLED += 1
+        else:
+            PyMem_Free(b.data)
 
 
-def set_pack_fallback(fallback) -> None:
-    """The packer of every value ``pack`` does not write itself (wire.py's msgpack packer)."""
-    global PACK_FALLBACK
+def set_pack_fallback(fallback, keep_below: int) -> None:
+    """The packer of every value ``pack`` does not write itself (wire.py's msgpack packer), and the largest buffer
+    kept for the next packs."""
+    global PACK_FALLBACK, KEEP_BELOW
     PACK_FALLBACK = fallback
+    KEEP_BELOW = keep_below

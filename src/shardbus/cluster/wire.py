@@ -722,7 +722,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
 _msgpack_pack = records.PackerPool(default=_default, use_bin_type=True, strict_types=True).pack
 _pack = _msgpack_pack
 if COMPILED is not None:  # plain values written by the compiled codec, any other by msgpack's packer: same bytes
-    COMPILED.set_pack_fallback(_msgpack_pack)
+    COMPILED.set_pack_fallback(_msgpack_pack, records.KEEP_PACKER_BELOW)
     _pack = COMPILED.pack
 
 
