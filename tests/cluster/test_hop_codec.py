@@ -36,7 +36,7 @@ except ImportError:  # not built (or refused this Message): wire.py runs its pur
 needs_compiled = pytest.mark.skipif(
     compiled is None and os.environ.get("CI") != "true",
     reason="the compiled hop codec (shardbus/cluster/_hopcodec.pyx) is not built here: "
-    "build it with `pip install -e .` or `python setup.py build_ext --inplace`",
+    "build it with `pip install -e .` (docs/performance.md, 'The hop codec, compiled')",
 )
 pure = wire.PURE
 

@@ -17,7 +17,7 @@ Safety: the import fails (``ImportError``; ``wire.py`` then keeps its pure code)
 class this module is written for: these slots in this order, each a plain writable object slot, no ``__dict__``, no
 base class but ``object``, and ``uuid.UUID`` has its ``int`` and ``is_safe`` slots. ``wire.py`` also hands over its
 field tuples (``check_layout``), and the two must agree. A message of any other type (a subclass) goes through the
-pure function of the same call (``use_pure``), so it behaves exactly as before.
+pure function of the same call (``PURE``), so it behaves exactly as before.
 
 Memory: nothing per call is kept; the module holds the slots' offsets, a few shared constants, and ``pack``'s
 buffers for the next packs: at most ``POOL_SIZE`` (4) of at most ``KEEP_BELOW`` (wire.py's, 1 MB) each, each as
@@ -216,7 +216,7 @@ cdef dict ST = {int(s): s for s in MessageState}
 # the members by their int where those are 0, 1, 2, ... (else by the dictionaries alone)
 cdef tuple BT_MEMBERS = tuple(BT[i] for i in range(len(BT))) if sorted(BT) == list(range(len(BT))) else ()
 cdef tuple ST_MEMBERS = tuple(ST[i] for i in range(len(ST))) if sorted(ST) == list(range(len(ST))) else ()
-cdef dict PURE = {}  # wire.py's pure functions, for a message of another type (``use_pure``)
+cdef dict PURE = {}  # wire.py's pure functions: what a message of another type (a subclass) goes through
 
 
 def _layout() -> None:
@@ -275,7 +275,7 @@ for _i, _name in enumerate(_RARE):
 
 def check_layout(common: tuple, rare: tuple, send: tuple, kept: tuple, set_: tuple, named: tuple, lock: tuple,
                  sent_defaults: tuple, set_defaults: tuple, pure: dict) -> bool:
-    """Whether ``wire.py``'s record layout is the one compiled here (if so, ``pure`` is kept for ``use_pure``)."""
+    """Whether ``wire.py``'s record layout is the one compiled here (if so, ``pure`` is kept: ``PURE``)."""
     same = (
         (common, rare, send, kept, set_, named, lock) == (_COMMON, _RARE, _SEND, _KEPT, _SET, _NAMED, _LOCK)
         and set_defaults == (None, None, None, None, 0, ACTIVE)

@@ -602,10 +602,11 @@ def _key_bytes(keys: list[int]) -> bytes:
 # --- the compiled codec -----------------------------------------------------------------------------------------
 # The functions above that run per message in the hot calls, compiled (``_hopcodec.pyx``, Cython: each ``Message``
 # slot read and written at its offset, the records' lists built in C; docs/performance.md): the same values from
-# the same arguments, so the same bytes on the wire. It also packs the frames (``_pack`` below: plain values itself,
-# any other through msgpack's packer, to the same bytes). The pure-Python code above stays, and runs when the extension
-# was not built (an optional one: a failed compile still installs shardbus), fails to import (it refuses a
-# ``Message`` or a record layout other than the one it was written for), or ``SHARDBUS_PURE_HOP=1`` asks for it.
+# the same arguments, so the same bytes on the wire. It also packs the frames (``_pack`` below: plain values
+# itself, any other through msgpack's packer, to the same bytes). The pure-Python code above stays, and runs when
+# the extension was not built (an optional one: a failed compile still installs shardbus), fails to import (it
+# refuses a ``Message`` or a record layout other than the one it was written for), or ``SHARDBUS_PURE_HOP=1`` asks
+# for it.
 PURE: dict[str, Callable[..., Any]] = {
     "held_item_arrays": held_item_arrays,
     "held_items_of": held_items_of,
