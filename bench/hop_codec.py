@@ -10,7 +10,15 @@ complete of 100):
     end packs, the worker reads, and builds the messages as the worker does for the operation);
   - ``pack-lock-reply`` / ``unpack-lock-reply``: a ``lock_messages`` reply's frame, its messages locked (the
     worker packs, the front end reads);
-  - ``pack-complete`` / ``unpack-complete``: a ``complete`` request's frame, its lock tokens.
+  - ``pack-complete`` / ``unpack-complete``: a ``complete`` request's frame, its lock tokens;
+  - ``pack-send`` / ``unpack-send``: an ``enqueue``'s send records (``held_item_arrays``) and their frame, read
+    back by the worker (``held_items_of``), as a queue's sends through one front end go since SBW6;
+  - ``pack-locked`` / ``unpack-locked``: a lock reply naming the messages the front end holds
+    (``named_records_of``, ``reply_frame``) and the front end's reading of it (``locked_of``; each rep copies the
+    held dictionary, a few instructions a message).
+
+Run it with ``SHARDBUS_PURE_HOP=1`` in the environment to count the pure-Python codec of a tree that has the
+compiled one (``cluster/_hopcodec.pyx``).
 
 A frame is read as the tree's stream reads it: from its bytes where they lie (``wire.unpack_frame``, since SBW4),
 or before that through a streaming ``msgpack.Unpacker`` fed the bytes.
@@ -35,6 +43,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("pack-enqueue", "unpack-enqueue", "pack-lock-reply", "unpack-lock-reply", "pack-complete", "unpack-complete")
+# The paths a queue's sends and receives through one front end take since SBW6 (bench/scale.py's "both"): an
+# enqueue's send records (``held_item_arrays``, the worker's ``held_items_of``) and a lock reply that names what
+# the front end holds (``named_records_of``, the front end's ``locked_of``).
+HELD_OPS = ("pack-send", "unpack-send", "pack-locked", "unpack-locked")
 
 
 def _messages(n: int, body: bytes, locked: bool) -> list[Any]:
@@ -63,6 +75,9 @@ def run_one(op: str, reps: int, batch: int, body_size: int) -> None:
     body = os.urandom(body_size)
     key, now = "ns/entities/1/p03.db", time.time()
     what, _, name = op.partition("-")
+    if name in ("send", "locked"):
+        _run_held(wire, what, name, reps, batch, body, key, now)
+        return
     if name == "enqueue":
         items = [(None, [(0, m)]) for m in _messages(batch, body, locked=False)]
         inline = getattr(wire, "ItemsArg", None)  # in the request itself (before it: one extension value)
@@ -100,6 +115,30 @@ def run_one(op: str, reps: int, batch: int, body_size: int) -> None:
                 pass
 
 
+def _run_held(wire: Any, what: str, name: str, reps: int, batch: int, body: bytes, key: str, now: float) -> None:
+    """``HELD_OPS``: the front end's and the worker's codec calls and the frame's packing or reading."""
+    if name == "send":
+        items = [(None, [(0, m)]) for m in _messages(batch, body, locked=False)]
+        arrays, _ = wire.held_item_arrays(items)
+        data = wire.pack_frame([7, key, now, "enqueue", [arrays, "0123456789abcdef0123456789abcdef"]])
+        for _ in range(reps):
+            if what == "pack":
+                arrays, _ = wire.held_item_arrays(items)
+                wire.pack_frame([7, key, now, "enqueue", [arrays, "0123456789abcdef0123456789abcdef"]])
+            else:
+                wire.held_items_of(wire.unpack_frame(memoryview(data))[4][0])
+        return
+    messages = _messages(batch, body, locked=True)
+    held = {m.sequence_number: m for m in messages}
+    data = wire.reply_frame(8, True, wire.Locked(wire.named_records_of(messages, dict(held))), None)
+    for _ in range(reps):
+        if what == "pack":
+            wire.reply_frame(8, True, wire.Locked(wire.named_records_of(messages, dict(held))), None)
+        else:
+            frame = wire.unpack_frame(memoryview(data))
+            wire.locked_of(frame[5], frame[2], dict(held))
+
+
 def _frames(wire: Any, data: bytes) -> list[Any]:
     """One frame read back as the tree's stream reads it: from its bytes where they lie (``unpack_frame``, wire
     SBW4 on), else fed to a streaming unpacker (which copies them into its buffer first)."""
@@ -129,8 +168,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--batch", type=int, default=0, help="messages per frame (default: 100, a lock reply 50)")
     parser.add_argument("--body", type=int, default=1024)
-    parser.add_argument("--ops", default=",".join(OPS))
-    parser.add_argument("--one", choices=OPS, help=argparse.SUPPRESS)
+    parser.add_argument("--ops", default=",".join(OPS), help=f"of {', '.join(OPS + HELD_OPS)}")
+    parser.add_argument("--one", choices=OPS + HELD_OPS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         run_one(args.one, args.reps, args.batch, args.body)
@@ -140,7 +179,7 @@ def main() -> None:
     per: dict[tuple[str, str], float] = {}
     for name, tree in trees:
         for op in ops:
-            batch = args.batch or (50 if op.endswith("lock-reply") else 100)
+            batch = args.batch or (50 if op.endswith(("lock-reply", "locked")) else 100)
             idle = count(tree, op, 0, batch, args.body)
             busy = count(tree, op, args.reps, batch, args.body)
             per[name, op] = (busy - idle) / (args.reps * batch)

@@ -514,7 +514,7 @@ items_of: Callable[[list[list[Any]]], list[tuple[Any, list[tuple[int, Message]]]
 
 def _copies_of(flat: list[Any]) -> list[tuple[int, Message]]:
     """An item's copies from ``[slot, record, slot, record, ...]`` (a message sent to several slots: a topic's)."""
-    message = _from_record
+    message = _namespace["_from_record"]  # the pure one: ``PURE``'s functions stay pure (the compiled has its own)
     return [(flat[i], message(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
@@ -589,6 +589,61 @@ def reply_frame(request_id: int, ok: bool, value: Any, health: str | None) -> by
 messages_of: Callable[[list[list[Any]]], list[Message]] = _namespace["messages_of"]
 
 
+def _token_bytes(tokens: list[uuid.UUID]) -> bytes:
+    """A ``Tokens`` value's bytes: each token's 16, in order."""
+    return b"".join([t.int.to_bytes(16, "big") for t in tokens])
+
+
+def _key_bytes(keys: list[int]) -> bytes:
+    """A ``TokenKeys`` value's bytes: each token's 16, in order."""
+    return b"".join([k.to_bytes(16, "big") for k in keys])
+
+
+# --- the compiled codec -----------------------------------------------------------------------------------------
+# The functions above that run per message in the hot calls, compiled (``_hopcodec.pyx``, Cython: each ``Message``
+# slot read and written at its offset, the records' lists built in C; docs/performance.md): the same values from
+# the same arguments, so the same bytes on the wire. It also packs the frames (``_pack`` below: plain values
+# itself, any other through msgpack's packer, to the same bytes). The pure-Python code above stays, and runs when
+# the extension was not built (an optional one: a failed compile still installs shardbus), fails to import (it
+# refuses a ``Message`` or a record layout other than the one it was written for), or ``SHARDBUS_PURE_HOP=1`` asks
+# for it.
+PURE: dict[str, Callable[..., Any]] = {
+    "held_item_arrays": held_item_arrays,
+    "held_items_of": held_items_of,
+    "named_records_of": named_records_of,
+    "records_of": records_of,
+    "locked_of": locked_of,
+    "messages_of": messages_of,
+    "_record": _record,
+    "_from_record": _from_record,
+    "_unpack_tokens": _unpack_tokens,
+    "token_bytes": _token_bytes,
+    "key_bytes": _key_bytes,
+}
+COMPILED = None  # the compiled module in use, if any
+if os.environ.get("SHARDBUS_PURE_HOP", "") in ("", "0"):
+    try:
+        from . import _hopcodec as COMPILED  # type: ignore[no-redef]
+    except ImportError:
+        pass
+if COMPILED is not None and COMPILED.check_layout(
+    _COMMON, _RARE, _SEND, _KEPT, _SET, _NAMED, _LOCK, _namespace["_SENT_DEFAULTS"], _SET_DEFAULTS, dict(PURE)
+):
+    held_item_arrays = COMPILED.held_item_arrays
+    held_items_of = COMPILED.held_items_of
+    named_records_of = COMPILED.named_records_of
+    records_of = COMPILED.records_of
+    locked_of = COMPILED.locked_of
+    messages_of = COMPILED.messages_of
+    _record = record_of = COMPILED.record
+    _from_record = COMPILED.from_record
+    _unpack_tokens = COMPILED.unpack_tokens
+    _token_bytes = COMPILED.token_bytes
+    _key_bytes = COMPILED.key_bytes
+else:
+    COMPILED = None
+
+
 # Dataclasses that travel as their field values; the tag is part of the protocol, never reuse one.
 _RECORDS: dict[int, type] = {1: Settle, 2: SlotSettings, 3: PartitionConfig, 4: SlotStats, 5: RuntimeProperties}
 _RECORD_TAGS = {cls: tag for tag, cls in _RECORDS.items()}
@@ -625,9 +680,9 @@ def _default(value: Any) -> Any:
     if cls is Items:
         return msgpack.ExtType(_EXT_ITEMS, _pack(_item_arrays(value)))
     if cls is TokenKeys:
-        return msgpack.ExtType(_EXT_TOKENS, b"".join([k.to_bytes(16, "big") for k in value]))
+        return msgpack.ExtType(_EXT_TOKENS, _key_bytes(value))
     if cls is Tokens:
-        return msgpack.ExtType(_EXT_TOKENS, b"".join([t.int.to_bytes(16, "big") for t in value]))
+        return msgpack.ExtType(_EXT_TOKENS, _token_bytes(value))
     if cls is Message or isinstance(value, Message):
         return msgpack.ExtType(_EXT_ONE, _pack(_record(value)))
     exts = _ENUM_EXTS.get(cls)
@@ -665,7 +720,11 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 # strict types: int and str subclasses (AMQP types in annotations, the model's enums) keep their type
-_pack = records.PackerPool(default=_default, use_bin_type=True, strict_types=True).pack
+_msgpack_pack = records.PackerPool(default=_default, use_bin_type=True, strict_types=True).pack
+_pack = _msgpack_pack
+if COMPILED is not None:  # plain values written by the compiled codec, any other by msgpack's packer: same bytes
+    COMPILED.set_pack_fallback(_msgpack_pack, records.KEEP_PACKER_BELOW)
+    _pack = COMPILED.pack
 
 
 def _unpack(data: bytes) -> Any:
