@@ -14,6 +14,7 @@ processes of ``serve --frontends M``, ``frontends.py``) reconnects to the new pr
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -28,6 +29,8 @@ from typing import TextIO
 
 from ..partition.handle import PartitionHandle, PartitionSpec
 from .remote import HEALTH_INTERVAL, TICK_INTERVAL, ClusterClient, RemotePartition
+
+log = logging.getLogger("shardbus.supervisor")
 
 READY_TIMEOUT = 30.0
 WATCH_INTERVAL = 0.05  # how often the supervisor looks for dead workers where it cannot sleep until one exits
@@ -381,6 +384,9 @@ class LocalCluster:
         for w in self.workers:
             if w.process is None or w.alive() or not self.restart or self._closing.is_set():
                 continue
+            # an operator (and a failing test's captured log) learns that a worker died, and how
+            code = w.process.poll()
+            log.warning("worker %s (pid %s) exited with %s: starting it again", w.index, w.process.pid, code)
             try:
                 address = w.start()
                 if self.client is not None:
