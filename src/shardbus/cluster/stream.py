@@ -218,9 +218,7 @@ class FrameStream(asyncio.BufferedProtocol):
             return
         if start == end:  # every byte read as frames (nearly always): the next read starts the buffer over
             self._start = self._end = 0
-            if len(buffer) > _KEEP_BELOW:
-                self._move_to(bytearray(BUFFER_BYTES))  # done with a big frame: a small buffer again
-        elif len(buffer) > _KEEP_BELOW and max(partial, end - start) <= BUFFER_BYTES - READ_ROOM:
+        if len(buffer) > _KEEP_BELOW and max(partial, end - start) <= BUFFER_BYTES - READ_ROOM:
             self._move_to(bytearray(BUFFER_BYTES))  # done with a big frame: a small buffer again
         elif partial > len(buffer) - start:
             self._make_room(partial - (end - start))  # room for all of the frame partly received
